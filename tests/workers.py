@@ -1,0 +1,82 @@
+"""Functions run in child processes by multi-process tests (importable by ``spawn``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pyarrow as pa
+
+
+def race_creates(url: str, options: dict[str, Any] | None, worker: int, keys: list[str], start_at: float) -> list[str]:
+    """Try to create every key; return the keys this worker won."""
+    from txn_core.errors import ObjectExistsError
+    from txn_core.storage import open_storage
+
+    storage = open_storage(url, options)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    won = []
+    for key in keys:
+        body = f"worker={worker};key={key};".encode() * 200
+        try:
+            storage.create(key, [body[:10], body[10:]])
+            won.append(key)
+        except ObjectExistsError:
+            pass
+    return won
+
+
+def append_rows(url: str, options: dict[str, Any] | None, topic: str, worker: int, batches: int,
+                rows: int, start_at: float) -> list[tuple[int, int]]:
+    """Idempotent producer appending ``batches`` entries to partition 0; returns (base offset, count)."""
+    import txn_core
+
+    log = txn_core.open_log(url, options)
+    p = log.producer(batch_bytes=1 << 30)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    out = []
+    for b in range(batches):
+        ids = [worker * 1_000_000 + b * rows + i for i in range(rows)]
+        p.send(topic, pa.table({"id": ids, "worker": [worker] * rows}), partition=0)
+        for md in p.flush():
+            out.append((md.base_offset, md.record_count))
+    p.close()
+    return out
+
+
+def transactional_copier(url: str, options: dict[str, Any] | None, topic: str, tid: str, worker: int,
+                         txns: int, rows: int, abort_every: int, start_at: float) -> dict[str, list[int]]:
+    """Run transactions of ``rows`` ids on every partition; abort every ``abort_every``-th one."""
+    import txn_core
+
+    log = txn_core.open_log(url, options)
+    p = log.producer(tid, transaction_timeout_ms=30000)
+    p.init_transactions()
+    parts = log.topics.get(topic).partitions
+    while time.time() < start_at:
+        time.sleep(0.001)
+    committed: list[int] = []
+    aborted: list[int] = []
+    for t in range(txns):
+        p.begin_transaction()
+        ids = [worker * 10_000_000 + t * rows + i for i in range(rows)]
+        for part in range(parts):
+            chunk = [i for i in ids if i % parts == part]
+            if chunk:
+                p.send(topic, pa.table({"id": chunk, "worker": [worker] * len(chunk)}), partition=part)
+        p.flush()
+        if abort_every and t % abort_every == abort_every - 1:
+            p.abort_transaction()
+            aborted.extend(ids)
+        else:
+            p.commit_transaction()
+            committed.extend(ids)
+    p.close()
+    return {"committed": committed, "aborted": aborted}
+
+
+def pid() -> int:
+    return os.getpid()

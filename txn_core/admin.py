@@ -1,0 +1,121 @@
+"""Transaction administration: list, describe, abort, find hanging (Kafka KIP-664; PROTOCOL.md "Admin").
+
+A transaction is **hanging** when it keeps a partition's last stable offset from advancing for longer
+than it should: it is ongoing in the partition past its timeout (the next read_committed reader will
+abort it), or the partition holds its data without a marker although the transaction log says it ended
+(a participant the coordinator did not know about). ``abort_transaction`` ends an ongoing transaction by
+the ordinary protocol (PrepareAbort with an epoch bump, markers, CompleteAbort), fencing its producer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from txn_core import paths
+from txn_core.coordinator.states import CoordinatorState
+from txn_core.coordinator.txnlog import TidState
+from txn_core.errors import ConfigurationError
+from txn_core.ids import TopicPartition, TxnId
+
+if TYPE_CHECKING:
+    from txn_core.log import Log
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionListing:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str
+    txn: TxnId | None
+    coordinator: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDescription:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str
+    txn: TxnId | None
+    timeout_ms: int
+    start_ms: int
+    age_ms: int | None
+    participants: tuple[str, ...]
+    last_committed_metadata: dict[str, Any] | None
+    abort_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HangingTransaction:
+    topic_partition: TopicPartition
+    txn: TxnId
+    transactional_id: str | None
+    first_offset: int
+    age_ms: int | None
+    reason: str
+
+
+def _describe(log: Log, st: TidState) -> TransactionDescription:
+    age = log.clock() - st.start_ms if st.state in (CoordinatorState.ONGOING, CoordinatorState.PREPARE_COMMIT,
+                                                      CoordinatorState.PREPARE_ABORT) else None
+    return TransactionDescription(st.tid, st.producer_id, st.epoch, st.state.value, st.txn, st.timeout_ms,
+                                  st.start_ms, age, st.participants, st.last_committed, st.abort_reason)
+
+
+def list_transactions(log: Log, *, include_complete: bool = False) -> list[TransactionListing]:
+    out = []
+    for c in range(log.coordinator_partitions):
+        view = log.views.get(c)
+        view.refresh()
+        states = list(view.tids.values()) if include_complete else view.open_states()
+        out.extend(TransactionListing(s.tid, s.producer_id, s.epoch, s.state.value, s.txn, c) for s in states)
+    return sorted(out, key=lambda t: t.transactional_id)
+
+
+def describe_transaction(log: Log, transactional_id: str) -> TransactionDescription:
+    st = log.coordinator.state(transactional_id)
+    if st is None:
+        raise ConfigurationError(f"unknown transactional id {transactional_id!r}: no producer ever used it")
+    return _describe(log, st)
+
+
+def abort_transaction(log: Log, transactional_id: str) -> TransactionDescription:
+    st = log.coordinator.state(transactional_id)
+    if st is None:
+        raise ConfigurationError(f"unknown transactional id {transactional_id!r}: no producer ever used it")
+    result = log.coordinator.abort_transaction(transactional_id)
+    return _describe(log, result or st)
+
+
+def find_hanging_transactions(log: Log, topic: str | None = None, *,
+                              max_age_ms: int | None = None) -> list[HangingTransaction]:
+    """Open transactions holding a partition's read bound too long (see module doc).
+
+    ``max_age_ms`` flags anything open for longer than that, whatever its timeout.
+    """
+    topics = [topic] if topic else log.list_topics()
+    now = log.clock()
+    out = []
+    for t in topics:
+        meta = log.topics.get(t)
+        for p in range(meta.partitions):
+            state = log.partition_state(paths.partition_log_path(t, p))
+            state.scan_to_end()
+            for o in list(state.buffer.ongoing.values()):
+                view = log.views.get(o.txn.coordinator)
+                view.refresh()
+                status = view.status(o.txn)
+                age = now - status.start_ms if status is not None and status.start_ms else None
+                reason = None
+                if status is None or status.state is None or status.finished:
+                    reason = "the transaction log says it ended, but this partition has no marker for it"
+                elif status.state == CoordinatorState.ONGOING and now > status.start_ms + status.timeout_ms:
+                    reason = f"ongoing past its timeout of {status.timeout_ms} ms"
+                elif max_age_ms is not None and age is not None and age > max_age_ms:
+                    reason = f"open for {age} ms (more than {max_age_ms} ms)"
+                if reason:
+                    out.append(HangingTransaction(TopicPartition(t, p), o.txn, status.tid if status else None,
+                                                  o.first_offset, age, reason))
+    return out

@@ -1,0 +1,202 @@
+"""The transaction buffer of one partition (PROTOCOL.md "Transaction buffer").
+
+State derived from the partition log alone, as of ``position`` (the offset after the last applied entry):
+
+* ``ongoing``: transactions with data and no marker yet, ordered by first offset (a SortedDict);
+* ``aborted``: the aborted-transaction index (transaction -> first, last, marker offsets);
+* ``skips``: offset ranges never to deliver (duplicates, zombie writes after a commit marker);
+* ``producers``: per-producer epoch and sequence, for de-duplication;
+* ``ended``: transactions whose marker was applied recently, with the outcome (a bounded cache).
+
+The log-derived max read position (last stable offset) is the first offset of the earliest ongoing
+transaction, else ``position``. Readers lift it further with the coordinator's decisions (a transaction
+that is prepared or complete is no longer open, even before its marker reaches this partition).
+
+The state is a pure function of the log prefix, so snapshots taken by different participants at the same
+position are interchangeable, and "snapshot + replay of the tail" equals "replay from the start"
+(tested property).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from sortedcontainers import SortedDict
+
+from txn_core.aborted import AbortedIndex, SkipRanges
+from txn_core.entry import EntryHeader, EntryKind
+from txn_core.ids import TxnId
+from txn_core.producer_state import ProducerStates, SequenceCheck
+
+ENDED_CACHE = 100_000
+
+
+class Disposition(enum.Enum):
+    """What an applied entry is to a read_committed reader."""
+
+    DATA = "data"          # non-transactional data: visible below the read bound
+    TXN_DATA = "txn"       # transactional data: visible iff its transaction commits
+    CONTROL = "control"    # a marker: never delivered
+    SKIP = "skip"          # duplicate, fenced or zombie write: never delivered
+    ABORTED = "aborted"    # data of an already-aborted transaction: never delivered
+
+
+@dataclass(slots=True)
+class OngoingTxn:
+    txn: TxnId
+    first_offset: int
+    last_offset: int
+    producer_id: int
+    producer_epoch: int
+    entries: int
+
+
+class TxnBuffer:
+    """Transaction state of one partition as of ``position``. Not thread-safe."""
+
+    def __init__(self, position: int = 0, slot: int = 0) -> None:
+        self.position = position
+        self.slot = slot
+        self.ongoing: SortedDict = SortedDict()  # first offset -> OngoingTxn
+        self.by_txn: dict[TxnId, OngoingTxn] = {}
+        self.aborted = AbortedIndex()
+        self.skips = SkipRanges()
+        self.producers = ProducerStates()
+        self.ended: OrderedDict[TxnId, tuple[bool, int]] = OrderedDict()  # txn -> (committed, marker)
+        self.size_bytes = 0
+        self.committed_count = 0
+        self.aborted_count = 0
+        self.ended_since_snapshot = 0
+        self.where = ""
+
+    # --- apply ----------------------------------------------------------------------------------
+
+    def apply(self, slot: int, header: EntryHeader, size: int) -> Disposition:
+        """Apply the entry at ``slot`` (which must be the next one) and classify it."""
+        if header.base_offset != self.position:
+            raise ValueError(
+                f"{self.where}: entry at slot {slot} starts at offset {header.base_offset}, buffer is at "
+                f"{self.position}")
+        txn = header.txn
+        if header.kind.is_control:
+            self._advance(slot, header, size)
+            if txn is not None:
+                self._end(txn, header.kind == EntryKind.COMMIT, header.base_offset)
+            return Disposition.CONTROL
+        # May raise OutOfOrderSequenceError; the buffer is unchanged then.
+        check = self.producers.check(header.producer_id, header.producer_epoch, header.base_sequence,
+                                     header.record_count, header.timestamp_ms, self.where, header.base_offset)
+        self._advance(slot, header, size)
+        if txn is None:
+            if check is not SequenceCheck.ACCEPT:
+                self.skips.add(header.base_offset, header.last_offset)
+                return Disposition.SKIP
+            return Disposition.DATA
+        if txn in self.aborted:
+            return Disposition.ABORTED
+        ended = self.ended.get(txn)
+        if ended is not None or check is not SequenceCheck.ACCEPT:
+            # A write after its transaction's marker (a zombie), a duplicate, or a fenced epoch.
+            self.skips.add(header.base_offset, header.last_offset)
+            return Disposition.SKIP
+        cur = self.by_txn.get(txn)
+        if cur is None:
+            cur = OngoingTxn(txn, header.base_offset, header.last_offset, header.producer_id,
+                             header.producer_epoch, 1)
+            self.by_txn[txn] = cur
+            self.ongoing[header.base_offset] = cur
+        else:
+            cur.last_offset = header.last_offset
+            cur.entries += 1
+        return Disposition.TXN_DATA
+
+    def _advance(self, slot: int, header: EntryHeader, size: int) -> None:
+        self.position = header.next_offset
+        self.slot = slot + 1
+        self.size_bytes += size
+
+    def _end(self, txn: TxnId, committed: bool, marker: int) -> None:
+        if txn in self.ended or txn in self.aborted:
+            return  # a repeated marker (a retried or concurrent completion) changes nothing
+        cur = self.by_txn.pop(txn, None)
+        if cur is not None:
+            del self.ongoing[cur.first_offset]
+        if not committed:
+            if cur is not None:
+                self.aborted.add(txn, cur.first_offset, cur.last_offset, marker)
+            else:
+                self.aborted.add(txn, -1, -1, marker)
+            self.aborted_count += 1
+        else:
+            self.committed_count += 1
+        self.ended[txn] = (committed, marker)
+        while len(self.ended) > ENDED_CACHE:
+            self.ended.popitem(last=False)
+        self.ended_since_snapshot += 1
+
+    def skip_slot(self, slot: int, header: EntryHeader) -> None:
+        """Advance past an entry without classifying it (used below a snapshot's position)."""
+        self.position = header.next_offset
+        self.slot = slot + 1
+
+    # --- queries --------------------------------------------------------------------------------
+
+    @property
+    def max_read_position(self) -> int:
+        """Log-derived last stable offset: first offset of the earliest ongoing transaction, else position."""
+        if self.ongoing:
+            return int(self.ongoing.keys()[0])
+        return self.position
+
+    def is_aborted(self, txn: TxnId) -> bool:
+        return txn in self.aborted
+
+    def outcome(self, txn: TxnId) -> bool | None:
+        """True committed / False aborted by a marker in this partition; None when not known here."""
+        if txn in self.aborted:
+            return False
+        ended = self.ended.get(txn)
+        if ended is not None:
+            return ended[0]
+        return None
+
+    def prune(self, log_start: int) -> None:
+        """Forget what retention removed: aborted transactions and skips below ``log_start``."""
+        self.aborted.prune(log_start)
+        self.skips.prune(log_start)
+
+    def filters(self, start: int, end: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """What a reader of ``[start, end)`` must drop: aborted transaction keys and skip ranges."""
+        return self.aborted.overlapping(start, end), self.skips.overlapping(start, end)
+
+    def copy(self) -> TxnBuffer:
+        """An independent copy (used to snapshot while scanning continues)."""
+        b = TxnBuffer(self.position, self.slot)
+        b.ongoing = SortedDict({k: OngoingTxn(v.txn, v.first_offset, v.last_offset, v.producer_id,
+                                              v.producer_epoch, v.entries) for k, v in self.ongoing.items()})
+        b.by_txn = {v.txn: v for v in b.ongoing.values()}
+        b.aborted = AbortedIndex.from_tables([self.aborted.to_table()])
+        b.skips = SkipRanges.from_list(self.skips.to_list())
+        b.producers = self.producers.copy()
+        b.ended = OrderedDict(self.ended)
+        b.size_bytes, b.committed_count, b.aborted_count = self.size_bytes, self.committed_count, self.aborted_count
+        b.where = self.where
+        return b
+
+    def _check(self) -> None:
+        """Invariants (called by stress tests after every step)."""
+        if len(self.ongoing) != len(self.by_txn):
+            raise AssertionError("ongoing and by_txn disagree")
+        for first, o in self.ongoing.items():
+            if first != o.first_offset or self.by_txn.get(o.txn) is not o:
+                raise AssertionError(f"ongoing entry {first} is inconsistent")
+            if not o.first_offset <= o.last_offset < self.position:
+                raise AssertionError(f"ongoing {o.txn} range {o.first_offset}..{o.last_offset} beyond {self.position}")
+            if o.txn in self.aborted or o.txn in self.ended:
+                raise AssertionError(f"{o.txn} is both ongoing and ended")
+        if self.max_read_position > self.position:
+            raise AssertionError("max read position beyond position")
+        self.aborted._check()
+        self.skips._check()

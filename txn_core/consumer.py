@@ -1,0 +1,199 @@
+"""The consumer: assign partitions, poll Arrow tables, commit group offsets (PROTOCOL.md "Consuming").
+
+``poll`` returns a ``pyarrow.Table`` of the topic columns plus ``_topic``, ``_partition``, ``_offset`` and
+``_timestamp`` (an empty table with that schema when nothing is available). Under ``read_committed``
+(the default) it returns only records of committed transactions and non-transactional records, never
+beyond a partition's last stable offset, never control records; under ``read_uncommitted``, every record
+but control records. Memory is bounded by each partition reader's window and ``max_records``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from txn_core import paths
+from txn_core.errors import ConfigurationError, InvalidOffsetError, ProducerClosedError
+from txn_core.ids import TopicPartition, validate_name
+from txn_core.reader import ISOLATION_LEVELS, PartitionReader
+from txn_core.records import with_metadata_schema
+
+if TYPE_CHECKING:
+    from txn_core.log import Log
+
+OFFSET_RESETS = ("earliest", "latest")
+
+
+def _tp(tp: tuple[str, int] | TopicPartition) -> TopicPartition:
+    if isinstance(tp, TopicPartition):
+        return tp
+    try:
+        topic, partition = tp
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"expected a (topic, partition) pair, got {tp!r}") from exc
+    return TopicPartition(topic, int(partition))
+
+
+class Consumer:
+    """Reads assigned partitions in offset order; see module doc. Thread-safe (one poller at a time)."""
+
+    def __init__(self, log: Log, group_id: str | None = None, *, isolation_level: str = "read_committed",
+                 auto_offset_reset: str = "earliest", window_bytes: int = 64 << 20) -> None:
+        if isolation_level not in ISOLATION_LEVELS:
+            raise ConfigurationError(
+                f"isolation_level must be one of {ISOLATION_LEVELS}, got {isolation_level!r}")
+        if auto_offset_reset not in OFFSET_RESETS:
+            raise ConfigurationError(f"auto_offset_reset must be one of {OFFSET_RESETS}, got {auto_offset_reset!r}")
+        if group_id is not None:
+            validate_name("group", group_id)
+        self.log = log
+        self.group_id = group_id
+        self.isolation_level = isolation_level
+        self.auto_offset_reset = auto_offset_reset
+        self.window_bytes = window_bytes
+        self._readers: dict[TopicPartition, PartitionReader] = {}
+        self._order: list[TopicPartition] = []
+        self._next = 0
+        self._schema: pa.Schema | None = None
+        self._closed = False
+        self._lock = threading.RLock()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProducerClosedError("consumer is closed")
+
+    def assign(self, partitions: Iterable[tuple[str, int] | TopicPartition]) -> None:
+        """Read exactly these partitions, starting at the group's committed offset if any, else at
+        ``auto_offset_reset``. Replaces any previous assignment."""
+        with self._lock:
+            self._check_open()
+            tps = [_tp(t) for t in partitions]
+            schemas = []
+            for tp in tps:
+                meta = self.log.topics.get(tp.topic)
+                if not 0 <= tp.partition < meta.partitions:
+                    raise ConfigurationError(
+                        f"partition {tp.partition} does not exist in topic {tp.topic!r} "
+                        f"(partitions 0..{meta.partitions - 1})")
+                schemas.append(meta.schema)
+            try:
+                unified = pa.unify_schemas(schemas) if schemas else None
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                raise ConfigurationError(
+                    f"the assigned topics have incompatible schemas ({exc}); use one consumer per schema") from exc
+            committed = self.log.groups.committed(self.group_id) if self.group_id else {}
+            readers = {}
+            for tp in tps:
+                state = self.log.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
+                reader = PartitionReader(state, tp.topic, tp.partition, self.isolation_level, self.window_bytes)
+                c = committed.get(tp)
+                if c is not None:
+                    reader.seek(c.offset)
+                elif self.auto_offset_reset == "earliest":
+                    reader.seek(reader.log.log_start(refresh=True).offset)
+                else:
+                    reader.seek(reader.log.end_offset())
+                readers[tp] = reader
+            self._readers = readers
+            self._order = tps
+            self._next = 0
+            self._schema = with_metadata_schema(unified) if unified is not None else None
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self._order)
+
+    def seek(self, tp: tuple[str, int] | TopicPartition, offset: int) -> None:
+        with self._lock:
+            self._check_open()
+            if not isinstance(offset, int) or offset < 0:
+                raise InvalidOffsetError(f"offset must be a non-negative int, got {offset!r}")
+            self._reader(_tp(tp)).seek(offset)
+
+    def seek_to_beginning(self, tp: tuple[str, int] | TopicPartition) -> None:
+        r = self._reader(_tp(tp))
+        r.seek(r.log.log_start(refresh=True).offset)
+
+    def seek_to_end(self, tp: tuple[str, int] | TopicPartition) -> None:
+        r = self._reader(_tp(tp))
+        r.seek(r.log.end_offset())
+
+    def _reader(self, tp: TopicPartition) -> PartitionReader:
+        try:
+            return self._readers[tp]
+        except KeyError:
+            raise ConfigurationError(f"{tp} is not assigned to this consumer; call assign() first") from None
+
+    def position(self, tp: tuple[str, int] | TopicPartition) -> int:
+        """The offset of the next record this consumer would return for ``tp``."""
+        return self._reader(_tp(tp)).position
+
+    def poll(self, max_records: int | None = None) -> pa.Table:
+        """The next available records (round-robin over partitions), at most ``max_records``."""
+        with self._lock:
+            self._check_open()
+            if self._schema is None:
+                raise ConfigurationError("no partitions assigned; call assign() first")
+            if max_records is not None and max_records <= 0:
+                raise ConfigurationError(f"max_records must be positive, got {max_records}")
+            batches: list[pa.RecordBatch] = []
+            remaining = max_records
+            n = len(self._order)
+            for i in range(n):
+                tp = self._order[(self._next + i) % n]
+                got = self._readers[tp].poll(remaining)
+                batches.extend(got)
+                if remaining is not None:
+                    remaining -= sum(b.num_rows for b in got)
+                    if remaining <= 0:
+                        self._next = (self._next + i + 1) % n
+                        break
+            else:
+                self._next = (self._next + 1) % n if n else 0
+            return self._to_table(batches)
+
+    def _to_table(self, batches: list[pa.RecordBatch]) -> pa.Table:
+        schema = self._schema
+        if schema is None:  # pragma: no cover
+            raise ConfigurationError("no partitions assigned")
+        if not batches:
+            return schema.empty_table()
+        if all(b.schema == schema for b in batches):
+            return pa.Table.from_batches(batches, schema=schema)
+        tables = [pa.Table.from_batches([b]) for b in batches]
+        return pa.concat_tables(tables, promote_options="default").cast(schema)
+
+    def committed(self, tp: tuple[str, int] | TopicPartition) -> int | None:
+        """The group's committed offset for ``tp`` (None if none), as read_committed readers see it."""
+        if self.group_id is None:
+            raise ConfigurationError("committed() needs a consumer with a group_id")
+        c = self.log.groups.committed(self.group_id).get(_tp(tp))
+        return c.offset if c else None
+
+    def commit(self, offsets: Mapping[tuple[str, int] | TopicPartition, int] | None = None,
+               metadata: str | None = None) -> None:
+        """Commit offsets for the group outside any transaction (default: current positions)."""
+        with self._lock:
+            self._check_open()
+            if self.group_id is None:
+                raise ConfigurationError("commit() needs a consumer with a group_id")
+            if offsets is None:
+                offsets = {tp: r.position for tp, r in self._readers.items()}
+            self.log.groups.commit(self.group_id, offsets, metadata)
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """Per assigned partition: records between the position and the last stable offset."""
+        return {tp: max(0, r.lag_info()[0] - r.position) for tp, r in self._readers.items()}
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._readers = {}
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""The transaction coordinator: state machines, the transaction log, and the operations on it."""

@@ -1,0 +1,260 @@
+"""The entry point: ``open_log(url)`` and the :class:`Log` facade (PROTOCOL.md "Layout").
+
+A :class:`Log` is a client of one log URL. It creates nothing but the format object on first open; every
+other object is created by the operation that needs it. Any number of :class:`Log` instances, in any
+number of processes and machines, may use one URL at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from txn_core import envelope, paths
+from txn_core.admin import HangingTransaction, TransactionDescription, TransactionListing
+from txn_core.consumer import Consumer
+from txn_core.coordinator.service import TransactionCoordinator
+from txn_core.coordinator.txnlog import CoordinatorViews
+from txn_core.errors import ConfigurationError, ObjectNotFoundError
+from txn_core.groups import GroupStore
+from txn_core.ids import TxnId
+from txn_core.partition import PartitionLog
+from txn_core.producer import DEFAULT_BATCH_BYTES, Producer
+from txn_core.reader import PartitionState
+from txn_core.storage import Storage, open_storage
+from txn_core.topics import TopicConfig, TopicMeta, TopicStore
+
+FORMAT_VERSION = 1
+DEFAULT_COORDINATOR_PARTITIONS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class OngoingTransaction:
+    """An open transaction as a partition sees it."""
+
+    txn: TxnId
+    transactional_id: str | None
+    first_offset: int
+    last_offset: int
+    producer_id: int
+    producer_epoch: int
+    state: str
+    age_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDescription:
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    last_stable_offset: int
+    ongoing_transactions: tuple[OngoingTransaction, ...] = ()
+    aborted_transactions: int = 0
+    committed_transactions: int = 0
+    size_bytes: int = 0
+
+    @property
+    def lso_lag(self) -> int:
+        """Records between the last stable offset and the log end (held back by open transactions)."""
+        return self.log_end_offset - self.last_stable_offset
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    name: str
+    schema: pa.Schema
+    partitions: tuple[PartitionDescription, ...]
+    version: int
+    config: TopicConfig = field(default_factory=TopicConfig)
+
+
+def open_log(url: str, storage_options: dict[str, Any] | None = None, *,
+             coordinator_partitions: int = DEFAULT_COORDINATOR_PARTITIONS,
+             clock: Callable[[], int] | None = None) -> Log:
+    """Open (creating if needed) the log at ``url``: a path, ``file://``, ``memory://``, ``s3://``, ...
+
+    ``storage_options`` go to fsspec (credentials, endpoint); they are never logged or written.
+    ``coordinator_partitions`` applies when the log is created; an existing log keeps its own.
+    """
+    storage = open_storage(url, storage_options)
+    return Log(storage, coordinator_partitions=coordinator_partitions, clock=clock)
+
+
+class Log:
+    """A client of one log URL (see module doc). Thread-safe; cheap to create."""
+
+    def __init__(self, storage: Storage, *, coordinator_partitions: int = DEFAULT_COORDINATOR_PARTITIONS,
+                 clock: Callable[[], int] | None = None) -> None:
+        self.storage = storage
+        self.url = storage.url
+        self.clock = clock or (lambda: int(time.time() * 1000))
+        self.coordinator_partitions = self._ensure_format(coordinator_partitions)
+        self.topics = TopicStore(storage)
+        self._plogs: dict[str, PartitionLog] = {}
+        self._states: dict[str, PartitionState] = {}
+        self._lock = threading.Lock()
+        self.views = CoordinatorViews(storage, self.coordinator_partitions, self.clock)
+        self.coordinator = TransactionCoordinator(storage, self.views, self.partition_log,
+                                                  self.coordinator_partitions, self.clock)
+        self.groups = GroupStore(self)
+
+    def __repr__(self) -> str:
+        return f"Log({self.url!r})"
+
+    def _ensure_format(self, coordinator_partitions: int) -> int:
+        if not 1 <= coordinator_partitions <= 4096:
+            raise ConfigurationError(f"coordinator_partitions must be in [1, 4096], got {coordinator_partitions}")
+        try:
+            value = envelope.read_json(self.storage, paths.FORMAT_KEY, envelope.ObjectKind.FORMAT)
+        except ObjectNotFoundError:
+            envelope.create_json(self.storage, paths.FORMAT_KEY, envelope.ObjectKind.FORMAT, {
+                "format": "txnlog", "version": FORMAT_VERSION, "coordinator_partitions": coordinator_partitions,
+                "created_ms": int(time.time() * 1000)})
+            value = envelope.read_json(self.storage, paths.FORMAT_KEY, envelope.ObjectKind.FORMAT)
+        if value.get("format") != "txnlog" or int(value.get("version", 0)) > FORMAT_VERSION:
+            raise ConfigurationError(
+                f"{self.storage.describe()} holds a txnlog of format version {value.get('version')}; this "
+                f"txnlog reads version {FORMAT_VERSION}. Upgrade txnlog.")
+        return int(value["coordinator_partitions"])
+
+    # --- internals shared by producers, consumers and admin ------------------------------------
+
+    def partition_log(self, path: str) -> PartitionLog:
+        with self._lock:
+            plog = self._plogs.get(path)
+            if plog is None:
+                plog = PartitionLog(self.storage, path)
+                self._plogs[path] = plog
+            return plog
+
+    def partition_state(self, path: str, *, shared: bool = True) -> PartitionState:
+        """The transaction buffer tracker of a log path (``shared``: one per Log, for admin queries)."""
+        if not shared:
+            return PartitionState(self.partition_log(path), self.coordinator.resolve)
+        with self._lock:
+            state = self._states.get(path)
+        if state is None:
+            state = PartitionState(self.partition_log(path), self.coordinator.resolve)
+            with self._lock:
+                state = self._states.setdefault(path, state)
+        return state
+
+    # --- topics ---------------------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int, schema: pa.Schema, *, retention_ms: int | None = None,
+                     retention_bytes: int | None = None) -> TopicMeta:
+        """Create a topic; :class:`TopicExistsError` if it exists (exactly one of racing creators wins)."""
+        return self.topics.create(name, partitions, schema, TopicConfig(retention_ms, retention_bytes))
+
+    def list_topics(self) -> list[str]:
+        return self.topics.list()
+
+    def add_partitions(self, name: str, total: int) -> TopicMeta:
+        """Grow ``name`` to ``total`` partitions (readers pick the new ones up from their beginning)."""
+        return self.topics.update(name, partitions=total)
+
+    def set_retention(self, name: str, *, retention_ms: int | None = None,
+                      retention_bytes: int | None = None) -> TopicMeta:
+        return self.topics.update(name, config=TopicConfig(retention_ms, retention_bytes))
+
+    def describe_topic(self, name: str) -> TopicDescription:
+        """Per partition: log start and end, last stable offset, open transactions, aborted count, size."""
+        meta = self.topics.get(name)
+        parts = tuple(self.describe_partition(name, p, meta=meta) for p in range(meta.partitions))
+        return TopicDescription(name, meta.schema, parts, meta.version, meta.config)
+
+    def describe_partition(self, topic: str, partition: int, *, meta: TopicMeta | None = None) -> PartitionDescription:
+        meta = meta or self.topics.get(topic)
+        if not 0 <= partition < meta.partitions:
+            raise ConfigurationError(f"topic {topic!r} has no partition {partition} (0..{meta.partitions - 1})")
+        return self.describe_path(paths.partition_log_path(topic, partition), partition)
+
+    def describe_path(self, path: str, partition: int = 0) -> PartitionDescription:
+        state = self.partition_state(path)
+        state.scan_to_end()
+        bound = state.read_bound()
+        buffer = state.buffer
+        now = self.clock()
+        ongoing = []
+        for o in buffer.ongoing.values():
+            status = self.coordinator.views.get(o.txn.coordinator).status(o.txn)
+            decided = state.decisions.get(o.txn)
+            label = "Ongoing" if decided is None else ("PrepareCommit" if decided else "PrepareAbort")
+            age = now - status.start_ms if status is not None and status.start_ms else None
+            ongoing.append(OngoingTransaction(o.txn, status.tid if status else None, o.first_offset, o.last_offset,
+                                              o.producer_id, o.producer_epoch, label, age))
+        start = state.log.log_start(refresh=True)
+        return PartitionDescription(partition, start.offset, buffer.position, bound, tuple(ongoing),
+                                    len(buffer.aborted), buffer.committed_count, buffer.size_bytes)
+
+    # --- clients --------------------------------------------------------------------------------
+
+    def producer(self, transactional_id: str | None = None, *, transaction_timeout_ms: int = 60000,
+                 batch_bytes: int = DEFAULT_BATCH_BYTES) -> Producer:
+        """An idempotent producer, or a transactional one when ``transactional_id`` is given."""
+        return Producer(self, transactional_id, transaction_timeout_ms=transaction_timeout_ms,
+                        batch_bytes=batch_bytes)
+
+    def consumer(self, group_id: str | None = None, *, isolation_level: str = "read_committed",
+                 auto_offset_reset: str = "earliest") -> Consumer:
+        return Consumer(self, group_id, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset)
+
+    # --- transactions admin ---------------------------------------------------------------------
+
+    def list_transactions(self, *, include_complete: bool = False) -> list[TransactionListing]:
+        from txn_core import admin
+
+        return admin.list_transactions(self, include_complete=include_complete)
+
+    def describe_transaction(self, transactional_id: str) -> TransactionDescription:
+        from txn_core import admin
+
+        return admin.describe_transaction(self, transactional_id)
+
+    def abort_transaction(self, transactional_id: str) -> TransactionDescription:
+        """An operator's abort of a (hanging) transaction; its producer is fenced."""
+        from txn_core import admin
+
+        return admin.abort_transaction(self, transactional_id)
+
+    def find_hanging_transactions(self, topic: str | None = None, *,
+                                  max_age_ms: int | None = None) -> list[HangingTransaction]:
+        from txn_core import admin
+
+        return admin.find_hanging_transactions(self, topic, max_age_ms=max_age_ms)
+
+    def transaction_metadata(self, transactional_id: str) -> dict[str, Any] | None:
+        """The metadata stored with the last committed transaction of ``transactional_id``."""
+        state = self.coordinator.state(transactional_id)
+        return state.last_committed if state else None
+
+    def expire_transactions(self) -> int:
+        """Abort every transaction past its timeout, in every coordinator partition; returns how many."""
+        n = 0
+        for c in range(self.coordinator_partitions):
+            view = self.views.get(c)
+            view.refresh()
+            n += len(self.coordinator.expire(view))
+        return n
+
+    # --- groups ---------------------------------------------------------------------------------
+
+    def list_groups(self) -> list[str]:
+        return self.groups.list()
+
+    def describe_group(self, group: str) -> list[dict[str, Any]]:
+        return self.groups.describe(group)
+
+    def close(self) -> None:
+        self.storage.close()
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,247 @@
+"""One partition log: entries in a slot log, with dense record offsets (PROTOCOL.md "Partition log").
+
+Entry ``n`` lives at ``<path>/log/<020d n>``. Its header carries its ``base_offset``; entry ``n+1``'s base
+offset is entry ``n``'s ``base_offset + record_count``, so offsets are dense and never collide.
+
+Append (any number of processes at once):
+
+1. Know the tail ``(slot, next_offset)``: cached from this process's last append or read, else found by
+   :meth:`SlotLog.find_tail` above the log start.
+2. ``create_resolving`` the entry at ``slot`` with ``base_offset = next_offset``.
+3. Lost the race: read the winner's header, advance to ``(slot + 1, winner.next_offset)``, go to 2 with
+   the same payload and writer id. An unknown outcome is resolved by reading the slot back.
+
+Crash windows: a crash before the create leaves nothing; the create is atomic, so a crash during it
+leaves either the whole entry or nothing (on local disk, possibly a ``.tmp-*`` file nobody lists).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sortedcontainers import SortedDict
+
+from txn_core import envelope, paths
+from txn_core.entry import HEADER_SIZE, EntryHeader, EntryKind, decode_header, verify_payload
+from txn_core.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, OffsetOutOfRangeError
+from txn_core.ids import TxnId
+from txn_core.slotlog import SlotLog
+from txn_core.storage.base import Storage, create_resolving
+
+#: A cached tail older than this is re-checked before appending (see PROTOCOL.md "Retention").
+TAIL_RECHECK_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    slot: int
+    base_offset: int
+    record_count: int
+    timestamp_ms: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+@dataclass(frozen=True, slots=True)
+class LogStart:
+    """The first slot and offset still present (retention moves it forward)."""
+
+    slot: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A read entry: header, slot, and the raw object bytes (payload follows the header)."""
+
+    slot: int
+    header: EntryHeader
+    data: bytes
+    key: str
+
+    def payload(self) -> memoryview:
+        return verify_payload(self.header, self.data, self.key)
+
+
+class PartitionLog:
+    """Append to and read one partition log. Thread-safe; one instance per (process, log path)."""
+
+    def __init__(self, storage: Storage, path: str) -> None:
+        self.storage = storage
+        self.path = path
+        self.entries = SlotLog(storage, paths.entries(path))
+        self._lock = threading.Lock()
+        self._tail: tuple[int, int] | None = None  # (next slot, next offset)
+        self._tail_checked = 0.0
+        self._start: LogStart | None = None
+        self._index: SortedDict = SortedDict()  # base_offset -> (slot, record_count)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"storage": self.storage, "path": self.path}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["storage"], state["path"])  # type: ignore[misc, arg-type]
+
+    # --- log start (retention) ------------------------------------------------------------------
+
+    def log_start(self, refresh: bool = False) -> LogStart:
+        """The log start: the newest ``<path>/start/<slot>`` marker, else slot 0 / offset 0."""
+        if self._start is None or refresh:
+            names = [n for n in self.storage.list(paths.log_start(self.path)) if not n.endswith("/")]
+            start = LogStart(0, 0)
+            for name in reversed(names):
+                key = paths.log_start(self.path) + name
+                try:
+                    value = envelope.read_json(self.storage, key, envelope.ObjectKind.LOG_START)
+                except ObjectNotFoundError:
+                    continue
+                start = LogStart(int(value["slot"]), int(value["offset"]))
+                break
+            self._start = start
+        return self._start
+
+    # --- tail -----------------------------------------------------------------------------------
+
+    def tail(self, refresh: bool = False) -> tuple[int, int]:
+        """``(next slot, next offset)``: the first free slot and the log end offset."""
+        with self._lock:
+            return self._advance_tail_locked(*self._tail_locked(refresh))
+
+    def _tail_locked(self, refresh: bool) -> tuple[int, int]:
+        """The cached tail (no request), re-checked after TAIL_RECHECK_S, else discovered."""
+        now = time.monotonic()
+        if self._tail is not None and not refresh:
+            if now - self._tail_checked < TAIL_RECHECK_S:
+                return self._tail
+            slot = self._tail[0]
+            if slot == self.log_start().slot or self.entries.exists(slot - 1):
+                self._tail_checked = now
+                return self._tail
+            # The cached tail's predecessor vanished (retention ran): rediscover from the log start.
+        start = self.log_start(refresh=self._tail is not None)
+        slot = self.entries.find_tail(start.slot)
+        if slot == start.slot:
+            self._tail = (slot, start.offset)
+        else:
+            self._tail = (slot, self.read_header(slot - 1).next_offset)
+        self._tail_checked = now
+        return self._tail
+
+    def _advance_tail_locked(self, slot: int, offset: int) -> tuple[int, int]:
+        """Follow slots created by others since the cached tail (one GET per new slot)."""
+        while True:
+            try:
+                header = self.read_header(slot)
+            except ObjectNotFoundError:
+                break
+            slot, offset = slot + 1, header.next_offset
+        self._tail = (slot, offset)
+        return self._tail
+
+    def end_offset(self) -> int:
+        """The log end offset (next offset to be assigned), following new entries."""
+        return self.tail()[1]
+
+    # --- append ---------------------------------------------------------------------------------
+
+    def append(
+        self,
+        kind: EntryKind,
+        payload: Sequence[bytes | memoryview] | bytes,
+        payload_len: int,
+        payload_crc: int,
+        record_count: int,
+        *,
+        producer_id: int = -1,
+        producer_epoch: int = 0,
+        base_sequence: int = -1,
+        txn: TxnId | None = None,
+        timestamp_ms: int | None = None,
+        writer_id: bytes | None = None,
+    ) -> AppendResult:
+        """Append one entry; returns where it landed. Safe against any number of concurrent appenders.
+
+        ``writer_id`` identifies this logical append across retries (a fresh one when omitted). A caller
+        retrying after an :class:`UnknownOutcomeError` passes the same writer id and gets the same slot.
+        """
+        chunks = [payload] if isinstance(payload, bytes | memoryview) else list(payload)
+        wid = writer_id or uuid.uuid4().bytes
+        ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        template = EntryHeader(kind, 0, record_count, producer_id, producer_epoch, base_sequence, txn, ts,
+                               payload_len, payload_crc, wid)
+        with self._lock:
+            slot, offset = self._tail_locked(False)
+            while True:
+                header = template.with_base_offset(offset).encode()
+                try:
+                    create_resolving(self.storage, self.entries.key(slot), [header, *chunks], header)
+                except ObjectExistsError:
+                    winner = self.read_header(slot)
+                    if winner.writer_id == wid:
+                        # Our earlier attempt landed here (resolved on a later round).
+                        slot, offset = slot + 1, winner.next_offset
+                        self._tail = (slot, offset)
+                        return AppendResult(slot - 1, winner.base_offset, record_count, ts)
+                    self._remember(slot, winner)
+                    slot, offset = slot + 1, winner.next_offset
+                    continue
+                self._tail = (slot + 1, offset + record_count)
+                self._tail_checked = time.monotonic()
+                self._index[offset] = (slot, record_count)
+                return AppendResult(slot, offset, record_count, ts)
+
+    # --- read -----------------------------------------------------------------------------------
+
+    def read_header(self, slot: int) -> EntryHeader:
+        key = self.entries.key(slot)
+        data = self.storage.read(key, 0, HEADER_SIZE)
+        header = decode_header(data, key)
+        self._remember(slot, header)
+        return header
+
+    def read_entry(self, slot: int) -> Entry:
+        """Read a whole entry (header verified; payload verified lazily by :meth:`Entry.payload`)."""
+        key = self.entries.key(slot)
+        data = self.storage.read(key)
+        header = decode_header(data, key)
+        if len(data) != HEADER_SIZE + header.payload_len:
+            raise CorruptDataError(
+                f"{key} is truncated: {len(data)} bytes, header says {HEADER_SIZE + header.payload_len}. "
+                "The object is damaged; nothing after it is read.", key)
+        self._remember(slot, header)
+        return Entry(slot, header, data, key)
+
+    def _remember(self, slot: int, header: EntryHeader) -> None:
+        self._index[header.base_offset] = (slot, header.record_count)
+
+    def slot_for_offset(self, offset: int) -> int:
+        """The slot of the entry containing ``offset`` (or the tail slot when ``offset`` is the end).
+
+        Uses known entries, else bisects slots by header reads: O(log n) small reads.
+        """
+        start = self.log_start()
+        tail_slot, end = self.tail()
+        if offset < start.offset or offset > end:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is outside {self.path}'s range [{start.offset}, {end}]")
+        if offset == end:
+            return tail_slot
+        idx = self._index.bisect_right(offset) - 1
+        if idx >= 0:
+            base, (slot, count) = self._index.peekitem(idx)
+            if base <= offset < base + count:
+                return slot
+        lo, hi = start.slot, tail_slot - 1  # invariant: base(lo) <= offset < next(hi)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.read_header(mid).base_offset <= offset:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo

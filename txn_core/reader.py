@@ -1,0 +1,310 @@
+"""Reading a partition under an isolation level (PROTOCOL.md "Reading" and "Read bound").
+
+:class:`PartitionState` keeps a partition's :class:`TxnBuffer` current (snapshot + header scan of the
+tail) and lifts its log-derived max read position with the coordinator's decisions: the **read bound**
+(last stable offset) is the first offset of the earliest transaction that is ongoing in this partition
+*and* undecided in the transaction log. A transaction past its timeout is aborted on the spot by
+:meth:`TransactionCoordinator.resolve`, so a dead producer never holds the bound longer than its timeout.
+
+:class:`PartitionReader` delivers records: it reads whole entries into a bounded window, applies those at
+or above the buffer position, and hands out, in offset order, every entry below the read bound whose
+transaction committed (read_committed), or every non-control entry (read_uncommitted). Entries below a
+snapshot's position are classified from the snapshot's state without being applied again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from txn_core.buffer import Disposition, TxnBuffer
+from txn_core.coordinator.txnlog import TxnStatus
+from txn_core.entry import HEADER_SIZE, EntryHeader, EntryKind
+from txn_core.errors import CorruptDataError, DataLossError, ObjectNotFoundError, OffsetOutOfRangeError
+from txn_core.ids import TxnId
+from txn_core.partition import Entry, PartitionLog
+from txn_core.records import add_metadata, entry_table
+from txn_core.snapshots import SnapshotStore
+
+READ_COMMITTED = "read_committed"
+READ_UNCOMMITTED = "read_uncommitted"
+ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
+
+Resolver = Callable[[TxnId], TxnStatus]
+
+
+class PartitionState:
+    """The transaction buffer of one partition plus coordinator decisions. Not thread-safe."""
+
+    def __init__(self, log: PartitionLog, resolver: Resolver, *, write_snapshots: bool = True) -> None:
+        self.log = log
+        self.resolver = resolver
+        self.snapshots = SnapshotStore(log.storage, log.path)
+        self.write_snapshots = write_snapshots
+        self._buffer: TxnBuffer | None = None
+        self.decisions: dict[TxnId, bool] = {}
+        self.snapshot_position = 0
+
+    @property
+    def buffer(self) -> TxnBuffer:
+        if self._buffer is None:
+            self._buffer = self._load()
+        return self._buffer
+
+    def _load(self) -> TxnBuffer:
+        start = self.log.log_start()
+        buffer = self.snapshots.load_latest(self.log.path)
+        if buffer is None or buffer.position < start.offset:
+            buffer = TxnBuffer(start.offset, start.slot)
+        buffer.where = self.log.path
+        self.snapshot_position = buffer.position
+        return buffer
+
+    def apply(self, slot: int, header: EntryHeader, size: int) -> Disposition:
+        disposition = self.buffer.apply(slot, header, size)
+        if header.is_control and header.txn is not None:
+            self.decisions.pop(header.txn, None)
+        return disposition
+
+    def scan_to_end(self, *, max_entries: int | None = None) -> int:
+        """Apply every entry after the buffer position, reading headers only. Returns entries applied."""
+        buffer = self.buffer
+        n = 0
+        while max_entries is None or n < max_entries:
+            try:
+                header = self.log.read_header(buffer.slot)
+            except ObjectNotFoundError:
+                break
+            self.apply(buffer.slot, header, HEADER_SIZE + header.payload_len)
+            n += 1
+        self.maybe_snapshot()
+        return n
+
+    def maybe_snapshot(self) -> None:
+        if self.write_snapshots and self._buffer is not None and self.snapshots.due(self._buffer):
+            self.snapshots.write(self._buffer, self.log.log_start().offset)
+
+    # --- decisions ------------------------------------------------------------------------------
+
+    def decide(self, txn: TxnId) -> bool | None:
+        """True committed / False aborted / None still open, for a transaction ongoing in the buffer."""
+        known = self.decisions.get(txn)
+        if known is not None:
+            return known
+        status = self.resolver(txn)
+        if status.decided:
+            self.decisions[txn] = status.committed
+            return status.committed
+        if status.state is None:
+            # Finished but its outcome is no longer kept by the coordinator: its marker is ahead.
+            self._scan_for_marker(txn)
+            outcome = self.buffer.outcome(txn)
+            if outcome is None:
+                # No marker anywhere after the data: these writes came after the transaction ended.
+                outcome = False
+            self.decisions[txn] = outcome
+            return outcome
+        return None
+
+    def _scan_for_marker(self, txn: TxnId) -> None:
+        buffer = self.buffer
+        while txn in buffer.by_txn:
+            try:
+                header = self.log.read_header(buffer.slot)
+            except ObjectNotFoundError:
+                return
+            self.apply(buffer.slot, header, HEADER_SIZE + header.payload_len)
+
+    def read_bound(self) -> int:
+        """The last stable offset: first offset of the earliest undecided ongoing transaction."""
+        buffer = self.buffer
+        for first, ongoing in list(buffer.ongoing.items()):
+            if ongoing.txn not in buffer.by_txn:
+                continue  # ended by a marker found while deciding an earlier one
+            if self.decide(ongoing.txn) is None:
+                return int(first)
+        return buffer.position
+
+    def visible(self, txn: TxnId) -> bool | None:
+        """Whether data of ``txn`` at an offset below the read bound is committed."""
+        buffer = self.buffer
+        if txn in buffer.aborted:
+            return False
+        if txn in buffer.by_txn:
+            return self.decisions.get(txn)
+        return True
+
+    def classify(self, header: EntryHeader) -> Disposition:
+        """Disposition of an entry below the buffer position (not applied again)."""
+        if header.is_control:
+            return Disposition.CONTROL
+        buffer = self.buffer
+        if buffer.skips.covers(header.base_offset):
+            return Disposition.SKIP
+        if header.txn is None:
+            return Disposition.DATA
+        if header.txn in buffer.aborted:
+            return Disposition.ABORTED
+        return Disposition.TXN_DATA
+
+    def filters(self, start: int, end: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """Aborted transaction keys and skip ranges a reader of ``[start, end)`` must drop.
+
+        Includes transactions aborted by the coordinator whose marker has not reached this partition.
+        """
+        from txn_core.aborted import txn_key
+
+        keys, skips = self.buffer.filters(start, end)
+        for txn, committed in self.decisions.items():
+            if not committed and txn in self.buffer.by_txn:
+                keys.append(txn_key(txn))
+        return keys, skips
+
+
+@dataclass(slots=True)
+class _Slot:
+    slot: int
+    header: EntryHeader
+    entry: Entry | None
+    disposition: Disposition
+
+
+class PartitionReader:
+    """Delivers one partition's records from ``position`` on (see module doc)."""
+
+    def __init__(self, state: PartitionState, topic: str, partition: int, isolation: str,
+                 window_bytes: int = 64 << 20) -> None:
+        self.state = state
+        self.log = state.log
+        self.topic = topic
+        self.partition = partition
+        self.isolation = isolation
+        self.window_bytes = window_bytes
+        self.position = 0
+        self._cursor = 0  # next slot to read into the window
+        self._window: deque[_Slot] = deque()
+        self._window_size = 0
+        self._at_end_since = 0.0
+
+    def seek(self, offset: int) -> None:
+        """Deliver from ``offset`` on. Below the log start raises :class:`DataLossError`."""
+        start = self.log.log_start(refresh=True)
+        if offset < start.offset:
+            raise DataLossError(
+                f"{self.log.path}: offset {offset} was removed by retention; the log starts at {start.offset}")
+        buffer = self.state.buffer
+        end = self.log.end_offset()
+        if offset > end:
+            raise OffsetOutOfRangeError(f"{self.log.path}: offset {offset} is beyond the log end {end}")
+        self._window.clear()
+        self._window_size = 0
+        self.position = offset
+        if offset >= buffer.position:
+            # Scan (headers only) up to the entry containing offset.
+            while buffer.position <= offset and buffer.position < end:
+                header = self.log.read_header(buffer.slot)
+                if header.next_offset > offset:
+                    break
+                self.state.apply(buffer.slot, header, HEADER_SIZE + header.payload_len)
+            self._cursor = buffer.slot
+        else:
+            self._cursor = self.log.slot_for_offset(offset)
+
+    def _fill(self) -> bool:
+        """Read entries into the window up to its budget; True if anything was read."""
+        buffer = self.state.buffer
+        read = False
+        while self._window_size < self.window_bytes or not self._window:
+            try:
+                entry = self.log.read_entry(self._cursor)
+            except ObjectNotFoundError:
+                break
+            header = entry.header
+            if header.base_offset >= buffer.position:
+                if header.base_offset != buffer.position:
+                    raise CorruptDataError(
+                        f"{entry.key}: starts at offset {header.base_offset}, expected {buffer.position}",
+                        entry.key)
+                disposition = self.state.apply(self._cursor, header, len(entry.data))
+            else:
+                disposition = self.state.classify(header)
+            keep = entry if disposition in (Disposition.DATA, Disposition.TXN_DATA) or (
+                disposition is Disposition.ABORTED and self.isolation == READ_UNCOMMITTED) else None
+            self._window.append(_Slot(self._cursor, header, keep, disposition))
+            self._window_size += len(entry.data) if keep is not None else 0
+            self._cursor += 1
+            read = True
+        self.state.maybe_snapshot()
+        return read
+
+    def poll(self, max_records: int | None = None) -> list[pa.RecordBatch]:
+        """Deliverable records from ``position`` on (at most ``max_records``), as record batches."""
+        self._fill()
+        out: list[pa.RecordBatch] = []
+        budget = max_records if max_records is not None else 1 << 62
+        committed = self.isolation == "read_committed"
+        bound = self.state.read_bound() if committed else 1 << 62
+        while self._window and budget > 0:
+            item = self._window[0]
+            header = item.header
+            if header.next_offset <= self.position:
+                self._pop()
+                continue
+            if committed and header.base_offset >= bound:
+                break
+            d = item.disposition
+            deliver = d is Disposition.DATA or (d is Disposition.ABORTED and not committed)
+            if d is Disposition.TXN_DATA:
+                if committed:
+                    v = self.state.visible(header.txn) if header.txn else True
+                    if v is None:
+                        break
+                    deliver = v
+                else:
+                    deliver = True
+            if not deliver or item.entry is None:
+                self.position = header.next_offset
+                self._pop()
+                continue
+            table = entry_table(self.log.storage, item.entry)
+            skip = self.position - header.base_offset
+            take = min(table.num_rows - skip, budget)
+            part = table.slice(skip, take)
+            first = header.base_offset + skip
+            out.extend(add_metadata(b, self.topic, self.partition, first + o, header.timestamp_ms)
+                       for b, o in _batches_with_offsets(part))
+            budget -= take
+            self.position = first + take
+            if self.position >= header.next_offset:
+                self._pop()
+        if not self._window and not out:
+            self._fill()
+        return out
+
+    def _pop(self) -> None:
+        item = self._window.popleft()
+        if item.entry is not None:
+            self._window_size -= len(item.entry.data)
+
+    def lag_info(self) -> tuple[int, int]:
+        """(read bound, log end) as of now."""
+        bound = self.state.read_bound() if self.isolation == "read_committed" else self.state.buffer.position
+        return bound, self.log.end_offset()
+
+
+def _batches_with_offsets(table: pa.Table) -> list[tuple[pa.RecordBatch, int]]:
+    out = []
+    offset = 0
+    for batch in table.to_batches():
+        if batch.num_rows:
+            out.append((batch, offset))
+            offset += batch.num_rows
+    return out
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

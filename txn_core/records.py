@@ -1,0 +1,91 @@
+"""Turning entries into Arrow record batches with metadata columns (PROTOCOL.md "Reading").
+
+The hot path of every reader: decode an entry's Arrow IPC payload zero-copy, slice it to the wanted
+offsets, and append ``_topic``, ``_partition``, ``_offset`` and ``_timestamp`` built with numpy, never
+with a Python object per row. ``DATA_REF`` entries are resolved here: the referenced staged object is
+read and verified against the size, checksum and row count the reference records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from txn_core.entry import EntryKind, decode_arrow, decode_header, decode_json, verify_payload
+from txn_core.errors import CorruptDataError, ObjectNotFoundError
+from txn_core.partition import Entry
+from txn_core.storage.base import Storage
+
+METADATA_FIELDS = [
+    pa.field("_topic", pa.string(), nullable=False),
+    pa.field("_partition", pa.int32(), nullable=False),
+    pa.field("_offset", pa.int64(), nullable=False),
+    pa.field("_timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+]
+
+
+def with_metadata_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema(list(schema) + METADATA_FIELDS)
+
+
+def constant_string(value: str, n: int) -> pa.Array:
+    """``n`` copies of ``value`` as a plain string array, built from two buffers."""
+    raw = value.encode()
+    offsets = np.arange(0, (n + 1) * len(raw), len(raw) or 1, dtype=np.int32)[: n + 1] if raw else \
+        np.zeros(n + 1, dtype=np.int32)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))
+
+
+def add_metadata(table: pa.Table | pa.RecordBatch, topic: str, partition: int, first_offset: int,
+                 timestamp_ms: int) -> pa.RecordBatch | pa.Table:
+    n = table.num_rows
+    cols = [
+        constant_string(topic, n),
+        pa.array(np.full(n, partition, dtype=np.int32)),
+        pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
+        pa.array(np.full(n, timestamp_ms, dtype=np.int64)).view(pa.timestamp("ms", tz="UTC")),
+    ]
+    schema = with_metadata_schema(table.schema)
+    if isinstance(table, pa.RecordBatch):
+        return pa.RecordBatch.from_arrays([*table.columns, *cols], schema=schema)
+    return pa.Table.from_arrays([*table.columns, *cols], schema=schema)
+
+
+def entry_table(storage: Storage, entry: Entry) -> pa.Table:
+    """The records of a DATA or DATA_REF entry as a table (checksums verified)."""
+    payload = entry.payload()
+    if entry.header.kind == EntryKind.DATA:
+        table = decode_arrow(payload, entry.key)
+    elif entry.header.kind == EntryKind.DATA_REF:
+        table = _resolve_ref(storage, decode_json(payload, entry.key), entry.key)
+    else:
+        raise CorruptDataError(f"{entry.key}: a {entry.header.kind.name} entry has no records", entry.key)
+    if table.num_rows != entry.header.record_count:
+        raise CorruptDataError(
+            f"{entry.key}: payload holds {table.num_rows} records, header says {entry.header.record_count}",
+            entry.key)
+    return table
+
+
+def _resolve_ref(storage: Storage, ref: dict[str, Any], key: str) -> pa.Table:
+    target = str(ref["key"])
+    try:
+        data = storage.read(target)
+    except ObjectNotFoundError as exc:
+        raise CorruptDataError(
+            f"{key} references {target}, which does not exist (deleted by hand or by a faulty cleanup)",
+            target) from exc
+    header = decode_header(data, target)
+    if header.payload_crc != int(ref["crc"]) or len(data) != int(ref["size"]):
+        raise CorruptDataError(f"{target} does not match the reference in {key} (size or checksum)", target)
+    return decode_arrow(verify_payload(header, data, target), target)
+
+
+def iter_record_batches(table: pa.Table, start: int, stop: int) -> Iterator[pa.RecordBatch]:
+    """Record batches of rows ``[start, stop)`` of ``table`` (zero-copy slices)."""
+    for batch in table.slice(start, stop - start).to_batches():
+        if batch.num_rows:
+            yield batch

@@ -1,0 +1,118 @@
+"""Conforming producer input to a topic's Arrow schema (PROTOCOL.md "Schemas").
+
+Accepted input: ``pyarrow.RecordBatch``, ``pyarrow.Table`` or a list of dicts. Columns are matched by
+name and reordered to the topic's order. A type may differ only by a lossless widening (``string`` ->
+``large_string`` and back, ``int32`` -> ``int64``, ``float32`` -> ``float64``, ...). Anything else raises
+:class:`SchemaMismatchError` listing every difference, before any byte is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from txn_core.errors import SchemaMismatchError
+
+_STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+_BINARIES = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
+
+
+def _family(t: pa.DataType, preds: tuple[Any, ...]) -> bool:
+    return any(p(t) for p in preds)
+
+
+def castable(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether ``source`` converts to ``target`` without loss (a widening, or string <-> large_string)."""
+    if source == target:
+        return True
+    if _family(source, _STRINGS) and _family(target, _STRINGS):
+        return True
+    if _family(source, _BINARIES) and _family(target, _BINARIES):
+        return True
+    if pa.types.is_integer(source) and pa.types.is_integer(target):
+        if pa.types.is_signed_integer(source) == pa.types.is_signed_integer(target):
+            return bool(target.bit_width >= source.bit_width)
+        return pa.types.is_unsigned_integer(source) and bool(target.bit_width > source.bit_width)
+    if pa.types.is_floating(source) and pa.types.is_floating(target):
+        return bool(target.bit_width >= source.bit_width)
+    if pa.types.is_null(source):
+        return True
+    if pa.types.is_dictionary(source):
+        return castable(source.value_type, target)
+    if pa.types.is_timestamp(source) and pa.types.is_timestamp(target):
+        return source.tz == target.tz or (source.tz in (None, "UTC") and target.tz in (None, "UTC"))
+    return False
+
+
+def conform(data: object, schema: pa.Schema, *, topic: str, ignore: tuple[str, ...] = ()) -> pa.Table:
+    """``data`` as a table with exactly ``schema`` (see module doc). Columns named in ``ignore`` are dropped."""
+    if isinstance(data, list):
+        table = _from_dicts(data, schema, topic)
+    elif isinstance(data, pa.RecordBatch):
+        table = pa.Table.from_batches([data])
+    elif isinstance(data, pa.Table):
+        table = data
+    else:
+        raise SchemaMismatchError(
+            f"cannot send a {type(data).__name__} to topic {topic!r}: pass a pyarrow.RecordBatch, a "
+            "pyarrow.Table or a list of dicts")
+    if ignore:
+        table = table.drop_columns([c for c in ignore if c in table.column_names])
+    return _conform_table(table, schema, topic)
+
+
+def _from_dicts(rows: list[Any], schema: pa.Schema, topic: str) -> pa.Table:
+    names = set(schema.names)
+    extra: set[str] = set()
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise SchemaMismatchError(f"row {i} sent to topic {topic!r} is a {type(row).__name__}, not a dict")
+        extra.update(k for k in row if k not in names)
+    if extra:
+        diffs = tuple(f"column {c!r} is not in the topic schema" for c in sorted(extra))
+        raise SchemaMismatchError(_message(topic, schema, diffs), diffs)
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        diffs = (str(exc),)
+        raise SchemaMismatchError(_message(topic, schema, diffs), diffs) from exc
+
+
+def _conform_table(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
+    diffs: list[str] = []
+    given = {f.name: f for f in table.schema}
+    for f in schema:
+        g = given.get(f.name)
+        if g is None:
+            diffs.append(f"column {f.name!r} ({f.type}) is missing")
+        elif not castable(g.type, f.type):
+            diffs.append(f"column {f.name!r} has type {g.type}, the topic expects {f.type}")
+        elif not f.nullable and table.column(f.name).null_count:
+            diffs.append(f"column {f.name!r} has {table.column(f.name).null_count} nulls but is not nullable")
+    for name in given:
+        if name not in schema.names:
+            diffs.append(f"column {name!r} is not in the topic schema")
+    if diffs:
+        raise SchemaMismatchError(_message(topic, schema, tuple(diffs)), tuple(diffs))
+    if table.schema.remove_metadata() == schema:
+        return table.replace_schema_metadata(None) if table.schema.metadata else table
+    columns = []
+    for f in schema:
+        col = table.column(f.name)
+        if col.type != f.type:
+            try:
+                col = pc.cast(col, f.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                d = (f"column {f.name!r}: cannot convert {col.type} to {f.type}: {exc}",)
+                raise SchemaMismatchError(_message(topic, schema, d), d) from exc
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _message(topic: str, schema: pa.Schema, diffs: tuple[str, ...]) -> str:
+    listing = "; ".join(diffs)
+    expected = ", ".join(f"{f.name}: {f.type}" for f in schema)
+    return (f"data does not match the schema of topic {topic!r}: {listing}. The topic expects "
+            f"({expected}); nothing was written.")

@@ -1,0 +1,138 @@
+"""The storage contract: the only way txnlog touches a filesystem (PROTOCOL.md section "Storage").
+
+A :class:`Storage` is a flat key space under one log URL. It offers exactly five operations:
+
+``create(key, chunks)``
+    Create-if-absent. Atomic and complete-or-absent: a reader either sees the whole object or no
+    object; two concurrent creates of one key have exactly one winner. The loser gets
+    :class:`ObjectExistsError`. "Please retry" is :class:`RetryableStorageError` (the write certainly
+    did not land); anything else that leaves the outcome open is :class:`UnknownOutcomeError`.
+``read(key, start, end)``
+    The bytes of a complete object (or a byte range of it). :class:`ObjectNotFoundError` if absent.
+``exists(key)``
+    Whether the object exists (a HEAD). Never served from a cache.
+``list(prefix)``
+    The direct children of a "directory" prefix (ending in ``/``), sorted. Sub-prefixes end in ``/``.
+``delete(key)``
+    Remove an object; deleting an absent object is not an error.
+
+Nothing else: no rename, no overwrite, no exists-then-write. Unknown outcomes are resolved by
+:func:`create_resolving`, which reads the object back and compares the writer identity that every
+txnlog object carries in its first bytes.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+import time
+from collections.abc import Sequence
+
+from txn_core.errors import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    RetryableStorageError,
+    StorageError,
+    UnknownOutcomeError,
+)
+
+Chunks = Sequence[bytes | bytearray | memoryview]
+
+
+class Storage(abc.ABC):
+    """One log URL's key space. Implementations are thread-safe; instances are cheap to pickle."""
+
+    #: The URL this storage was opened from (without credentials).
+    url: str
+
+    @abc.abstractmethod
+    def create(self, key: str, chunks: Chunks) -> None:
+        """Create ``key`` with the concatenation of ``chunks``, only if absent (see module doc)."""
+
+    @abc.abstractmethod
+    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Read ``key`` (or bytes ``[start, end)``). A short object yields fewer bytes, never padding."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists now."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Direct children of ``prefix`` (which ends in ``/``), as names relative to it, sorted.
+
+        Sub-prefixes are returned with a trailing ``/``. A missing prefix lists as empty.
+        """
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete ``key`` if present."""
+
+    def size(self, key: str) -> int:
+        """Size in bytes of ``key`` (default: read it)."""
+        return len(self.read(key))
+
+    def mtime_ms(self, key: str) -> int | None:
+        """The store's modification time of ``key`` in ms, when the backend knows it."""
+        return None
+
+    def describe(self) -> str:
+        """A human-readable name of the backend and URL, never containing credentials."""
+        return f"{type(self).__name__}({self.url})"
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (optional)."""
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(min(0.5, 0.005 * (2**attempt)) * (0.5 + random.random()))
+
+
+def create_resolving(
+    storage: Storage, key: str, chunks: Chunks, identity: bytes, *, attempts: int = 8
+) -> None:
+    """Create ``key`` if absent, resolving ambiguous outcomes (PROTOCOL.md "Writes").
+
+    ``identity`` is a prefix of the object's bytes that is unique to this writer and this write (every
+    txnlog header carries a 16-byte writer id). On "exists" or an unknown outcome, the object is read
+    back: if its prefix equals ``identity`` the earlier attempt landed and this call succeeds;
+    if another writer's object is there, :class:`ObjectExistsError` is raised; if nothing is there,
+    the create is retried. Retryable errors are retried with backoff. Never deletes anything.
+
+    Raises :class:`UnknownOutcomeError` only when the outcome could not be learned after ``attempts``.
+    """
+    last: BaseException | None = None
+    for attempt in range(attempts):
+        try:
+            storage.create(key, chunks)
+            return
+        except ObjectExistsError as exc:
+            if _is_mine(storage, key, identity):
+                return
+            raise ObjectExistsError(f"{key} was created by another writer") from exc
+        except RetryableStorageError as exc:
+            last = exc
+            _backoff(attempt)
+            continue
+        except UnknownOutcomeError as exc:
+            last = exc
+            _backoff(attempt)
+            try:
+                if _is_mine(storage, key, identity):
+                    return
+            except ObjectNotFoundError:
+                continue
+            except StorageError as read_exc:
+                last = read_exc
+                continue
+            raise ObjectExistsError(f"{key} was created by another writer") from exc
+    raise UnknownOutcomeError(
+        f"could not learn whether the write of {key} landed after {attempts} attempts; "
+        "the storage is unreachable or failing. Retry the operation once storage is healthy "
+        "(it is safe: the retry resolves the earlier attempt)."
+    ) from last
+
+
+def _is_mine(storage: Storage, key: str, identity: bytes) -> bool:
+    head = storage.read(key, 0, len(identity))
+    return head == identity

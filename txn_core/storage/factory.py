@@ -1,0 +1,110 @@
+"""Opening a :class:`Storage` from a log URL, with the start-up self-test (PROTOCOL.md "Storage")."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from typing import Any
+from urllib.parse import urlsplit
+
+from txn_core.errors import ConfigurationError, ObjectExistsError, StorageContractError, StorageError
+from txn_core.storage.base import Storage
+from txn_core.storage.local import LocalStorage
+from txn_core.storage.memory import MemoryStorage
+from txn_core.storage.objectstore import ObjectStoreStorage
+
+SELFTEST_PREFIX = "_txnlog/selftest/"
+_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl"}
+_verified: set[str] = set()
+_verified_lock = threading.Lock()
+
+
+def redact_url(url: str) -> str:
+    """``url`` without any user-info part (credentials are never logged)."""
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return parts._replace(netloc=host).geturl()
+    return url
+
+
+def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, self_test: bool = True) -> Storage:
+    """Open the storage for a log URL: ``file://`` or a path, ``memory://``, ``s3://``, ``gs://``, ``abfs://``.
+
+    Runs the self-test once per URL per process (see :func:`self_test`).
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError("log URL is empty: pass a path, file://DIR, memory://NAME or s3://BUCKET/PREFIX")
+    url = url.strip()
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    storage: Storage
+    if scheme in ("", "file", "local"):
+        path = parts.path if scheme else url
+        if scheme and parts.netloc:
+            path = parts.netloc + parts.path
+        if not path:
+            raise ConfigurationError(f"log URL {url!r} has no path")
+        storage = LocalStorage(os.path.abspath(path), url=f"file://{os.path.abspath(path)}")
+    elif scheme == "memory":
+        name = (parts.netloc + parts.path).strip("/")
+        if not name:
+            raise ConfigurationError(f"log URL {url!r}: memory:// needs a name, e.g. memory://test")
+        storage = MemoryStorage(name)
+    elif scheme in _OBJECT_STORES:
+        root = (parts.netloc + parts.path).strip("/")
+        if not parts.netloc:
+            raise ConfigurationError(f"log URL {redact_url(url)!r} has no bucket: use {scheme}://BUCKET/PREFIX")
+        protocol = {"s3a": "s3", "gcs": "gs", "abfss": "abfs"}.get(scheme, scheme)
+        storage = ObjectStoreStorage(redact_url(url), protocol, root, storage_options)
+    else:
+        raise ConfigurationError(
+            f"log URL {redact_url(url)!r} has an unsupported scheme {scheme!r}: use a local path, file://, "
+            "memory://, s3://, gs:// or abfs:// (any fsspec filesystem with conditional create)"
+        )
+    if self_test:
+        with _verified_lock:
+            done = storage.url in _verified
+        if not done:
+            self_test_storage(storage)
+            with _verified_lock:
+                _verified.add(storage.url)
+    return storage
+
+
+def self_test_storage(storage: Storage) -> None:
+    """Refuse a backend that silently overwrites: a second create of one key must fail.
+
+    Creates ``_txnlog/selftest/<uuid>`` twice, requires :class:`ObjectExistsError` the second time, and
+    that the first content survived; deletes the object afterwards.
+    """
+    key = f"{SELFTEST_PREFIX}{uuid.uuid4().hex}"
+    first, second = b"txnlog-selftest-first-" + uuid.uuid4().bytes, b"txnlog-selftest-second"
+    try:
+        storage.create(key, [first])
+    except StorageError as exc:
+        raise StorageError(
+            f"cannot write to {storage.describe()}: {exc}. Check the URL, the bucket and the credentials "
+            "passed as storage options."
+        ) from exc
+    try:
+        try:
+            storage.create(key, [second])
+        except ObjectExistsError:
+            pass
+        else:
+            raise StorageContractError(
+                f"{storage.describe()} silently overwrote an existing object on a create-if-absent: this "
+                "backend does not honour conditional writes (If-None-Match: *), so txnlog cannot coordinate "
+                "on it. Use a store that does (AWS S3, GCS, Azure Blob, MinIO, SeaweedFS, local disk); for "
+                "S3 make sure s3fs >= 2025.7.0 and botocore > 1.35.20 are installed."
+            )
+        if storage.read(key) != first:
+            raise StorageContractError(
+                f"{storage.describe()} replaced an object's content on a failed create-if-absent; refusing it."
+            )
+    finally:
+        storage.delete(key)

@@ -1,0 +1,181 @@
+"""Local-disk storage: temp file + fsync + link + directory fsync (PROTOCOL.md "Storage/local").
+
+``create`` writes ``<dir>/.tmp-<uuid>``, fsyncs it, then ``os.link``\\ s it to the final name. ``link``
+fails with EEXIST when the name exists, which makes the create exclusive, and the final name only ever
+points at a complete, fsynced file, which makes it complete-or-absent. The temp name is unlinked and
+the directory fsynced so the new name survives a power cut. A crash leaves at most a ``.tmp-*`` file,
+which readers never list and :meth:`LocalStorage.sweep_temp` removes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from pathlib import Path
+
+from txn_core.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from txn_core.storage.base import Chunks, Storage
+
+TMP_PREFIX = ".tmp-"
+
+
+class LocalStorage(Storage):
+    """Objects are files under ``root``; keys use ``/`` separators."""
+
+    def __init__(self, root: str, url: str | None = None) -> None:
+        self.root = os.path.abspath(root)
+        self.url = url or f"file://{self.root}"
+        self._known_dirs: set[str] = set()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"root": self.root, "url": self.url}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.root = str(state["root"])
+        self.url = str(state["url"])
+        self._known_dirs = set()
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, key)
+
+    def _ensure_dir(self, directory: str) -> None:
+        if directory in self._known_dirs:
+            return
+        missing: list[str] = []
+        d = directory
+        while not os.path.isdir(d):
+            missing.append(d)
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            d = parent
+        for m in reversed(missing):
+            try:
+                os.mkdir(m)
+            except FileExistsError:
+                pass
+            _fsync_dir(os.path.dirname(m))
+        self._known_dirs.add(directory)
+
+    def create(self, key: str, chunks: Chunks) -> None:
+        path = self._path(key)
+        directory = os.path.dirname(path)
+        self._ensure_dir(directory)
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:
+            # The directory vanished under us (a concurrent cleanup); recreate it once.
+            self._known_dirs.discard(directory)
+            self._ensure_dir(directory)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            try:
+                for chunk in chunks:
+                    view = memoryview(chunk)
+                    while view:
+                        written = os.write(fd, view)
+                        view = view[written:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)
+            except FileExistsError as exc:
+                raise ObjectExistsError(f"{key} already exists") from exc
+        except OSError as exc:
+            if isinstance(exc, StorageError):
+                raise
+            raise StorageError(f"could not create {key} under {self.root}: {exc}") from exc
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        _fsync_dir(directory)
+
+    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        path = self._path(key)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                if start:
+                    f.seek(start)
+                if end is None:
+                    return f.read()
+                return f.read(max(0, end - (start or 0)))
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{key} does not exist") from exc
+        except IsADirectoryError as exc:
+            raise ObjectNotFoundError(f"{key} is a directory, not an object") from exc
+
+    def exists(self, key: str) -> bool:
+        return os.path.isfile(self._path(key))
+
+    def size(self, key: str) -> int:
+        try:
+            return os.stat(self._path(key)).st_size
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{key} does not exist") from exc
+
+    def mtime_ms(self, key: str) -> int | None:
+        try:
+            return int(os.stat(self._path(key)).st_mtime * 1000)
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{key} does not exist") from exc
+
+    def list(self, prefix: str) -> list[str]:
+        path = self._path(prefix)
+        try:
+            with os.scandir(path) as it:
+                out = []
+                for e in it:
+                    if e.name.startswith(TMP_PREFIX):
+                        continue
+                    out.append(e.name + "/" if e.is_dir() else e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out.sort()
+        return out
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            return
+        except IsADirectoryError:
+            return
+
+    def sweep_temp(self, prefix: str = "") -> int:
+        """Remove temp files left by crashed creates under ``prefix``; returns how many."""
+        removed = 0
+        for dirpath, _dirs, files in os.walk(self._path(prefix)):
+            for name in files:
+                if name.startswith(TMP_PREFIX):
+                    try:
+                        os.unlink(os.path.join(dirpath, name))
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+        return removed
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some filesystems refuse fsync on directories
+        if exc.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def local_root_from_url(url: str) -> str:
+    """The directory of a ``file://`` URL or plain path."""
+    if url.startswith("file://"):
+        return str(Path(url[len("file://") :]))
+    return url

@@ -1,0 +1,215 @@
+"""Object-store storage over fsspec (S3 via s3fs, GCS via gcsfs, Azure via adlfs; PROTOCOL.md "Storage").
+
+Create-if-absent is a conditional put: ``pipe_file(path, data, mode="create")``, which s3fs sends with
+``If-None-Match: *`` (gcsfs: ``ifGenerationMatch=0``; adlfs: ``overwrite=False``). A PUT is atomic on
+these stores, so objects are complete-or-absent. Errors are normalised:
+
+* FileExistsError, or any cause carrying HTTP 412 / ``PreconditionFailed`` -> :class:`ObjectExistsError`
+* HTTP 409 (``ConditionalRequestConflict``), 429, 503 ``SlowDown`` -> :class:`RetryableStorageError`
+* anything else -> :class:`UnknownOutcomeError` (resolved by reading back; see ``create_resolving``)
+
+Listing caches are disabled: ``exists`` and ``list`` always ask the store. Credentials live only in the
+fsspec filesystem object; :meth:`describe` and every message use the URL without them.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from txn_core.errors import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    RetryableStorageError,
+    StorageError,
+    UnknownOutcomeError,
+)
+from txn_core.storage.base import Chunks, Storage
+
+_RETRY_CODES = {"409", "429", "500", "502", "503", "504", "SlowDown", "ConditionalRequestConflict",
+                "RequestTimeout", "Throttling", "ThrottlingException", "InternalError"}
+
+
+def _status_codes(exc: BaseException) -> set[str]:
+    """HTTP status codes and error codes found on ``exc`` and its causes."""
+    codes: set[str] = set()
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        response = getattr(cur, "response", None)
+        if isinstance(response, dict):
+            meta = response.get("ResponseMetadata", {})
+            status = meta.get("HTTPStatusCode")
+            if status is not None:
+                codes.add(str(status))
+            err = response.get("Error", {})
+            if err.get("Code"):
+                codes.add(str(err["Code"]))
+        for attr in ("status", "status_code", "code"):
+            value = getattr(cur, attr, None)
+            if isinstance(value, int | str) and value:
+                codes.add(str(value))
+        text = str(cur)
+        for marker in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict", "SlowDown", "503"):
+            if marker in text:
+                codes.add(marker)
+        cur = cur.__cause__ or cur.__context__
+    return codes
+
+
+def classify_write_error(exc: BaseException) -> type[StorageError]:
+    """Map an exception from a conditional put to lost / retry / unknown (see module doc)."""
+    if isinstance(exc, FileExistsError):
+        return ObjectExistsError
+    codes = _status_codes(exc)
+    if "412" in codes or "PreconditionFailed" in codes:
+        return ObjectExistsError
+    if codes & _RETRY_CODES:
+        return RetryableStorageError
+    return UnknownOutcomeError
+
+
+class ObjectStoreStorage(Storage):
+    """A log rooted at ``bucket/prefix`` of an fsspec filesystem that supports ``mode="create"``."""
+
+    def __init__(self, url: str, protocol: str, root: str, storage_options: dict[str, Any] | None) -> None:
+        self.url = url
+        self.protocol = protocol
+        self.root = root.rstrip("/")
+        self._options = dict(storage_options or {})
+        self._fs: Any = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"url": self.url, "protocol": self.protocol, "root": self.root, "options": self._options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["protocol"], state["root"], state["options"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreStorage({self.url})"
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            import fsspec
+
+            options = dict(self._options)
+            if self.protocol in ("s3", "s3a"):
+                options.setdefault("use_listings_cache", False)
+            options.setdefault("skip_instance_cache", True)
+            self._fs = fsspec.filesystem(self.protocol, **options)
+        return self._fs
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def create(self, key: str, chunks: Chunks) -> None:
+        data = chunks[0] if len(chunks) == 1 else b"".join(bytes(c) for c in chunks)
+        data = bytes(data) if not isinstance(data, bytes) else data
+        try:
+            self.fs.pipe_file(self._path(key), data, mode="create")
+        except Exception as exc:
+            kind = classify_write_error(exc)
+            if kind is ObjectExistsError:
+                raise ObjectExistsError(f"{key} already exists") from exc
+            if kind is RetryableStorageError:
+                raise RetryableStorageError(f"store asked to retry the create of {key}: {exc}") from exc
+            if isinstance(exc, OSError) and exc.errno == errno.EINVAL and "412" not in str(exc):
+                # s3fs maps an unnamed 412 to EINVAL; treat as unknown and read back.
+                pass
+            raise UnknownOutcomeError(f"create of {key} failed with an unknown outcome: {exc!r}") from exc
+
+    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        try:
+            if start is None and end is None:
+                return bytes(self.fs.cat_file(self._path(key)))
+            return bytes(self.fs.cat_file(self._path(key), start=start, end=end))
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{key} does not exist") from exc
+        except Exception as exc:
+            codes = _status_codes(exc)
+            if "404" in codes or "NoSuchKey" in codes:
+                raise ObjectNotFoundError(f"{key} does not exist") from exc
+            if "416" in codes or "InvalidRange" in codes:
+                return b""
+            raise StorageError(f"read of {key} failed: {exc!r}") from exc
+
+    def exists(self, key: str) -> bool:
+        if self.protocol == "s3":
+            return self._s3_head(key)
+        try:
+            self.fs.info(self._path(key), refresh=True)
+            return True
+        except FileNotFoundError:
+            return False
+        except TypeError:
+            return bool(self.fs.exists(self._path(key)))
+        except Exception as exc:
+            raise StorageError(f"existence check of {key} failed: {exc!r}") from exc
+
+    def _s3_head(self, key: str) -> bool:
+        """One HEAD request (s3fs's ``info`` adds a LIST on a miss, looking for a directory)."""
+        bucket, _, path = self._path(key).partition("/")
+        try:
+            self.fs.call_s3("head_object", Bucket=bucket, Key=path)
+            return True
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            codes = _status_codes(exc)
+            if "404" in codes or "NoSuchKey" in codes or "NotFound" in codes:
+                return False
+            raise StorageError(f"existence check of {key} failed: {exc!r}") from exc
+
+    def size(self, key: str) -> int:
+        try:
+            return int(self.fs.info(self._path(key))["size"])
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{key} does not exist") from exc
+
+    def mtime_ms(self, key: str) -> int | None:
+        try:
+            info = self.fs.info(self._path(key))
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{key} does not exist") from exc
+        value = info.get("LastModified") or info.get("mtime") or info.get("updated")
+        if value is None:
+            return None
+        if hasattr(value, "timestamp"):
+            return int(value.timestamp() * 1000)
+        try:
+            return int(float(value) * 1000)
+        except (TypeError, ValueError):
+            return None
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._path(prefix).rstrip("/")
+        try:
+            self.fs.invalidate_cache(base)
+            entries = self.fs.ls(base, detail=True)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise StorageError(f"list of {prefix} failed: {exc!r}") from exc
+        out = []
+        for e in entries:
+            full = str(e["name"]).rstrip("/")
+            if full == base:
+                continue  # some stores (SeaweedFS) list an emptied "directory" as itself
+            name = full.rsplit("/", 1)[-1]
+            if not name:
+                continue
+            out.append(name + "/" if e.get("type") == "directory" else name)
+        return sorted(set(out))
+
+    def delete(self, key: str) -> None:
+        try:
+            self.fs.rm_file(self._path(key))
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            codes = _status_codes(exc)
+            if "404" in codes or "NoSuchKey" in codes:
+                return
+            raise StorageError(f"delete of {key} failed: {exc!r}") from exc
