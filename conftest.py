@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
-from servers import MotoS3, SeaweedS3  # noqa: E402
+from servers import MotoS3, SeaweedS3
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
@@ -101,3 +101,28 @@ def mem_log() -> Any:
     import txn_core
 
     return txn_core.open_log(f"memory://{uuid.uuid4().hex}")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One classic SparkSession (local[2]) for the whole run, with the txnlog format registered."""
+    from pyspark.sql import SparkSession
+
+    import spark_txn_source
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers need this venv's packages
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("txnlog-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    spark_txn_source.register(session)
+    yield session
+    session.stop()

@@ -188,7 +188,7 @@ def test_self_test_passes_on_a_conforming_backend(storage: Storage) -> None:
     assert storage.list("_txnlog/selftest/") == []
 
 
-class _BotoLike(Exception):
+class _BotoLikeError(Exception):
     def __init__(self, status: int, code: str) -> None:
         super().__init__(f"An error occurred ({code})")
         self.response = {"ResponseMetadata": {"HTTPStatusCode": status}, "Error": {"Code": code}}
@@ -196,9 +196,9 @@ class _BotoLike(Exception):
 
 @pytest.mark.parametrize(("exc", "kind"), [
     (FileExistsError("exists"), ObjectExistsError),
-    (_BotoLike(412, "PreconditionFailed"), ObjectExistsError),
-    (_BotoLike(409, "ConditionalRequestConflict"), RetryableStorageError),
-    (_BotoLike(503, "SlowDown"), RetryableStorageError),
+    (_BotoLikeError(412, "PreconditionFailed"), ObjectExistsError),
+    (_BotoLikeError(409, "ConditionalRequestConflict"), RetryableStorageError),
+    (_BotoLikeError(503, "SlowDown"), RetryableStorageError),
     (TimeoutError("read timed out"), UnknownOutcomeError),
     (ConnectionResetError("reset"), UnknownOutcomeError),
 ])
@@ -208,7 +208,7 @@ def test_write_errors_are_normalised(exc: BaseException, kind: type) -> None:
 
 def test_412_wrapped_as_oserror_is_a_lost_race() -> None:
     wrapped = OSError(22, "Invalid argument")
-    wrapped.__cause__ = _BotoLike(412, "PreconditionFailed")
+    wrapped.__cause__ = _BotoLikeError(412, "PreconditionFailed")
     assert classify_write_error(wrapped) is ObjectExistsError
 
 

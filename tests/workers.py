@@ -80,3 +80,52 @@ def transactional_copier(url: str, options: dict[str, Any] | None, topic: str, t
 
 def pid() -> int:
     return os.getpid()
+
+
+def fencing_worker(url: str, options: dict[str, Any] | None, topic: str, tid: str, worker: int, txns: int,
+                   start_at: float) -> dict[str, list[int]]:
+    """Two of these share one transactional id: each re-inits when fenced. Returns committed ids."""
+    import txn_core
+
+    log = txn_core.open_log(url, options)
+    parts = log.topics.get(topic).partitions
+    while time.time() < start_at:
+        time.sleep(0.001)
+    committed: list[int] = []
+    fenced: list[int] = []
+    p = None
+    for t in range(txns):
+        ids = [worker * 10_000_000 + t * 10 + i for i in range(10)]
+        try:
+            if p is None:
+                p = log.producer(tid, transaction_timeout_ms=30000)
+                p.init_transactions()
+            p.begin_transaction()
+            for part in range(parts):
+                p.send(topic, pa.table({"id": [i for i in ids if i % parts == part],
+                                        "worker": [worker] * len([i for i in ids if i % parts == part])}),
+                       partition=part)
+            p.flush()
+            p.commit_transaction()
+            committed.extend(ids)
+        except txn_core.ProducerFencedError:
+            fenced.extend(ids)
+            p = None
+    return {"committed": committed, "fenced": fenced}
+
+
+def reader_until(url: str, options: dict[str, Any] | None, topic: str, stop_file: str) -> list[int]:
+    """A read_committed consumer polling until ``stop_file`` exists (then drains); returns ids in order."""
+    import txn_core
+
+    log = txn_core.open_log(url, options)
+    parts = log.topics.get(topic).partitions
+    c = log.consumer()
+    c.assign([(topic, p) for p in range(parts)])
+    seen: list[int] = []
+    while not os.path.exists(stop_file):
+        seen.extend(c.poll().column("id").to_pylist())
+        time.sleep(0.01)
+    while (got := c.poll()).num_rows:
+        seen.extend(got.column("id").to_pylist())
+    return seen

@@ -65,7 +65,7 @@ def _describe(log: Log, st: TidState) -> TransactionDescription:
 
 
 def list_transactions(log: Log, *, include_complete: bool = False) -> list[TransactionListing]:
-    out = []
+    out: list[TransactionListing] = []
     for c in range(log.coordinator_partitions):
         view = log.views.get(c)
         view.refresh()

@@ -6,6 +6,7 @@ State derived from the partition log alone, as of ``position`` (the offset after
 * ``aborted``: the aborted-transaction index (transaction -> first, last, marker offsets);
 * ``skips``: offset ranges never to deliver (duplicates, zombie writes after a commit marker);
 * ``producers``: per-producer epoch and sequence, for de-duplication;
+* ``gaps``: entries that follow a sequence gap (delivering one raises OutOfOrderSequenceError);
 * ``ended``: transactions whose marker was applied recently, with the outcome (a bounded cache).
 
 The log-derived max read position (last stable offset) is the first offset of the earliest ongoing
@@ -65,6 +66,8 @@ class TxnBuffer:
         self.skips = SkipRanges()
         self.producers = ProducerStates()
         self.ended: OrderedDict[TxnId, tuple[bool, int]] = OrderedDict()  # txn -> (committed, marker)
+        #: entries after a sequence gap: offset -> (producer id, epoch, expected, got); fail if delivered
+        self.gaps: dict[int, tuple[int, int, int, int]] = {}
         self.size_bytes = 0
         self.committed_count = 0
         self.aborted_count = 0
@@ -85,19 +88,28 @@ class TxnBuffer:
             if txn is not None:
                 self._end(txn, header.kind == EntryKind.COMMIT, header.base_offset)
             return Disposition.CONTROL
-        # May raise OutOfOrderSequenceError; the buffer is unchanged then.
+        if txn is not None and txn in self.aborted:
+            self._advance(slot, header, size)
+            # A zombie write into an aborted transaction, after its marker: the aborted index's offset
+            # range ends before the marker, so only a skip range tells range readers to drop it.
+            self.skips.add(header.base_offset, header.last_offset)
+            return Disposition.ABORTED
+        if txn is not None and txn in self.ended:
+            self._advance(slot, header, size)
+            self.skips.add(header.base_offset, header.last_offset)
+            return Disposition.SKIP  # a write after its transaction's commit marker
         check = self.producers.check(header.producer_id, header.producer_epoch, header.base_sequence,
                                      header.record_count, header.timestamp_ms, self.where, header.base_offset)
         self._advance(slot, header, size)
+        if check is SequenceCheck.GAP:
+            expected, got = self.producers.last_gap
+            self.gaps[header.base_offset] = (header.producer_id, header.producer_epoch, expected, got)
         if txn is None:
-            if check is not SequenceCheck.ACCEPT:
+            if check in (SequenceCheck.DUPLICATE, SequenceCheck.FENCED):
                 self.skips.add(header.base_offset, header.last_offset)
                 return Disposition.SKIP
             return Disposition.DATA
-        if txn in self.aborted:
-            return Disposition.ABORTED
-        ended = self.ended.get(txn)
-        if ended is not None or check is not SequenceCheck.ACCEPT:
+        if check in (SequenceCheck.DUPLICATE, SequenceCheck.FENCED):
             # A write after its transaction's marker (a zombie), a duplicate, or a fenced epoch.
             self.skips.add(header.base_offset, header.last_offset)
             return Disposition.SKIP
@@ -166,6 +178,8 @@ class TxnBuffer:
         """Forget what retention removed: aborted transactions and skips below ``log_start``."""
         self.aborted.prune(log_start)
         self.skips.prune(log_start)
+        for off in [o for o in self.gaps if o < log_start]:
+            del self.gaps[off]
 
     def filters(self, start: int, end: int) -> tuple[list[int], list[tuple[int, int]]]:
         """What a reader of ``[start, end)`` must drop: aborted transaction keys and skip ranges."""
@@ -181,6 +195,7 @@ class TxnBuffer:
         b.skips = SkipRanges.from_list(self.skips.to_list())
         b.producers = self.producers.copy()
         b.ended = OrderedDict(self.ended)
+        b.gaps = dict(self.gaps)
         b.size_bytes, b.committed_count, b.aborted_count = self.size_bytes, self.committed_count, self.aborted_count
         b.where = self.where
         return b
@@ -190,7 +205,8 @@ class TxnBuffer:
         if len(self.ongoing) != len(self.by_txn):
             raise AssertionError("ongoing and by_txn disagree")
         for first, o in self.ongoing.items():
-            if first != o.first_offset or self.by_txn.get(o.txn) is not o:
+            indexed = self.by_txn.get(o.txn)
+            if first != o.first_offset or indexed is None or indexed.first_offset != first:
                 raise AssertionError(f"ongoing entry {first} is inconsistent")
             if not o.first_offset <= o.last_offset < self.position:
                 raise AssertionError(f"ongoing {o.txn} range {o.first_offset}..{o.last_offset} beyond {self.position}")

@@ -81,6 +81,10 @@ class Consumer:
                 schemas.append(meta.schema)
             try:
                 unified = pa.unify_schemas(schemas) if schemas else None
+                if unified is not None and len({id(x) for x in schemas}) > 1:
+                    # A column some assigned topics lack is null in their rows.
+                    unified = pa.schema([f if all(f.name in x.names for x in schemas) else f.with_nullable(True)
+                                         for f in unified])
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
                 raise ConfigurationError(
                     f"the assigned topics have incompatible schemas ({exc}); use one consumer per schema") from exc
@@ -162,8 +166,12 @@ class Consumer:
             return schema.empty_table()
         if all(b.schema == schema for b in batches):
             return pa.Table.from_batches(batches, schema=schema)
-        tables = [pa.Table.from_batches([b]) for b in batches]
-        return pa.concat_tables(tables, promote_options="default").cast(schema)
+        aligned = []
+        for b in batches:
+            cols = [b.column(f.name).cast(f.type) if f.name in b.schema.names else pa.nulls(b.num_rows, f.type)
+                    for f in schema]
+            aligned.append(pa.RecordBatch.from_arrays(cols, schema=schema))
+        return pa.Table.from_batches(aligned, schema=schema)
 
     def committed(self, tp: tuple[str, int] | TopicPartition) -> int | None:
         """The group's committed offset for ``tp`` (None if none), as read_committed readers see it."""

@@ -18,10 +18,10 @@ Header layout (little-endian)::
     48  8    txn_lo           transaction sequence
     56  8    timestamp_ms     append time, writer's clock
     64  8    payload_len
-    72  4    payload_crc      zlib.crc32 of the payload
+    72  4    payload_crc      CRC-32C of the payload
     76  16   writer_id        unique per write attempt; resolves unknown outcomes
     92  32   reserved         zero
-    124 4    header_crc       zlib.crc32 of bytes [0, 124)
+    124 4    header_crc       CRC-32C of bytes [0, 124)
 
 DATA payload: an Arrow IPC stream (schema + record batches). DATA_REF payload: JSON naming one staged
 object (an entry-format DATA object written elsewhere) with its size, payload crc and row count.
@@ -33,12 +33,12 @@ from __future__ import annotations
 import enum
 import json
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from txn_core.checksum import crc32c
 from txn_core.errors import CorruptDataError
 from txn_core.ids import TxnId
 
@@ -105,30 +105,30 @@ class EntryHeader:
             self.producer_id, self.producer_epoch, self.base_sequence, txn_hi, txn_lo, self.timestamp_ms,
             self.payload_len, self.payload_crc, self.writer_id, b"\0" * 32,
         )
-        return body + _CRC.pack(zlib.crc32(body))
+        return body + _CRC.pack(crc32c(body))
 
 
-def decode_header(data: bytes | memoryview, key: str) -> EntryHeader:
+def decode_header(data: Any, key: str) -> EntryHeader:
     """Decode and verify the header at the start of ``data`` (which may hold more than the header)."""
     if len(data) < HEADER_SIZE:
-        if len(data) >= 4 and bytes(data[:4]) != MAGIC:
+        if len(data) >= 4 and bytes(memoryview(data)[:4]) != MAGIC:
             raise CorruptDataError(
-                f"{key} is not a txnlog entry (bad magic {bytes(data[:4])!r}); a foreign or damaged object "
+                f"{key} is not a txnlog entry (bad magic {bytes(memoryview(data)[:4])!r}); a foreign or damaged object "
                 "sits in the log. Move it away; nothing after it is read until then.", key)
         raise CorruptDataError(
             f"{key} is truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte entry header. "
             "The object is damaged; restore it from a replica or remove the partition's tail.", key)
-    body = bytes(data[:124])
+    body = bytes(memoryview(data)[:124])
     (magic, version, kind, flags, header_size, _r, base_offset, count, pid, epoch, seq, txn_hi, txn_lo,
      ts, plen, pcrc, writer_id, _pad) = _STRUCT.unpack(body)
     if magic != MAGIC:
         raise CorruptDataError(
             f"{key} is not a txnlog entry (bad magic {magic!r}); a foreign or damaged object sits in the "
             "log. Move it away; nothing after it is read until then.", key)
-    (crc,) = _CRC.unpack(bytes(data[124:128]))
-    if crc != zlib.crc32(body):
+    (crc,) = _CRC.unpack(bytes(memoryview(data)[124:128]))
+    if crc != crc32c(body):
         raise CorruptDataError(
-            f"{key}: entry header checksum mismatch (stored {crc:#010x}, computed {zlib.crc32(body):#010x}); "
+            f"{key}: entry header checksum mismatch (stored {crc:#010x}, computed {crc32c(body):#010x}); "
             "the object is corrupt.", key)
     if version != VERSION or header_size != HEADER_SIZE:
         raise CorruptDataError(
@@ -142,14 +142,14 @@ def decode_header(data: bytes | memoryview, key: str) -> EntryHeader:
     return EntryHeader(ekind, base_offset, count, pid, epoch, seq, txn, ts, plen, pcrc, writer_id)
 
 
-def verify_payload(header: EntryHeader, data: bytes | memoryview, key: str) -> memoryview:
+def verify_payload(header: EntryHeader, data: Any, key: str) -> memoryview:
     """The payload following the header in ``data``, verified against the header's length and crc."""
     view = memoryview(data)[HEADER_SIZE:]
     if len(view) != header.payload_len:
         raise CorruptDataError(
             f"{key} is truncated: payload has {len(view)} bytes, header says {header.payload_len}. "
             "The object is damaged; nothing after it is read.", key)
-    crc = zlib.crc32(view)
+    crc = crc32c(view)
     if crc != header.payload_crc:
         raise CorruptDataError(
             f"{key}: payload checksum mismatch (stored {header.payload_crc:#010x}, computed {crc:#010x}); "
@@ -158,7 +158,8 @@ def verify_payload(header: EntryHeader, data: bytes | memoryview, key: str) -> m
 
 
 def crc32(data: Any) -> int:
-    return zlib.crc32(data)
+    """The payload checksum (CRC-32C; the name predates the switch from zlib's CRC-32)."""
+    return crc32c(data)
 
 
 # --- payload codecs ------------------------------------------------------------------------------

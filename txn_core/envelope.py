@@ -9,8 +9,8 @@ Layout (little-endian, 40 bytes, then the payload)::
     6   2    flags         bit 0: payload is Arrow IPC (else JSON)
     8   16   writer_id     unique per write; resolves unknown outcomes
     24  8    payload_len
-    32  4    payload_crc   zlib.crc32 of the payload
-    36  4    header_crc    zlib.crc32 of bytes [0, 36)
+    32  4    payload_crc   CRC-32C of the payload
+    36  4    header_crc    CRC-32C of bytes [0, 36)
 
 The writer id is in the first 24 bytes, so ``create_resolving`` compares the whole 40-byte header.
 """
@@ -21,12 +21,12 @@ import enum
 import json
 import struct
 import uuid
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from txn_core.checksum import crc32c
 from txn_core.errors import CorruptDataError, ObjectExistsError
 from txn_core.storage.base import Storage, create_resolving
 
@@ -81,8 +81,8 @@ def encode(kind: ObjectKind, payload: bytes | pa.Buffer, *, is_arrow: bool = Fal
     wid = writer_id or uuid.uuid4().bytes
     view = memoryview(payload)
     body = _STRUCT.pack(MAGIC, VERSION, int(kind), FLAG_ARROW if is_arrow else 0, wid, len(view),
-                        zlib.crc32(view))
-    return body + _CRC.pack(zlib.crc32(body)), payload
+                        crc32c(view))
+    return body + _CRC.pack(crc32c(body)), payload
 
 
 def encode_json(kind: ObjectKind, value: dict[str, Any]) -> tuple[bytes, bytes]:
@@ -101,7 +101,7 @@ def decode(data: bytes, key: str, expected: ObjectKind | None = None) -> Envelop
     if magic != MAGIC:
         raise CorruptDataError(f"{key} is not a txnlog object (bad magic {magic!r}); move it away.", key)
     (hcrc,) = _CRC.unpack(data[_STRUCT.size : HEADER_SIZE])
-    if hcrc != zlib.crc32(body):
+    if hcrc != crc32c(body):
         raise CorruptDataError(f"{key}: header checksum mismatch; the object is corrupt.", key)
     if version != VERSION:
         raise CorruptDataError(f"{key}: object format version {version} is not supported; upgrade txnlog.", key)
@@ -115,7 +115,7 @@ def decode(data: bytes, key: str, expected: ObjectKind | None = None) -> Envelop
     if len(payload) != plen:
         raise CorruptDataError(
             f"{key} is truncated: payload has {len(payload)} bytes, header says {plen}.", key)
-    if zlib.crc32(payload) != pcrc:
+    if crc32c(payload) != pcrc:
         raise CorruptDataError(f"{key}: payload checksum mismatch; the object is corrupt.", key)
     return Envelope(okind, wid, payload, bool(flags & FLAG_ARROW))
 

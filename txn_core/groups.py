@@ -15,6 +15,7 @@ replay the whole history.
 
 from __future__ import annotations
 
+import builtins
 import threading
 import time
 from collections.abc import Mapping
@@ -25,7 +26,13 @@ import pyarrow as pa
 
 from txn_core import envelope, paths
 from txn_core.entry import EntryKind, crc32, encode_arrow
-from txn_core.errors import ConfigurationError, CorruptDataError, InvalidOffsetError, ObjectNotFoundError
+from txn_core.errors import (
+    ConfigurationError,
+    CorruptDataError,
+    InvalidOffsetError,
+    ObjectNotFoundError,
+    TxnLogError,
+)
 from txn_core.ids import TopicPartition, validate_name
 from txn_core.reader import READ_COMMITTED, PartitionReader
 
@@ -150,7 +157,8 @@ class GroupStore:
             parts.append(partition)
             offs.append(off)
         now = int(time.time() * 1000)
-        return pa.table({"topic": topics, "partition": pa.array(parts, pa.int32()), "offset": pa.array(offs, pa.int64()),
+        return pa.table({"topic": topics, "partition": pa.array(parts, pa.int32()),
+                         "offset": pa.array(offs, pa.int64()),
                          "metadata": pa.array([metadata] * len(topics), pa.string()),
                          "commit_ms": pa.array([now] * len(topics), pa.int64())}, schema=OFFSETS_SCHEMA)
 
@@ -172,14 +180,14 @@ class GroupStore:
     def list(self) -> list[str]:
         return [n.rstrip("/") for n in self.log.storage.list(paths.GROUPS) if n.endswith("/")]
 
-    def describe(self, group: str) -> list[dict[str, Any]]:
+    def describe(self, group: str) -> builtins.list[dict[str, Any]]:
         """Per topic-partition: committed offset, last stable offset, log end and lag."""
         rows = []
         for tp, off in sorted(self.committed(group).items()):
             try:
                 desc = self.log.describe_partition(tp.topic, tp.partition)
                 lso, end = desc.last_stable_offset, desc.log_end_offset
-            except Exception:
+            except TxnLogError:  # the topic was deleted or shrank: no lag to report
                 lso = end = -1
             rows.append({"topic": tp.topic, "partition": tp.partition, "committed": off.offset,
                          "last_stable_offset": lso, "log_end_offset": end,

@@ -128,7 +128,7 @@ class Log:
         with self._lock:
             plog = self._plogs.get(path)
             if plog is None:
-                plog = PartitionLog(self.storage, path)
+                plog = PartitionLog(self.storage, path, self.clock)
                 self._plogs[path] = plog
             return plog
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sortedcontainers import SortedDict
 
@@ -31,6 +32,11 @@ from txn_core.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundE
 from txn_core.ids import TxnId
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
 
 #: A cached tail older than this is re-checked before appending (see PROTOCOL.md "Retention").
 TAIL_RECHECK_S = 60.0
@@ -62,7 +68,7 @@ class Entry:
 
     slot: int
     header: EntryHeader
-    data: bytes
+    data: Any  # the whole object: a pyarrow.Buffer (or bytes)
     key: str
 
     def payload(self) -> memoryview:
@@ -72,14 +78,16 @@ class Entry:
 class PartitionLog:
     """Append to and read one partition log. Thread-safe; one instance per (process, log path)."""
 
-    def __init__(self, storage: Storage, path: str) -> None:
+    def __init__(self, storage: Storage, path: str, clock: Callable[[], int] | None = None) -> None:
         self.storage = storage
         self.path = path
+        self.clock = clock or _wall_clock_ms
         self.entries = SlotLog(storage, paths.entries(path))
         self._lock = threading.Lock()
         self._tail: tuple[int, int] | None = None  # (next slot, next offset)
         self._tail_checked = 0.0
         self._start: LogStart | None = None
+        self._start_checked = 0.0
         self._index: SortedDict = SortedDict()  # base_offset -> (slot, record_count)
 
     def __getstate__(self) -> dict[str, object]:
@@ -105,6 +113,18 @@ class PartitionLog:
                 break
             self._start = start
         return self._start
+
+    def deleted(self, slot: int, *, max_staleness_s: float = 5.0) -> bool:
+        """Whether a missing ``slot`` was removed by retention (it lies below the published log start).
+
+        Re-reads the log start at most every ``max_staleness_s`` seconds, so polling the tail stays at
+        one request per poll.
+        """
+        now = time.monotonic()
+        if self._start is None or now - self._start_checked >= max_staleness_s:
+            self.log_start(refresh=True)
+            self._start_checked = now
+        return slot < self.log_start().slot
 
     # --- tail -----------------------------------------------------------------------------------
 
@@ -172,7 +192,7 @@ class PartitionLog:
         """
         chunks = [payload] if isinstance(payload, bytes | memoryview) else list(payload)
         wid = writer_id or uuid.uuid4().bytes
-        ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        ts = self.clock() if timestamp_ms is None else timestamp_ms
         template = EntryHeader(kind, 0, record_count, producer_id, producer_epoch, base_sequence, txn, ts,
                                payload_len, payload_crc, wid)
         with self._lock:
@@ -208,7 +228,7 @@ class PartitionLog:
     def read_entry(self, slot: int) -> Entry:
         """Read a whole entry (header verified; payload verified lazily by :meth:`Entry.payload`)."""
         key = self.entries.key(slot)
-        data = self.storage.read(key)
+        data = self.storage.read_buffer(key)
         header = decode_header(data, key)
         if len(data) != HEADER_SIZE + header.payload_len:
             raise CorruptDataError(
@@ -236,7 +256,7 @@ class PartitionLog:
         if idx >= 0:
             base, (slot, count) = self._index.peekitem(idx)
             if base <= offset < base + count:
-                return slot
+                return int(slot)
         lo, hi = start.slot, tail_slot - 1  # invariant: base(lo) <= offset < next(hi)
         while lo < hi:
             mid = (lo + hi + 1) // 2

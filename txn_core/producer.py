@@ -8,18 +8,22 @@ readers (same producer, epoch and sequence).
 
 Transactions: ``init_transactions`` fences older instances; ``begin_transaction`` is local; the first
 flush to a partition registers it with the coordinator before writing (``begin``/``add`` record);
-``commit_transaction`` flushes, persists PrepareCommit (the commit point: from here the transaction is
-visible to read_committed readers on every partition at once), writes the markers and persists
-CompleteCommit. The epoch is bumped by every completion (KIP-890), so a delayed write or end request of a
-finished transaction cannot touch the next one.
+``commit_transaction`` flushes and persists PrepareCommit (the commit point: from here the transaction
+is visible to read_committed readers on every partition at once) and returns; the markers and
+CompleteCommit are written by a background thread while the application prepares the next transaction,
+whose first coordinator request waits for them. ``close()`` and ``wait_for_completion()`` wait too; if
+the process dies first, the next participant completes the transaction (PROTOCOL.md "Recovery").
+The epoch is bumped by every completion (KIP-890), so a delayed write or end request of a finished
+transaction cannot touch the next one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +98,9 @@ class Producer:
         self._sequences: dict[str, int] = {}
         self._rr = itertools.count()
         self._pool: ThreadPoolExecutor | None = None
+        self._completer: ThreadPoolExecutor | None = None
+        self._completion: Future[TidState] | None = None
+        self._completing: TidState | None = None
         self._results: list[RecordMetadata] = []
         self.producer_id = -1
         self.epoch = 0
@@ -142,6 +149,8 @@ class Producer:
             self._require_transactional("init_transactions")
             self._require_open()
             self._transition(_S.INITIALIZING)
+            with contextlib.suppress(TxnLogError):
+                self._await_completion()  # init_producer below finishes whatever is left
             state = self.log.coordinator.init_producer(self.transactional_id or "", self.transaction_timeout_ms)
             self.producer_id, self.epoch = state.producer_id, state.epoch
             self._sequences.clear()
@@ -192,8 +201,8 @@ class Producer:
                     self._begin_remote([])
                 if self._txn is not None:
                     state = self.log.coordinator.end(self.transactional_id or "", self.producer_id, self.epoch,
-                                                     self._txn, True, metadata)
-                    self._after_end(state)
+                                                     self._txn, True, metadata, complete=False)
+                    self._after_decision(state)
             except ProducerFencedError as exc:
                 self._fatal(exc)
                 raise
@@ -216,12 +225,46 @@ class Producer:
             try:
                 if self._txn is not None:
                     state = self.log.coordinator.end(self.transactional_id or "", self.producer_id, self.epoch,
-                                                     self._txn, False)
-                    self._after_end(state)
+                                                     self._txn, False, complete=False)
+                    self._after_decision(state)
             except ProducerFencedError as exc:
                 self._fatal(exc)
                 raise
             self._transition(_S.READY)
+
+    def _after_decision(self, state: TidState) -> None:
+        """The decision is durable: finish the second phase in the background (markers, Complete*).
+
+        The next call that needs the coordinator waits for it (:meth:`_await_completion`), so at most one
+        transaction of this producer is completing while the application prepares the next one.
+        """
+        if state.state.is_prepared:
+            if self._completer is None:
+                self._completer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txnlog-completer")
+            self._completing = state
+            self._completion = self._completer.submit(self.log.coordinator.complete, state)
+            self._txn = None
+            self._participants = set()
+        else:
+            self._after_end(state)
+
+    def _await_completion(self) -> None:
+        """Wait for the previous transaction's markers and Complete record; adopt the bumped epoch."""
+        future, prepared = self._completion, self._completing
+        if future is None or prepared is None:
+            return
+        try:
+            state = future.result()
+        except TxnLogError:
+            state = self.log.coordinator.complete(prepared)  # retry once here; raises if storage is down
+        self._completion = None
+        self._completing = None
+        self._after_end(state)
+
+    def wait_for_completion(self) -> None:
+        """Block until every decided transaction of this producer has all its markers written."""
+        with self._lock:
+            self._await_completion()
 
     def _after_end(self, state: TidState) -> None:
         if state.producer_id != self.producer_id:
@@ -238,6 +281,7 @@ class Producer:
                 f"{what}() needs a transactional producer: Log.producer(transactional_id='...')")
 
     def _begin_remote(self, participants: list[str]) -> None:
+        self._await_completion()
         state = self.log.coordinator.begin(self.transactional_id or "", self.producer_id, self.epoch,
                                            self.transaction_timeout_ms, participants)
         self._txn = state.txn
@@ -393,7 +437,8 @@ class Producer:
         if pending.inflight is not None:
             self._append_inflight(path, pending)
         while pending.tables:
-            tables, nbytes = [], 0
+            tables: list[pa.Table] = []
+            nbytes = 0
             while pending.tables and (not tables or nbytes + pending.tables[0].nbytes <= MAX_ENTRY_BYTES):
                 t = pending.tables.pop(0)
                 tables.append(t)
@@ -442,7 +487,12 @@ class Producer:
             try:
                 if flush and self.transactional_id is None and self._state != _S.FATAL_ERROR:
                     self._flush_locked()
+                if self._state != _S.FATAL_ERROR:
+                    self._await_completion()
             finally:
+                if self._completer is not None:
+                    self._completer.shutdown(wait=True)
+                    self._completer = None
                 if self._pool is not None:
                     self._pool.shutdown(wait=True)
                     self._pool = None

@@ -7,7 +7,9 @@ producer's current epoch:
 * ``base_sequence == next``: in order, accepted; ``next += record_count``.
 * ``base_sequence < next``: a duplicate of something already in the log (a retry that landed twice):
   the entry is skipped.
-* ``base_sequence > next``: a gap -- a batch is missing: :class:`OutOfOrderSequenceError`.
+* ``base_sequence > next``: a gap -- a batch is missing. The entry is marked; delivering it raises
+  :class:`OutOfOrderSequenceError` (see :func:`gap_error`), but only if it would be delivered, so a
+  fenced zombie's gapped write into an aborted transaction cannot make a partition unreadable.
 
 A higher epoch resets the sequence (the first entry of a new epoch is accepted whatever its sequence);
 an entry with a lower epoch than already seen is a fenced zombie's write and is skipped. Producers idle
@@ -29,6 +31,7 @@ class SequenceCheck(enum.Enum):
     ACCEPT = 0
     DUPLICATE = 1
     FENCED = 2
+    GAP = 3
 
 
 @dataclass(slots=True)
@@ -41,10 +44,11 @@ class ProducerEntry:
 class ProducerStates:
     """Producer id -> (epoch, next sequence) for one partition."""
 
-    __slots__ = ("producers",)
+    __slots__ = ("last_gap", "producers")
 
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
+        self.last_gap: tuple[int, int] = (0, 0)
 
     def check(self, producer_id: int, epoch: int, base_sequence: int, count: int, timestamp_ms: int,
               where: str, offset: int) -> SequenceCheck:
@@ -63,11 +67,11 @@ class ProducerStates:
             return SequenceCheck.ACCEPT
         if base_sequence < cur.next_sequence:
             return SequenceCheck.DUPLICATE
-        raise OutOfOrderSequenceError(
-            f"{where}: producer id {producer_id} epoch {epoch} skipped sequence numbers at offset {offset}: "
-            f"expected sequence {cur.next_sequence}, got {base_sequence} ({base_sequence - cur.next_sequence} "
-            "records missing). A batch of this producer was lost; the log cannot be read past this point "
-            "without data loss. Investigate the writer; restore the missing entry if it exists elsewhere.")
+        # A gap: remember it (the caller records where) and resynchronise on this entry.
+        self.last_gap = (cur.next_sequence, base_sequence)
+        cur.next_sequence = base_sequence + count
+        cur.last_timestamp_ms = max(cur.last_timestamp_ms, timestamp_ms)
+        return SequenceCheck.GAP
 
     def expire(self, now_ms: int, retention_ms: int = PRODUCER_STATE_RETENTION_MS) -> None:
         for pid in [p for p, e in self.producers.items() if now_ms - e.last_timestamp_ms > retention_ms]:
@@ -88,3 +92,12 @@ class ProducerStates:
         s.producers = {p: ProducerEntry(e.epoch, e.next_sequence, e.last_timestamp_ms)
                        for p, e in self.producers.items()}
         return s
+
+
+def gap_error(where: str, offset: int, producer_id: int, epoch: int, expected: int,
+              got: int) -> OutOfOrderSequenceError:
+    return OutOfOrderSequenceError(
+        f"{where}: producer id {producer_id} epoch {epoch} skipped sequence numbers at offset {offset}: "
+        f"expected sequence {expected}, got {got} ({got - expected} records missing). A batch of this "
+        "producer was lost; the log cannot be read past this point without data loss. Investigate the "
+        "writer; restore the missing entry if it exists elsewhere.")

@@ -23,11 +23,12 @@ import pyarrow as pa
 
 from txn_core.buffer import Disposition, TxnBuffer
 from txn_core.coordinator.txnlog import TxnStatus
-from txn_core.entry import HEADER_SIZE, EntryHeader, EntryKind
+from txn_core.entry import HEADER_SIZE, EntryHeader
 from txn_core.errors import CorruptDataError, DataLossError, ObjectNotFoundError, OffsetOutOfRangeError
 from txn_core.ids import TxnId
 from txn_core.partition import Entry, PartitionLog
-from txn_core.records import add_metadata, entry_table
+from txn_core.producer_state import gap_error
+from txn_core.records import MetadataColumns, entry_table
 from txn_core.snapshots import SnapshotStore
 
 READ_COMMITTED = "read_committed"
@@ -64,6 +65,12 @@ class PartitionState:
         self.snapshot_position = buffer.position
         return buffer
 
+    def reload(self) -> TxnBuffer:
+        """Rebuild the buffer from the newest snapshot (after retention removed what it had not seen)."""
+        self._buffer = self._load()
+        self.decisions.clear()
+        return self._buffer
+
     def apply(self, slot: int, header: EntryHeader, size: int) -> Disposition:
         disposition = self.buffer.apply(slot, header, size)
         if header.is_control and header.txn is not None:
@@ -78,6 +85,10 @@ class PartitionState:
             try:
                 header = self.log.read_header(buffer.slot)
             except ObjectNotFoundError:
+                if self.log.deleted(buffer.slot):
+                    # Retention removed entries this buffer had not applied: restart from its snapshot.
+                    buffer = self.reload()
+                    continue
                 break
             self.apply(buffer.slot, header, HEADER_SIZE + header.payload_len)
             n += 1
@@ -143,6 +154,10 @@ class PartitionState:
         if header.is_control:
             return Disposition.CONTROL
         buffer = self.buffer
+        if header.txn is not None:
+            aborted = buffer.aborted.get(header.txn)
+            if aborted is not None and header.base_offset > aborted.marker_offset:
+                return Disposition.ABORTED  # a zombie write after the abort marker, as apply() classed it
         if buffer.skips.covers(header.base_offset):
             return Disposition.SKIP
         if header.txn is None:
@@ -162,7 +177,24 @@ class PartitionState:
         for txn, committed in self.decisions.items():
             if not committed and txn in self.buffer.by_txn:
                 keys.append(txn_key(txn))
+        self.check_gaps(start, end, set(keys), skips)
         return keys, skips
+
+    def check_gaps(self, start: int, end: int, aborted: set[int], skips: list[tuple[int, int]]) -> None:
+        """Raise OutOfOrderSequenceError if an entry after a sequence gap in ``[start, end)`` would be read.
+
+        Only entries of non-transactional or committed data count; the caller passes the range's filters.
+        """
+        from txn_core.aborted import txn_key
+
+        for offset, gap in self.buffer.gaps.items():
+            if not start <= offset < end or any(f <= offset <= last for f, last in skips):
+                continue
+            slot = self.log.slot_for_offset(offset)
+            header = self.log.read_header(slot)
+            if header.txn is not None and txn_key(header.txn) in aborted:
+                continue
+            raise gap_error(self.log.path, offset, *gap)
 
 
 @dataclass(slots=True)
@@ -188,7 +220,8 @@ class PartitionReader:
         self._cursor = 0  # next slot to read into the window
         self._window: deque[_Slot] = deque()
         self._window_size = 0
-        self._at_end_since = 0.0
+        self._error: CorruptDataError | DataLossError | None = None
+        self._meta = MetadataColumns(topic, partition)
 
     def seek(self, offset: int) -> None:
         """Deliver from ``offset`` on. Below the log start raises :class:`DataLossError`."""
@@ -197,11 +230,14 @@ class PartitionReader:
             raise DataLossError(
                 f"{self.log.path}: offset {offset} was removed by retention; the log starts at {start.offset}")
         buffer = self.state.buffer
+        if buffer.position < start.offset:  # retention passed this buffer: rebuild from its snapshot
+            buffer = self.state.reload()
         end = self.log.end_offset()
         if offset > end:
             raise OffsetOutOfRangeError(f"{self.log.path}: offset {offset} is beyond the log end {end}")
         self._window.clear()
         self._window_size = 0
+        self._error = None
         self.position = offset
         if offset >= buffer.position:
             # Scan (headers only) up to the entry containing offset.
@@ -218,10 +254,19 @@ class PartitionReader:
         """Read entries into the window up to its budget; True if anything was read."""
         buffer = self.state.buffer
         read = False
-        while self._window_size < self.window_bytes or not self._window:
+        while self._error is None and (self._window_size < self.window_bytes or not self._window):
             try:
                 entry = self.log.read_entry(self._cursor)
             except ObjectNotFoundError:
+                if self.log.deleted(self._cursor):
+                    start = self.log.log_start()
+                    self._error = DataLossError(
+                        f"{self.log.path}: offsets from {self.position} up to {start.offset} were removed by "
+                        f"retention while this reader was behind; seek to {start.offset} or later to go on")
+                break
+            except CorruptDataError as exc:
+                # Deliver what precedes the damage first; then fail, and keep failing (never skip it).
+                self._error = exc
                 break
             header = entry.header
             if header.base_offset >= buffer.position:
@@ -270,19 +315,23 @@ class PartitionReader:
                 self.position = header.next_offset
                 self._pop()
                 continue
+            gap = self.state.buffer.gaps.get(header.base_offset)
+            if gap is not None:
+                raise gap_error(self.log.path, header.base_offset, *gap)
             table = entry_table(self.log.storage, item.entry)
             skip = self.position - header.base_offset
             take = min(table.num_rows - skip, budget)
             part = table.slice(skip, take)
             first = header.base_offset + skip
-            out.extend(add_metadata(b, self.topic, self.partition, first + o, header.timestamp_ms)
-                       for b, o in _batches_with_offsets(part))
+            out.extend(self._meta.add(b, first + o, header.timestamp_ms) for b, o in _batches_with_offsets(part))
             budget -= take
             self.position = first + take
             if self.position >= header.next_offset:
                 self._pop()
         if not self._window and not out:
             self._fill()
+        if not out and self._error is not None and not self._window:
+            raise self._error
         return out
 
     def _pop(self) -> None:

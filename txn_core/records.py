@@ -34,20 +34,44 @@ def with_metadata_schema(schema: pa.Schema) -> pa.Schema:
 def constant_string(value: str, n: int) -> pa.Array:
     """``n`` copies of ``value`` as a plain string array, built from two buffers."""
     raw = value.encode()
-    offsets = np.arange(0, (n + 1) * len(raw), len(raw) or 1, dtype=np.int32)[: n + 1] if raw else \
-        np.zeros(n + 1, dtype=np.int32)
+    offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))
+
+
+class MetadataColumns:
+    """Builds the metadata columns of one partition; constant columns are sliced from cached arrays."""
+
+    __slots__ = ("_partition", "_topic", "partition", "topic")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._topic = constant_string(topic, 0)
+        self._partition = pa.array(np.empty(0, dtype=np.int32))
+
+    def _grow(self, n: int) -> None:
+        size = max(n, 2 * len(self._topic), 1024)
+        self._topic = constant_string(self.topic, size)
+        self._partition = pa.array(np.full(size, self.partition, dtype=np.int32))
+
+    def columns(self, n: int, first_offset: int, timestamp_ms: int) -> list[pa.Array]:
+        if n > len(self._topic):
+            self._grow(n)
+        return [
+            self._topic.slice(0, n),
+            self._partition.slice(0, n),
+            pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
+            pa.array(np.full(n, timestamp_ms, dtype=np.int64)).view(pa.timestamp("ms", tz="UTC")),
+        ]
+
+    def add(self, batch: pa.RecordBatch, first_offset: int, timestamp_ms: int) -> pa.RecordBatch:
+        cols = self.columns(batch.num_rows, first_offset, timestamp_ms)
+        return pa.RecordBatch.from_arrays([*batch.columns, *cols], schema=with_metadata_schema(batch.schema))
 
 
 def add_metadata(table: pa.Table | pa.RecordBatch, topic: str, partition: int, first_offset: int,
                  timestamp_ms: int) -> pa.RecordBatch | pa.Table:
-    n = table.num_rows
-    cols = [
-        constant_string(topic, n),
-        pa.array(np.full(n, partition, dtype=np.int32)),
-        pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
-        pa.array(np.full(n, timestamp_ms, dtype=np.int64)).view(pa.timestamp("ms", tz="UTC")),
-    ]
+    cols = MetadataColumns(topic, partition).columns(table.num_rows, first_offset, timestamp_ms)
     schema = with_metadata_schema(table.schema)
     if isinstance(table, pa.RecordBatch):
         return pa.RecordBatch.from_arrays([*table.columns, *cols], schema=schema)

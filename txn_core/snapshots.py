@@ -18,9 +18,9 @@ valid. Rebuilding costs the parts plus the log tail after ``position``, never th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ import pyarrow as pa
 from txn_core import envelope, paths
 from txn_core.aborted import ABORTED_SCHEMA, AbortedIndex, SkipRanges, key_txn, txn_key
 from txn_core.buffer import OngoingTxn, TxnBuffer
+from txn_core.checksum import crc32c
 from txn_core.entry import encode_arrow
 from txn_core.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError
 from txn_core.producer_state import ProducerStates
@@ -116,10 +117,9 @@ class SnapshotStore:
             key = f"{self.prefix}parts/{first_m:020d}-{last_m:020d}"
             payload = encode_arrow(chunk.to_batches(), ABORTED_SCHEMA)
             header, body = envelope.encode(envelope.ObjectKind.BUFFER_SNAPSHOT_PART, payload, is_arrow=True)
-            try:
+            with contextlib.suppress(ObjectExistsError):
+                # An existing part holds the same rows (sealed by another participant): verified on load.
                 create_resolving(self.storage, key, [header, body], header)
-            except ObjectExistsError:
-                pass  # the same rows sealed by another participant: verified on load by row count
             parts.append(PartRef(key, PART_ROWS, _crc_of_rows(chunk), first_m, last_m))
             start += PART_ROWS
             self.sealed_through = last_m
@@ -136,6 +136,7 @@ class SnapshotStore:
                          o.entries] for o in buffer.ongoing.values()],
             "ended": [[txn_key(t), int(c), m] for t, (c, m) in list(buffer.ended.items())[-ENDED_KEPT:]],
             "skips": buffer.skips.to_list(),
+            "gaps": [[o, *g] for o, g in sorted(buffer.gaps.items())],
             "producers": buffer.producers.to_list(),
             "size_bytes": buffer.size_bytes,
             "committed_count": buffer.committed_count,
@@ -146,7 +147,7 @@ class SnapshotStore:
         envelope.create_json(self.storage, key, envelope.ObjectKind.BUFFER_SNAPSHOT, final)
         self.parts = parts
         self.last_position = buffer.position
-        self.last_time_ms = int(final["time_ms"])
+        self.last_time_ms = int(str(final["time_ms"]))
         buffer.ended_since_snapshot = 0
         self._cleanup()
         return buffer.position
@@ -207,6 +208,7 @@ class SnapshotStore:
         for k, committed, marker in value.get("ended", []):
             buffer.ended[key_txn(int(k))] = (bool(committed), int(marker))
         buffer.skips = SkipRanges.from_list(value["skips"])
+        buffer.gaps = {int(o): (int(a), int(b), int(c), int(d)) for o, a, b, c, d in value.get("gaps", [])}
         buffer.producers = ProducerStates.from_list(value["producers"])
         buffer.size_bytes = int(value["size_bytes"])
         buffer.committed_count = int(value["committed_count"])
@@ -224,5 +226,5 @@ def _crc_of_rows(table: pa.Table) -> int:
     crc = 0
     for name in ABORTED_SCHEMA.names:
         arr = table.column(name).combine_chunks()
-        crc = zlib.crc32(memoryview(arr.buffers()[1]).cast("B")[arr.offset * 8: (arr.offset + len(arr)) * 8], crc)
+        crc = crc32c(memoryview(arr.buffers()[1]).cast("B")[arr.offset * 8: (arr.offset + len(arr)) * 8], crc)
     return crc

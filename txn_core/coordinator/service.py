@@ -89,7 +89,7 @@ class TransactionCoordinator:
 
         def build(cur: TidState | None) -> list[dict[str, Any]] | None:
             if cur is not None and not cur.state.is_complete:
-                raise _Retry
+                raise _RetryError
             if cur is None or cur.epoch >= MAX_EPOCH:
                 pid, epoch = allocate_producer_id(self.storage), 0
             else:
@@ -98,7 +98,7 @@ class TransactionCoordinator:
 
         try:
             state = view.append(tid, build)
-        except _Retry:
+        except _RetryError:
             return self.init_producer(tid, timeout_ms)
         if state is None:  # pragma: no cover - build always returns actions or raises
             raise InvalidTxnStateError(f"transactional id {tid!r}: init produced no state")
@@ -267,8 +267,8 @@ class TransactionCoordinator:
         """The status of ``txn`` for a reader, refreshing the coordinator view and enforcing its timeout."""
         view = self.views.get(txn.coordinator)
         status = view.status(txn)
-        if status is None or status.state in (_C.ONGOING,) or status.state is not None and \
-                status.state.is_prepared:
+        if status is None or status.state in (_C.ONGOING,) or (status.state is not None and \
+                status.state.is_prepared):
             view.refresh()
             status = view.status(txn)
         if status is None:
@@ -289,5 +289,5 @@ class TransactionCoordinator:
         return status
 
 
-class _Retry(Exception):
+class _RetryError(Exception):
     pass

@@ -56,6 +56,8 @@ RECENT_OUTCOMES = 50_000
 SNAPSHOT_EVERY = 500
 #: Snapshots kept (older ones are deleted once a newer one exists).
 SNAPSHOTS_KEPT = 2
+#: Compaction deletes only records older than this; a view idle for half of it re-checks snapshots.
+COMPACTION_MIN_AGE_MS = 3600 * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +221,7 @@ class CoordinatorPartition:
         self.open_txns: SortedDict = SortedDict()  # sequence -> tid, transactions not complete
         self.outcomes: OrderedDict[int, CoordinatorState] = OrderedDict()  # sequence -> final state
         self._snapshot_slot = 0
+        self._last_refresh = time.monotonic()
 
     # --- replay ---------------------------------------------------------------------------------
 
@@ -253,15 +256,25 @@ class CoordinatorPartition:
                 try:
                     data = self.slots.read(self.next_slot)
                 except ObjectNotFoundError:
-                    if self.next_slot > 0 and not self.slots.exists(self.next_slot - 1) and \
-                            self.next_slot - 1 >= self._snapshot_slot:
-                        raise CorruptDataError(
-                            f"{self.slots.key(self.next_slot - 1)} vanished while being replayed") from None
+                    if self._compacted_past_us():
+                        self._load()
+                        continue
                     break
                 self._apply_record(self.next_slot, data)
                 self.next_slot += 1
             if self.next_slot - self._snapshot_slot >= SNAPSHOT_EVERY:
                 self._write_snapshot()
+
+    def _compacted_past_us(self) -> bool:
+        """Whether compaction deleted slots this view has not applied yet (only possible when the view
+        was idle for longer than half the compaction age; see PROTOCOL.md "Compaction")."""
+        now = time.monotonic()
+        idle, self._last_refresh = now - self._last_refresh, now
+        if idle < COMPACTION_MIN_AGE_MS / 2000:
+            return False
+        names = self.storage.list(paths.coordinator_snapshots(self.coordinator))
+        newest = max((int(n) for n in names if n.isdigit()), default=0)
+        return newest > self.next_slot
 
     def _apply_record(self, slot: int, data: bytes) -> None:
         key = self.slots.key(slot)
@@ -321,7 +334,7 @@ class CoordinatorPartition:
                 self._write_snapshot()
             return self.next_slot
 
-    def compact(self, min_age_ms: int) -> int:
+    def compact(self, min_age_ms: int = COMPACTION_MIN_AGE_MS) -> int:
         """Delete log slots below the newest snapshot that are older than ``min_age_ms``; returns count."""
         with self._lock:
             self.refresh()

@@ -27,6 +27,7 @@ import abc
 import random
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from txn_core.errors import (
     ObjectExistsError,
@@ -68,6 +69,13 @@ class Storage(abc.ABC):
     def delete(self, key: str) -> None:
         """Delete ``key`` if present."""
 
+    def read_buffer(self, key: str) -> Any:
+        """The whole object as a ``pyarrow.Buffer`` (default: wraps :meth:`read`; local disk reads into
+        Arrow-allocated memory, which the reader hands to Arrow without copying)."""
+        import pyarrow as pa
+
+        return pa.py_buffer(self.read(key))
+
     def size(self, key: str) -> int:
         """Size in bytes of ``key`` (default: read it)."""
         return len(self.read(key))
@@ -107,7 +115,15 @@ def create_resolving(
             storage.create(key, chunks)
             return
         except ObjectExistsError as exc:
-            if _is_mine(storage, key, identity):
+            try:
+                mine = _is_mine(storage, key, identity)
+            except ObjectNotFoundError:
+                continue  # deleted between our create and the read-back: create again
+            except StorageError as read_exc:
+                last = read_exc  # cannot read it back now: the outcome stays unknown, try again
+                _backoff(attempt)
+                continue
+            if mine:
                 return
             raise ObjectExistsError(f"{key} was created by another writer") from exc
         except RetryableStorageError as exc:

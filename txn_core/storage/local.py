@@ -9,10 +9,12 @@ which readers never list and :meth:`LocalStorage.sweep_temp` removes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 from txn_core.errors import ObjectExistsError, ObjectNotFoundError, StorageError
 from txn_core.storage.base import Chunks, Storage
@@ -51,10 +53,8 @@ class LocalStorage(Storage):
                 break
             d = parent
         for m in reversed(missing):
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(m)
-            except FileExistsError:
-                pass
             _fsync_dir(os.path.dirname(m))
         self._known_dirs.add(directory)
 
@@ -89,25 +89,60 @@ class LocalStorage(Storage):
                 raise
             raise StorageError(f"could not create {key} under {self.root}: {exc}") from exc
         finally:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            except FileNotFoundError:
-                pass
         _fsync_dir(directory)
 
     def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         path = self._path(key)
         try:
-            with open(path, "rb", buffering=0) as f:
-                if start:
-                    f.seek(start)
-                if end is None:
-                    return f.read()
-                return f.read(max(0, end - (start or 0)))
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{key} does not exist") from exc
         except IsADirectoryError as exc:
             raise ObjectNotFoundError(f"{key} is a directory, not an object") from exc
+        try:
+            begin = start or 0
+            stop = os.fstat(fd).st_size if end is None else end
+            want = max(0, stop - begin)
+            data = os.pread(fd, want, begin)
+            if len(data) < want:  # short read: collect the rest (objects never shrink)
+                parts = [data]
+                got = len(data)
+                while got < want:
+                    more = os.pread(fd, want - got, begin + got)
+                    if not more:
+                        break
+                    parts.append(more)
+                    got += len(more)
+                data = b"".join(parts)
+            return data
+        finally:
+            os.close(fd)
+
+    def read_buffer(self, key: str) -> Any:
+        """Read into memory from Arrow's allocator (reused across reads; no Python bytes object)."""
+        import pyarrow as pa
+
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{key} does not exist") from exc
+        except IsADirectoryError as exc:
+            raise ObjectNotFoundError(f"{key} is a directory, not an object") from exc
+        try:
+            size = os.fstat(fd).st_size
+            buf = pa.allocate_buffer(size)
+            got = 0
+            view = memoryview(buf)
+            while got < size:
+                n = os.preadv(fd, [view[got:]], got)
+                if n <= 0:
+                    break
+                got += n
+            return buf if got == size else buf.slice(0, got)
+        finally:
+            os.close(fd)
 
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))

@@ -1,0 +1,117 @@
+"""The consumer: assignment, positions, seeking, metadata columns, group offsets."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+
+import txn_core
+from txn_core.errors import ConfigurationError, DataLossError
+from txn_core.storage import MemoryStorage
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
+
+
+@pytest.fixture
+def log() -> txn_core.Log:
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex))
+    log.create_topic("t", 2, SCHEMA)
+    p = log.producer()
+    for i in range(5):
+        p.send("t", pa.table({"id": [i * 10 + j for j in range(10)], "name": ["n"] * 10}), partition=i % 2)
+        p.flush()
+    return log
+
+
+def test_poll_returns_topic_columns_plus_metadata(log: txn_core.Log) -> None:
+    c = log.consumer()
+    c.assign([("t", 0)])
+    table = c.poll()
+    assert table.schema.names == ["id", "name", "_topic", "_partition", "_offset", "_timestamp"]
+    assert table.schema.field("_timestamp").type == pa.timestamp("ms", tz="UTC")
+    assert table.column("_offset").to_pylist() == list(range(30))
+    assert set(table.column("_topic").to_pylist()) == {"t"}
+    assert set(table.column("_partition").to_pylist()) == {0}
+    assert c.position(("t", 0)) == 30
+    empty = c.poll()
+    assert empty.num_rows == 0 and empty.schema == table.schema
+
+
+def test_max_records_and_seek(log: txn_core.Log) -> None:
+    c = log.consumer()
+    c.assign([("t", 0), ("t", 1)])
+    got = c.poll(max_records=7)
+    assert got.num_rows == 7
+    c.seek(("t", 1), 15)
+    rest = []
+    while (t := c.poll(max_records=4)).num_rows:
+        assert t.num_rows <= 4
+        rest.extend(zip(t.column("_partition").to_pylist(), t.column("_offset").to_pylist(), strict=True))
+    p1 = [o for p, o in rest if p == 1]
+    assert p1 == list(range(15, 20))
+    c.seek(("t", 0), 12)  # mid-entry seek
+    assert c.poll(max_records=3).column("_offset").to_pylist() == [12, 13, 14]
+
+
+def test_commit_and_committed_and_resume(log: txn_core.Log) -> None:
+    c = log.consumer("g1")
+    c.assign([("t", 0), ("t", 1)])
+    c.poll(max_records=12)
+    positions = {tp: c.position(tp) for tp in c.assignment()}
+    c.commit()
+    assert {tp: c.committed(tp) for tp in c.assignment()} == positions
+    c2 = txn_core.Log(log.storage).consumer("g1")
+    c2.assign([("t", 0), ("t", 1)])
+    assert {tp: c2.position(tp) for tp in c2.assignment()} == positions  # resumes at the committed offsets
+    assert "g1" in log.list_groups()
+    rows = {(r["topic"], r["partition"]): r for r in log.describe_group("g1")}
+    assert rows[("t", 0)]["lag"] == 30 - positions[txn_core.TopicPartition("t", 0)]
+
+
+def test_auto_offset_reset_latest(log: txn_core.Log) -> None:
+    c = log.consumer(auto_offset_reset="latest")
+    c.assign([("t", 0)])
+    assert c.poll().num_rows == 0
+    p = log.producer()
+    p.send("t", pa.table({"id": [999], "name": ["new"]}), partition=0)
+    p.flush()
+    assert c.poll().column("id").to_pylist() == [999]
+
+
+@pytest.mark.parametrize(("call", "fragment"), [
+    (lambda lg: lg.consumer(isolation_level="dirty"), "isolation_level must be one of"),
+    (lambda lg: lg.consumer(auto_offset_reset="middle"), "auto_offset_reset must be one of"),
+    (lambda lg: lg.consumer().assign([("t", 7)]), "partition 7 does not exist"),
+    (lambda lg: lg.consumer().poll(), "no partitions assigned"),
+    (lambda lg: lg.consumer().commit(), "needs a consumer with a group_id"),
+    (lambda lg: lg.consumer("bad/group"), "invalid group name"),
+])
+def test_bad_consumer_calls(log: txn_core.Log, call: object, fragment: str) -> None:
+    with pytest.raises(ConfigurationError, match=fragment):
+        call(log)  # type: ignore[operator]
+
+
+def test_seek_beyond_end_and_before_start(log: txn_core.Log) -> None:
+    c = log.consumer()
+    c.assign([("t", 0)])
+    with pytest.raises(txn_core.OffsetOutOfRangeError):
+        c.seek(("t", 0), 1000)
+    with pytest.raises(txn_core.InvalidOffsetError):
+        c.seek(("t", 0), -1)
+    assert DataLossError  # retention-removed offsets: see test_maintenance
+
+
+def test_topics_with_different_schemas_are_unified(log: txn_core.Log) -> None:
+    log.create_topic("u", 1, pa.schema([("id", pa.int64()), ("extra", pa.float64())]))
+    p = log.producer()
+    p.send("u", pa.table({"id": [1], "extra": [0.5]}), partition=0)
+    p.flush()
+    c = log.consumer()
+    c.assign([("t", 0), ("u", 0)])
+    table = c.poll()
+    assert set(table.schema.names) >= {"id", "name", "extra", "_offset"}
+    log.create_topic("v", 1, pa.schema([("id", pa.string())]))
+    with pytest.raises(ConfigurationError, match="incompatible schemas"):
+        log.consumer().assign([("t", 0), ("v", 0)])

@@ -1,0 +1,159 @@
+"""Crash at every storage operation of a transaction, then recover with fresh participants.
+
+For each operation index k of begin/send/commit (and of abort), a process dies at k -- before the write
+lands, or right after it landed -- and is abandoned. A fresh process then recovers, by the next
+``init_transactions`` of the same transactional id or by a reader meeting the transaction after its
+timeout. Every case must end with the transaction's rows visible all together or not at all (all if
+the PrepareCommit record landed, none otherwise), no duplicates, the earlier committed data intact,
+and the last stable offset back at the log end.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import pyarrow as pa
+import pytest
+from fakeclock import FakeClock
+from faults import FaultyStorage, SimulatedCrash
+
+import txn_core
+from txn_core.coordinator.states import CoordinatorState
+from txn_core.storage import MemoryStorage
+
+SCHEMA = pa.schema([("id", pa.int64())])
+PARTITIONS = 3
+BASE = list(range(0, 30))          # committed before the crash
+TXN = list(range(1000, 1030))      # the transaction that crashes
+TID = "crashy"
+
+
+
+
+SETUP_TXN: dict[str, object] = {}
+
+
+def _setup() -> tuple[MemoryStorage, FakeClock]:
+    inner = MemoryStorage(f"crash-{uuid.uuid4().hex}")
+    clock = FakeClock(1_700_000_000_000)
+    log = txn_core.Log(inner, clock=clock)
+    log.create_topic("t", PARTITIONS, SCHEMA)
+    p = log.producer(TID, transaction_timeout_ms=10_000)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": BASE}), key_column="id")
+    p.commit_transaction()
+    p.close()
+    SETUP_TXN["txn"] = log.coordinator.state(TID).txn  # type: ignore[union-attr]
+    return inner, clock
+
+
+def _commit_txn(log: txn_core.Log) -> None:
+    p = log.producer(TID, transaction_timeout_ms=10_000)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": TXN}), key_column="id")
+    p.flush()
+    p.send_offsets_to_transaction({("t", 0): 7}, "grp")
+    p.commit_transaction()
+    p.close()  # waits for the background markers and CompleteCommit
+
+
+def _abort_txn(log: txn_core.Log) -> None:
+    p = log.producer(TID, transaction_timeout_ms=10_000)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": TXN}), key_column="id")
+    p.flush()
+    p.abort_transaction()
+    p.close()
+
+
+def _read_all(log: txn_core.Log, isolation: str = "read_committed") -> list[int]:
+    c = log.consumer(isolation_level=isolation)
+    c.assign([("t", p) for p in range(PARTITIONS)])
+    out: list[int] = []
+    while True:
+        got = c.poll()
+        if got.num_rows == 0:
+            break
+        out.extend(got.column("id").to_pylist())
+    return out
+
+
+def _count_ops(action: Callable[[txn_core.Log], None]) -> int:
+    inner, clock = _setup()
+    faulty = FaultyStorage(inner)
+    action(txn_core.Log(faulty, clock=clock))
+    return len(faulty.ops)
+
+
+def _commit_decided(inner: MemoryStorage, clock: FakeClock) -> bool:
+    """Whether the crashed transaction's PrepareCommit record landed."""
+    st = txn_core.Log(inner, clock=clock).coordinator.state(TID)
+    return st is not None and st.txn != SETUP_TXN["txn"] and st.state in (
+        CoordinatorState.PREPARE_COMMIT, CoordinatorState.COMPLETE_COMMIT)
+
+
+def _check_recovered(inner: MemoryStorage, clock: FakeClock, expect_commit: bool | None, recover: str) -> None:
+    if recover == "reinit":
+        p = txn_core.Log(inner, clock=clock).producer(TID, transaction_timeout_ms=10_000)
+        p.init_transactions()  # fences the dead instance and finishes or aborts what it left
+    else:
+        clock.now += 11_000  # past the transaction timeout: the next reader aborts an open one
+    log = txn_core.Log(inner, clock=clock)
+    seen = _read_all(log)
+    assert len(seen) == len(set(seen)), "duplicates"
+    got_txn = sorted(i for i in seen if i >= 1000)
+    assert sorted(i for i in seen if i < 1000) == BASE, "earlier committed data changed"
+    assert got_txn in ([], TXN), f"partial transaction visible: {len(got_txn)} of {len(TXN)}"
+    if expect_commit is not None:
+        assert (got_txn == TXN) == expect_commit
+    for p in log.describe_topic("t").partitions:
+        assert p.last_stable_offset == p.log_end_offset, f"partition {p.partition} still held: {p}"
+    # Stable: a second reader sees the same.
+    assert sorted(_read_all(txn_core.Log(inner, clock=clock))) == sorted(seen)
+    committed = log.groups.committed("grp")
+    tp = txn_core.TopicPartition("t", 0)
+    assert (tp in committed) == (got_txn == TXN), "group offsets not atomic with the data"
+
+
+COMMIT_OPS = _count_ops(_commit_txn)
+ABORT_OPS = _count_ops(_abort_txn)
+
+
+@pytest.mark.parametrize("recover", ["reinit", "timeout"])
+@pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
+@pytest.mark.parametrize("k", range(COMMIT_OPS))
+def test_crash_during_commit_recovers_all_or_nothing(k: int, landed: bool, recover: str) -> None:
+    inner, clock = _setup()
+    faulty = FaultyStorage(inner, crash_at=k, landed=landed)
+    crashed = False
+    try:
+        _commit_txn(txn_core.Log(faulty, clock=clock))
+    except SimulatedCrash:
+        crashed = True
+    assert crashed, "the crash point was not reached"
+    _check_recovered(inner, clock, expect_commit=_commit_decided(inner, clock), recover=recover)
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
+@pytest.mark.parametrize("k", range(ABORT_OPS))
+def test_crash_during_abort_never_exposes_the_transaction(k: int, landed: bool) -> None:
+    inner, clock = _setup()
+    faulty = FaultyStorage(inner, crash_at=k, landed=landed)
+    with pytest.raises(SimulatedCrash):
+        _abort_txn(txn_core.Log(faulty, clock=clock))
+    _check_recovered(inner, clock, expect_commit=False, recover="reinit")
+
+
+@pytest.mark.parametrize("k", range(COMMIT_OPS))
+def test_ambiguous_write_at_any_step_is_resolved_without_duplicates(k: int) -> None:
+    """The write at step k lands but reports an unknown outcome; the producer must carry on correctly."""
+    inner, clock = _setup()
+    faulty = FaultyStorage(inner, ambiguous_at=k, only_writes=True)
+    _commit_txn(txn_core.Log(faulty, clock=clock))
+    seen = _read_all(txn_core.Log(inner, clock=clock))
+    assert sorted(seen) == sorted(BASE + TXN)
+    assert sorted(_read_all(txn_core.Log(inner, clock=clock), "read_uncommitted")) == sorted(BASE + TXN)

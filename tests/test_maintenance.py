@@ -1,0 +1,153 @@
+"""Retention, snapshots on demand, transaction-log compaction and staged-data cleanup."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+from fakeclock import FakeClock
+
+import txn_core
+from txn_core import maintenance, paths, staging
+from txn_core.errors import ConfigurationError, DataLossError
+from txn_core.storage import MemoryStorage
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+
+
+def _entries(log: txn_core.Log, clock: FakeClock, n: int, start: int = 0) -> None:
+    p = log.producer()
+    for i in range(start, start + n):
+        p.send("t", pa.table({"id": [i]}), partition=0)
+        p.flush()
+
+
+def _read(log: txn_core.Log) -> list[int]:
+    c = log.consumer()
+    c.assign([("t", 0)])
+    out: list[int] = []
+    while (got := c.poll()).num_rows:
+        out.extend(got.column("id").to_pylist())
+    return out
+
+
+def test_retention_by_age_moves_the_log_start_and_deletes_entries() -> None:
+    clock = FakeClock(2_000_000_000_000)
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log.create_topic("t", 1, SCHEMA, retention_ms=60_000)
+    _entries(log, clock, 10)
+    clock.now = 10**15  # far later than every entry's timestamp
+    result = maintenance.apply_retention(log, "t", min_age_ms=0)[0]
+    assert (result.old_start, result.new_start, result.entries_deleted) == (0, 10, 10)
+    d = log.describe_topic("t").partitions[0]
+    assert (d.log_start_offset, d.log_end_offset) == (10, 10)
+    assert _read(txn_core.Log(log.storage, clock=clock)) == []
+    p = log.producer()
+    p.send("t", pa.table({"id": [99]}), partition=0)
+    p.flush()
+    assert _read(txn_core.Log(log.storage, clock=clock)) == [99]
+    assert len(log.storage.list(paths.entries(paths.partition_log_path("t", 0)))) == 1
+
+
+def test_retention_by_size_keeps_the_newest_bytes() -> None:
+    clock = FakeClock(2_000_000_000_000)
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log.create_topic("t", 1, SCHEMA)
+    _entries(log, clock, 10)
+    size = log.describe_topic("t").partitions[0].size_bytes
+    maintenance.apply_retention(log, "t", retention_bytes=size // 2, min_age_ms=0)
+    kept = _read(txn_core.Log(log.storage, clock=clock))
+    assert kept == list(range(10 - len(kept), 10)) and 4 <= len(kept) <= 6
+
+
+def test_retention_never_deletes_an_open_transaction_or_young_entries() -> None:
+    clock = FakeClock(2_000_000_000_000)
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log.create_topic("t", 1, SCHEMA, retention_ms=1)
+    _entries(log, clock, 3)
+    p = log.producer("open", transaction_timeout_ms=900_000)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [100]}), partition=0)
+    p.flush()
+    _entries(log, clock, 3, start=3)
+    assert maintenance.apply_retention(log, "t", min_age_ms=10**15)[0].entries_deleted == 0  # too young
+    clock.now += 10_000  # every entry is past retention; the transaction is within its timeout
+    result = maintenance.apply_retention(log, "t", min_age_ms=0)[0]
+    assert result.new_start == 3  # stops at the open transaction's first offset
+    p.commit_transaction()
+    assert sorted(_read(txn_core.Log(log.storage, clock=clock))) == [3, 4, 5, 100]
+
+
+def test_a_reader_behind_retention_gets_data_loss_not_silence() -> None:
+    clock = FakeClock(2_000_000_000_000)
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log.create_topic("t", 1, SCHEMA, retention_ms=1)
+    _entries(log, clock, 6)
+    reader = txn_core.Log(log.storage, clock=clock)
+    c = txn_core.consumer.Consumer(reader, window_bytes=1)  # reads one entry ahead at most
+    c.assign([("t", 0)])
+    assert c.poll().column("id").to_pylist() == [0]
+    assert c.poll().column("id").to_pylist() == [1]
+    clock.now = 10**15
+    _entries(log, clock, 2, start=6)
+    maintenance.apply_retention(log, "t", retention_ms=10**14, min_age_ms=0)
+    with pytest.raises(DataLossError, match="removed by retention"):
+        for _ in range(10):
+            c.poll()
+            c._readers[txn_core.TopicPartition("t", 0)].log._start_checked = 0.0  # no 5 s wait in a test
+    with pytest.raises(DataLossError, match="log starts at 6"):
+        c.seek(("t", 0), 3)
+    c.seek(("t", 0), 6)
+    assert c.poll().column("id").to_pylist() + c.poll().column("id").to_pylist() == [6, 7]
+
+
+def test_retention_needs_a_setting() -> None:
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex))
+    log.create_topic("t", 1, SCHEMA)
+    with pytest.raises(ConfigurationError, match="keeps everything"):
+        maintenance.apply_retention(log, "t")
+
+
+def test_transaction_log_compaction_keeps_state() -> None:
+    clock = FakeClock(2_000_000_000_000)
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log.create_topic("t", 1, SCHEMA)
+    p = log.producer("c1")
+    p.init_transactions()
+    for i in range(5):
+        p.begin_transaction()
+        p.send("t", pa.table({"id": [i]}), partition=0)
+        p.commit_transaction(metadata={"n": i})
+    p.close()
+    deleted = maintenance.compact_transaction_log(log, min_age_ms=0)
+    assert deleted > 0
+    fresh = txn_core.Log(log.storage, clock=clock)
+    assert fresh.transaction_metadata("c1") == {"n": 4}
+    p2 = fresh.producer("c1")
+    p2.init_transactions()  # continues from the compacted state (epoch bumped, not reset)
+    assert p2.producer_id == p.producer_id and p2.epoch > p.epoch
+    assert _read(fresh) == [0, 1, 2, 3, 4]
+
+
+def test_staged_objects_nobody_references_are_swept() -> None:
+    clock = FakeClock(2_000_000_000_000)
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log.create_topic("t", 1, SCHEMA)
+    prefix = staging.staging_prefix("owner", 1)
+    batch = pa.record_batch({"id": [1, 2]})
+    kept = staging.write_staged(log.storage, prefix, "t", 0, [batch], SCHEMA, tag="a")
+    orphan = staging.write_staged(log.storage, prefix, "t", 0, [batch], SCHEMA, tag="b")
+    assert kept is not None and orphan is not None
+    p = log.producer("st")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send_staged([kept])
+    p.commit_transaction()
+    p.close()
+    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 1
+    assert log.storage.exists(kept.key) and not log.storage.exists(orphan.key)
+    assert _read(log) == [1, 2]

@@ -1,0 +1,338 @@
+"""Transactions: visibility, the last stable offset, fencing, epochs, timeouts, offsets, admin."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+from fakeclock import FakeClock
+
+import txn_core
+from txn_core import paths
+from txn_core.coordinator.states import (
+    CLIENT_TRANSITIONS,
+    COORDINATOR_TRANSITIONS,
+    ClientState,
+    CoordinatorState,
+    check_client_transition,
+    check_coordinator_transition,
+)
+from txn_core.entry import EntryKind, crc32, encode_arrow
+from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
+from txn_core.storage import MemoryStorage
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1_800_000_000_000)
+
+
+@pytest.fixture
+def log(clock: FakeClock) -> txn_core.Log:
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log.create_topic("t", 3, SCHEMA)
+    return log
+
+
+def ids(log: txn_core.Log, isolation: str = "read_committed", parts: int = 3) -> list[int]:
+    c = log.consumer(isolation_level=isolation)
+    c.assign([("t", p) for p in range(parts)])
+    out: list[int] = []
+    while (got := c.poll()).num_rows:
+        out.extend(got.column("id").to_pylist())
+    return sorted(out)
+
+
+def tx(log: txn_core.Log, tid: str = "tx", timeout: int = 10_000) -> txn_core.Producer:
+    p = log.producer(tid, transaction_timeout_ms=timeout)
+    p.init_transactions()
+    return p
+
+
+def send(p: txn_core.Producer, values: list[int], partition: int | None = None) -> None:
+    if partition is None:
+        p.send("t", pa.table({"id": values}), key_column="id")
+    else:
+        p.send("t", pa.table({"id": values}), partition=partition)
+
+
+# --- visibility ---------------------------------------------------------------------------------
+
+
+def test_commit_makes_every_partition_visible_and_abort_none(log: txn_core.Log) -> None:
+    p = tx(log)
+    p.begin_transaction()
+    send(p, list(range(30)))
+    p.flush()
+    assert ids(log) == []
+    assert ids(log, "read_uncommitted") == list(range(30))
+    p.commit_transaction()
+    assert ids(log) == list(range(30))
+    p.begin_transaction()
+    send(p, list(range(100, 130)))
+    p.flush()
+    p.abort_transaction()
+    assert ids(log) == list(range(30))
+    assert ids(log, "read_uncommitted") == list(range(30)) + list(range(100, 130))
+
+
+def test_an_open_transaction_holds_the_last_stable_offset(log: txn_core.Log) -> None:
+    plain = log.producer()
+    send(plain, [1], partition=0)
+    plain.flush()
+    p = tx(log)
+    p.begin_transaction()
+    send(p, [2, 3], partition=0)
+    p.flush()
+    send(plain, [4], partition=0)  # after the open transaction: held back too
+    send(plain, [5], partition=1)  # another partition: not held
+    plain.flush()
+    d = log.describe_topic("t").partitions
+    assert (d[0].last_stable_offset, d[0].log_end_offset) == (1, 4)
+    assert (d[1].last_stable_offset, d[1].log_end_offset) == (1, 1)
+    assert [o.first_offset for o in d[0].ongoing_transactions] == [1]
+    assert d[0].ongoing_transactions[0].transactional_id == "tx"
+    assert ids(log) == [1, 5]
+    p.commit_transaction()
+    assert ids(log) == [1, 2, 3, 4, 5]  # visible as soon as the decision is durable
+    p.wait_for_completion()
+    d = log.describe_topic("t").partitions
+    assert d[0].last_stable_offset == d[0].log_end_offset == 5  # two data entries, one plain, one marker
+    assert ids(log) == [1, 2, 3, 4, 5]
+
+
+def test_reader_in_the_middle_sees_the_commit_at_once(log: txn_core.Log) -> None:
+    p = tx(log)
+    p.begin_transaction()
+    send(p, list(range(60)))
+    p.flush()
+    c = log.consumer()
+    c.assign([("t", i) for i in range(3)])
+    assert c.poll().num_rows == 0
+    p.commit_transaction()
+    assert sorted(c.poll().column("id").to_pylist()) == list(range(60))
+
+
+def test_decision_is_the_commit_point_even_before_markers(log: txn_core.Log) -> None:
+    """PrepareCommit landed, markers not yet written: readers see the transaction on every partition."""
+    p = tx(log)
+    p.begin_transaction()
+    send(p, list(range(30)))
+    p.flush()
+    txn = p.transaction_id
+    assert txn is not None
+    log.coordinator.end("tx", p.producer_id, p.epoch, txn, True, complete=False)
+    fresh = txn_core.Log(log.storage, clock=log.clock)
+    assert ids(fresh) == list(range(30))
+    for part in fresh.describe_topic("t").partitions:
+        assert part.last_stable_offset == part.log_end_offset
+
+
+def test_group_offsets_commit_with_the_transaction(log: txn_core.Log) -> None:
+    p = tx(log)
+    tp = txn_core.TopicPartition("in", 0)
+    p.begin_transaction()
+    send(p, [1])
+    p.send_offsets_to_transaction({("in", 0): 42}, "g")
+    p.flush()
+    assert tp not in log.groups.committed("g")
+    p.commit_transaction()
+    assert log.groups.committed("g")[tp].offset == 42
+    p.begin_transaction()
+    p.send_offsets_to_transaction({("in", 0): 99}, "g")
+    p.abort_transaction()
+    assert txn_core.Log(log.storage).groups.committed("g")[tp].offset == 42
+
+
+def test_commit_metadata_is_stored_with_the_decision(log: txn_core.Log) -> None:
+    p = tx(log, "sink-1")
+    p.begin_transaction()
+    p.commit_transaction(metadata={"batch": 7})  # an empty transaction with progress still commits
+    assert log.transaction_metadata("sink-1") == {"batch": 7}
+    p.begin_transaction()
+    send(p, [1])
+    p.abort_transaction()
+    assert txn_core.Log(log.storage).transaction_metadata("sink-1") == {"batch": 7}
+
+
+# --- fencing and epochs ---------------------------------------------------------------------------
+
+
+def test_zombie_producer_is_fenced_after_restart(log: txn_core.Log) -> None:
+    zombie = tx(log)
+    zombie.begin_transaction()
+    send(zombie, [1, 2, 3])
+    zombie.flush()
+    successor = tx(txn_core.Log(log.storage, clock=log.clock))  # fences the zombie, aborts its transaction
+    assert ids(log) == []
+    with pytest.raises(ProducerFencedError, match="fenced"):
+        zombie.commit_transaction()
+    assert zombie.state == ClientState.FATAL_ERROR
+    with pytest.raises(ProducerFencedError):
+        zombie.begin_transaction()
+    # Its late writes land (storage cannot refuse them) but are never visible.
+    zombie_raw = encode_arrow([pa.record_batch({"id": [666]})], SCHEMA)
+    log.partition_log(paths.partition_log_path("t", 0)).append(
+        EntryKind.DATA, [memoryview(zombie_raw)], len(zombie_raw), crc32(zombie_raw), 1,
+        producer_id=zombie.producer_id, producer_epoch=zombie.epoch, base_sequence=99, txn=zombie.transaction_id)
+    successor.begin_transaction()
+    send(successor, [10])
+    successor.commit_transaction()
+    assert ids(log) == [10]
+    d = log.describe_topic("t").partitions
+    assert all(x.last_stable_offset == x.log_end_offset for x in d)  # the zombie write holds nothing
+
+
+def test_epoch_is_bumped_by_every_completed_transaction(log: txn_core.Log) -> None:
+    p = tx(log)
+    epochs = [p.epoch]
+    for _ in range(3):
+        p.begin_transaction()
+        send(p, [1])
+        p.commit_transaction()
+        p.wait_for_completion()
+        epochs.append(p.epoch)
+    assert epochs == sorted(set(epochs)) and len(epochs) == 4
+    # A delayed end request of the last transaction cannot land again in a new one (KIP-890).
+    last = log.coordinator.state("tx")
+    assert last is not None and last.txn is not None
+    p.begin_transaction()
+    send(p, [2])
+    p.flush()
+    with pytest.raises((ProducerFencedError, InvalidTxnStateError)):
+        log.coordinator.end("tx", p.producer_id, last.epoch - 1, p.transaction_id, True)  # type: ignore[arg-type]
+
+
+def test_init_transactions_rolls_forward_a_prepared_transaction(log: txn_core.Log) -> None:
+    p = tx(log)
+    p.begin_transaction()
+    send(p, list(range(9)))
+    p.flush()
+    log.coordinator.end("tx", p.producer_id, p.epoch, p.transaction_id, True, complete=False)  # type: ignore[arg-type]
+    tx(txn_core.Log(log.storage, clock=log.clock))
+    state = log.coordinator.state("tx")
+    assert state is not None and state.state == CoordinatorState.EMPTY
+    assert ids(log) == list(range(9))
+    assert log.describe_topic("t").partitions[0].committed_transactions >= 1  # the markers were written
+
+
+# --- timeouts -------------------------------------------------------------------------------------
+
+
+def test_a_dead_producer_cannot_hold_readers_beyond_its_timeout(log: txn_core.Log, clock: FakeClock) -> None:
+    dead = tx(log, timeout=5_000)
+    dead.begin_transaction()
+    send(dead, [1, 2], partition=0)
+    dead.flush()
+    plain = log.producer()
+    send(plain, [3], partition=0)
+    plain.flush()
+    assert ids(log) == []
+    clock.now += 4_000
+    assert ids(log) == []  # still within its timeout
+    clock.now += 2_000
+    assert ids(log) == [3]  # the reader aborted it
+    st = log.coordinator.state("tx")
+    assert st is not None and st.state == CoordinatorState.COMPLETE_ABORT and st.abort_reason == "timeout"
+    with pytest.raises(TransactionTimedOutError, match="exceeded its timeout of 5000 ms"):
+        dead.commit_transaction()
+
+
+def test_expire_transactions_aborts_every_late_one(log: txn_core.Log, clock: FakeClock) -> None:
+    for i in range(4):
+        p = tx(log, f"late-{i}", timeout=1_000)
+        p.begin_transaction()
+        send(p, [i])
+        p.flush()
+    clock.now += 2_000
+    assert log.expire_transactions() == 4
+    assert log.list_transactions() == []
+
+
+# --- state machines ---------------------------------------------------------------------------
+
+
+def test_invalid_client_transitions_name_the_id_and_both_states(log: txn_core.Log) -> None:
+    p = log.producer("sm")
+    with pytest.raises(InvalidTxnStateError, match=r"'sm': invalid producer transition Uninitialized -> InTransaction"):
+        p.begin_transaction()
+    with pytest.raises(InvalidTxnStateError, match="init_transactions"):
+        send(p, [1])
+    p.init_transactions()
+    p.begin_transaction()
+    with pytest.raises(InvalidTxnStateError, match="InTransaction -> InTransaction"):
+        p.begin_transaction()
+    p.commit_transaction()
+    with pytest.raises(InvalidTxnStateError, match="Ready -> CommittingTransaction"):
+        p.commit_transaction()
+    with pytest.raises(InvalidTxnStateError, match="needs a transactional producer"):
+        log.producer().begin_transaction()
+
+
+@pytest.mark.parametrize("target", list(CoordinatorState))
+def test_coordinator_transition_table_is_enforced(target: CoordinatorState) -> None:
+    for current in [None, *CoordinatorState]:
+        if current in COORDINATOR_TRANSITIONS[target]:
+            check_coordinator_transition("x", current, target)
+        else:
+            with pytest.raises(InvalidTxnStateError, match=f"'x': invalid coordinator transition .* -> {target.value}"):
+                check_coordinator_transition("x", current, target)
+
+
+@pytest.mark.parametrize("target", list(ClientState))
+def test_client_transition_table_is_enforced(target: ClientState) -> None:
+    for current in ClientState:
+        if current in CLIENT_TRANSITIONS[target]:
+            check_client_transition("x", current, target)
+        else:
+            with pytest.raises(InvalidTxnStateError):
+                check_client_transition("x", current, target)
+
+
+# --- admin ------------------------------------------------------------------------------------
+
+
+def test_admin_lists_describes_and_aborts(log: txn_core.Log, clock: FakeClock) -> None:
+    p = tx(log, "hang", timeout=60_000)
+    p.begin_transaction()
+    send(p, [1, 2, 3], partition=2)
+    p.flush()
+    listing = log.list_transactions()
+    assert [(t.transactional_id, t.state) for t in listing] == [("hang", "Ongoing")]
+    clock.now += 1_234
+    d = log.describe_transaction("hang")
+    assert d.participants == ("topics/t/00002",) and d.age_ms == 1_234 and d.state == "Ongoing"
+    assert log.find_hanging_transactions(max_age_ms=1_000)[0].txn == p.transaction_id
+    assert log.find_hanging_transactions(max_age_ms=10_000) == []
+    result = log.abort_transaction("hang")
+    assert result.state == "CompleteAbort" and result.abort_reason == "aborted by an operator"
+    with pytest.raises(ProducerFencedError):
+        p.commit_transaction()
+    part = log.describe_topic("t").partitions[2]
+    assert part.last_stable_offset == part.log_end_offset
+
+
+def test_find_hanging_reports_data_the_coordinator_never_registered(log: txn_core.Log) -> None:
+    """A transaction wrote to a partition it never registered, then ended: that partition has no marker."""
+    p = tx(log)
+    p.begin_transaction()
+    send(p, [1], partition=0)
+    p.flush()
+    txn = p.transaction_id
+    raw = encode_arrow([pa.record_batch({"id": [2]})], SCHEMA)
+    log.partition_log(paths.partition_log_path("t", 1)).append(
+        EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, producer_id=p.producer_id,
+        producer_epoch=p.epoch, base_sequence=0, txn=txn)
+    p.commit_transaction()
+    p.wait_for_completion()
+    hanging = log.find_hanging_transactions("t")
+    assert [(h.topic_partition.partition, h.txn) for h in hanging] == [(1, txn)]
+    # Readers are not stalled by it: the transaction is decided in the transaction log.
+    assert 1 in ids(log)
+    d = log.describe_topic("t").partitions[1]
+    assert d.last_stable_offset == d.log_end_offset

@@ -1,0 +1,179 @@
+"""Maintenance: retention, snapshots, transaction-log compaction, staged-data cleanup (PROTOCOL.md
+"Retention" and "Compaction").
+
+Retention of a partition, in this order (each step is safe to crash after):
+
+1. scan the partition's transaction buffer to the end; pick the new log start: the first entry to keep,
+   never beyond the first entry of an open transaction (its data must survive until it ends), and never
+   an entry younger than ``min_age_ms`` (a stalled writer's cached tail must not point into deleted
+   slots; see "Stale writers" in PROTOCOL.md);
+2. publish the log start: create ``<path>/start/<020d slot>`` holding ``{slot, offset}``;
+3. write a buffer snapshot at the current position with everything below the new start pruned;
+4. delete the entries below the start (and the staged objects their DATA_REF entries name), oldest first.
+
+Readers that meet a missing entry below the published start raise :class:`DataLossError` (or skip
+forward when told to), never read past a hole silently.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from txn_core import envelope, paths
+from txn_core.entry import HEADER_SIZE, EntryKind, decode_header, verify_payload
+from txn_core.errors import ConfigurationError, ObjectNotFoundError
+from txn_core.snapshots import SnapshotStore
+
+if TYPE_CHECKING:
+    from txn_core.log import Log
+
+#: Entries younger than this are never deleted by retention (stale-writer guard; PROTOCOL.md).
+MIN_ENTRY_AGE_MS = 10 * 60 * 1000
+START_MARKERS_KEPT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionResult:
+    topic: str
+    partition: int
+    old_start: int
+    new_start: int
+    entries_deleted: int
+    bytes_deleted: int
+
+
+def apply_retention(log: Log, topic: str, *, retention_ms: int | None = None, retention_bytes: int | None = None,
+                    min_age_ms: int = MIN_ENTRY_AGE_MS, now_ms: int | None = None) -> list[RetentionResult]:
+    """Delete what the topic's retention (or the arguments) no longer keeps, for every partition."""
+    meta = log.topics.get(topic)
+    retention_ms = meta.config.retention_ms if retention_ms is None else retention_ms
+    retention_bytes = meta.config.retention_bytes if retention_bytes is None else retention_bytes
+    if retention_ms is None and retention_bytes is None:
+        raise ConfigurationError(
+            f"topic {topic!r} keeps everything (no retention_ms or retention_bytes set); set one with "
+            "Log.set_retention() or pass it explicitly")
+    now_ms = log.clock() if now_ms is None else now_ms
+    return [_retain(log, topic, p, retention_ms, retention_bytes, min_age_ms, now_ms)
+            for p in range(meta.partitions)]
+
+
+def _retain(log: Log, topic: str, partition: int, retention_ms: int | None, retention_bytes: int | None,
+            min_age_ms: int, now_ms: int) -> RetentionResult:
+    path = paths.partition_log_path(topic, partition)
+    plog = log.partition_log(path)
+    state = log.partition_state(path)
+    state.scan_to_end()
+    start = plog.log_start(refresh=True)
+    tail_slot, _end = plog.tail(refresh=True)
+    limit = state.read_bound()  # never delete data of a transaction that is still open
+    total = state.buffer.size_bytes
+    # Walk entries from the start, deciding how far retention reaches.
+    slot, offset, freed = start.slot, start.offset, 0
+    headers = []
+    while slot < tail_slot:
+        header = plog.read_header(slot)
+        size = HEADER_SIZE + header.payload_len
+        expired = retention_ms is not None and now_ms - header.timestamp_ms > retention_ms
+        oversize = retention_bytes is not None and total - freed > retention_bytes
+        if not (expired or oversize) or header.next_offset > limit or now_ms - header.timestamp_ms < min_age_ms:
+            break
+        headers.append((slot, header))
+        freed += size
+        slot, offset = slot + 1, header.next_offset
+    if slot == start.slot:
+        return RetentionResult(topic, partition, start.offset, start.offset, 0, 0)
+    # 2. publish the new start before deleting anything
+    envelope.create_json(log.storage, paths.log_start(path) + paths.slot_name(slot), envelope.ObjectKind.LOG_START,
+                         {"slot": slot, "offset": offset, "time_ms": now_ms})
+    plog.log_start(refresh=True)
+    # 3. a snapshot at the current position that no longer refers to deleted data
+    store = SnapshotStore(log.storage, path)
+    store.write(state.buffer.copy(), log_start=offset)
+    # 4. delete, oldest first
+    for s, header in headers:
+        key = plog.entries.key(s)
+        if header.kind == EntryKind.DATA_REF:
+            try:
+                data = log.storage.read(key)
+                ref = json.loads(bytes(verify_payload(header, data, key)))
+                log.storage.delete(str(ref["key"]))
+            except ObjectNotFoundError:
+                pass
+        log.storage.delete(key)
+    markers = sorted(n for n in log.storage.list(paths.log_start(path)) if not n.endswith("/"))
+    for name in markers[:-START_MARKERS_KEPT]:
+        log.storage.delete(paths.log_start(path) + name)
+    return RetentionResult(topic, partition, start.offset, offset, len(headers), freed)
+
+
+def take_snapshots(log: Log, topic: str) -> list[int]:
+    """Write a transaction-buffer snapshot of every partition now; returns their positions."""
+    meta = log.topics.get(topic)
+    out = []
+    for p in range(meta.partitions):
+        path = paths.partition_log_path(topic, p)
+        state = log.partition_state(path)
+        state.scan_to_end()
+        start = log.partition_log(path).log_start(refresh=True)
+        out.append(SnapshotStore(log.storage, path).write(state.buffer.copy(), log_start=start.offset))
+    return out
+
+
+def compact_transaction_log(log: Log, *, min_age_ms: int | None = None) -> int:
+    """Snapshot every coordinator partition and delete transaction-log records below the snapshots that
+    are older than ``min_age_ms`` (default one hour). Returns records deleted."""
+    from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
+
+    age = COMPACTION_MIN_AGE_MS if min_age_ms is None else min_age_ms
+    deleted = 0
+    for c in range(log.coordinator_partitions):
+        view = log.views.get(c)
+        view.snapshot_now()
+        deleted += view.compact(age)
+    return deleted
+
+
+def sweep_staging(log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: int | None = None) -> int:
+    """Delete staged objects older than ``older_than_ms`` that no DATA_REF entry references.
+
+    References are collected from every partition's DATA_REF entries (a full header scan plus a read of
+    each reference), so this is a maintenance task for quiet hours, not a hot path.
+    """
+    now_ms = log.clock() if now_ms is None else now_ms
+    referenced: set[str] = set()
+    for topic in log.topics.list(include_internal=True):
+        meta = log.topics.get(topic)
+        for p in range(meta.partitions):
+            plog = log.partition_log(paths.partition_log_path(topic, p))
+            start = plog.log_start(refresh=True)
+            tail_slot, _ = plog.tail(refresh=True)
+            for slot in range(start.slot, tail_slot):
+                key = plog.entries.key(slot)
+                try:
+                    data = log.storage.read(key)
+                except ObjectNotFoundError:
+                    continue
+                header = decode_header(data, key)
+                if header.kind == EntryKind.DATA_REF:
+                    referenced.add(str(json.loads(bytes(verify_payload(header, data, key)))["key"]))
+    deleted = 0
+    for owner in log.storage.list(paths.STAGING):
+        for batch in log.storage.list(paths.STAGING + owner):
+            prefix = paths.STAGING + owner + batch
+            for name in log.storage.list(prefix):
+                key = prefix + name
+                if key in referenced or name.endswith("/"):
+                    continue
+                mtime = log.storage.mtime_ms(key)
+                if mtime is not None and now_ms - mtime < older_than_ms:
+                    continue
+                log.storage.delete(key)
+                deleted += 1
+    return deleted
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
