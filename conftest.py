@@ -69,8 +69,11 @@ def make_location(backend: str, request: pytest.FixtureRequest, tmp_path: Path) 
         server = request.getfixturevalue("seaweed_s3")
     else:  # pragma: no cover
         raise ValueError(backend)
-    bucket = server.new_bucket()
-    return LogLocation(backend, f"s3://{bucket}/log", server.storage_options())
+    # One bucket per server, a fresh prefix per test: SeaweedFS allots volumes per bucket, and a few
+    # dozen buckets would exhaust a small test server.
+    bucket = getattr(server, "shared_bucket", None) or server.new_bucket()
+    server.shared_bucket = bucket
+    return LogLocation(backend, f"s3://{bucket}/log-{uuid.uuid4().hex[:12]}", server.storage_options())
 
 
 @pytest.fixture(params=BACKENDS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -20,7 +21,7 @@ from faults import FaultyStorage, SimulatedCrash
 
 import txn_core
 from txn_core.coordinator.states import CoordinatorState
-from txn_core.storage import MemoryStorage
+from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
 PARTITIONS = 3
@@ -28,14 +29,11 @@ BASE = list(range(0, 30))          # committed before the crash
 TXN = list(range(1000, 1030))      # the transaction that crashes
 TID = "crashy"
 
-
-
-
 SETUP_TXN: dict[str, object] = {}
 
 
-def _setup() -> tuple[MemoryStorage, FakeClock]:
-    inner = MemoryStorage(f"crash-{uuid.uuid4().hex}")
+def _setup(inner: Storage | None = None) -> tuple[Storage, FakeClock]:
+    inner = inner or MemoryStorage(f"crash-{uuid.uuid4().hex}")
     clock = FakeClock(1_700_000_000_000)
     log = txn_core.Log(inner, clock=clock)
     log.create_topic("t", PARTITIONS, SCHEMA)
@@ -89,14 +87,14 @@ def _count_ops(action: Callable[[txn_core.Log], None]) -> int:
     return len(faulty.ops)
 
 
-def _commit_decided(inner: MemoryStorage, clock: FakeClock) -> bool:
+def _commit_decided(inner: Storage, clock: FakeClock) -> bool:
     """Whether the crashed transaction's PrepareCommit record landed."""
     st = txn_core.Log(inner, clock=clock).coordinator.state(TID)
     return st is not None and st.txn != SETUP_TXN["txn"] and st.state in (
         CoordinatorState.PREPARE_COMMIT, CoordinatorState.COMPLETE_COMMIT)
 
 
-def _check_recovered(inner: MemoryStorage, clock: FakeClock, expect_commit: bool | None, recover: str) -> None:
+def _check_recovered(inner: Storage, clock: FakeClock, expect_commit: bool | None, recover: str) -> None:
     if recover == "reinit":
         p = txn_core.Log(inner, clock=clock).producer(TID, transaction_timeout_ms=10_000)
         p.init_transactions()  # fences the dead instance and finishes or aborts what it left
@@ -157,3 +155,16 @@ def test_ambiguous_write_at_any_step_is_resolved_without_duplicates(k: int) -> N
     seen = _read_all(txn_core.Log(inner, clock=clock))
     assert sorted(seen) == sorted(BASE + TXN)
     assert sorted(_read_all(txn_core.Log(inner, clock=clock), "read_uncommitted")) == sorted(BASE + TXN)
+
+
+@pytest.mark.seaweedfs
+def test_every_commit_crash_point_recovers_on_a_real_s3_server(seaweed_s3: Any) -> None:
+    """The same crash points against SeaweedFS: real conditional PUTs, real listings, real latency."""
+    bucket = seaweed_s3.new_bucket()  # one bucket: SeaweedFS allots volumes per bucket
+    for landed in (False, True):
+        for k in range(COMMIT_OPS):
+            url = f"s3://{bucket}/log-{int(landed)}-{k}"
+            inner, clock = _setup(open_storage(url, seaweed_s3.storage_options()))
+            with pytest.raises(SimulatedCrash):
+                _commit_txn(txn_core.Log(FaultyStorage(inner, crash_at=k, landed=landed), clock=clock))
+            _check_recovered(inner, clock, expect_commit=_commit_decided(inner, clock), recover="reinit")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import make_location
 from fakeclock import FakeClock
 
 import txn_core
@@ -20,7 +22,7 @@ from txn_core.coordinator.states import (
 )
 from txn_core.entry import EntryKind, crc32, encode_arrow
 from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
-from txn_core.storage import MemoryStorage
+from txn_core.storage import MemoryStorage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -32,9 +34,15 @@ def clock() -> FakeClock:
     return FakeClock(1_800_000_000_000)
 
 
-@pytest.fixture
-def log(clock: FakeClock) -> txn_core.Log:
-    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+@pytest.fixture(params=["memory", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)])
+def log(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> txn_core.Log:
+    """The transaction suite runs on memory by default and on a real S3 server (SeaweedFS) in its tier."""
+    if request.param == "memory":
+        storage = MemoryStorage(uuid.uuid4().hex)
+    else:
+        location = make_location("seaweedfs", request, tmp_path)
+        storage = open_storage(location.url, location.storage_options)
+    log = txn_core.Log(storage, clock=clock)
     log.create_topic("t", 3, SCHEMA)
     return log
 

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from txn_core.errors import ConfigurationError, ObjectExistsError, StorageContractError, StorageError
-from txn_core.storage.base import Storage
+from txn_core.storage.base import Storage, create_resolving
 from txn_core.storage.local import LocalStorage
 from txn_core.storage.memory import MemoryStorage
 from txn_core.storage.objectstore import ObjectStoreStorage
@@ -84,7 +84,7 @@ def self_test_storage(storage: Storage) -> None:
     key = f"{SELFTEST_PREFIX}{uuid.uuid4().hex}"
     first, second = b"txnlog-selftest-first-" + uuid.uuid4().bytes, b"txnlog-selftest-second"
     try:
-        storage.create(key, [first])
+        create_resolving(storage, key, [first], first)  # retries "please retry" answers
     except StorageError as exc:
         raise StorageError(
             f"cannot write to {storage.describe()}: {exc}. Check the URL, the bucket and the credentials "
