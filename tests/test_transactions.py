@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from conftest import make_location
 from fakeclock import FakeClock
 
 import txn_core
+from conftest import make_location
 from txn_core import paths
 from txn_core.coordinator.states import (
     CLIENT_TRANSITIONS,
