@@ -340,7 +340,45 @@ def test_find_hanging_reports_data_the_coordinator_never_registered(log: txn_cor
     p.wait_for_completion()
     hanging = log.find_hanging_transactions("t")
     assert [(h.topic_partition.partition, h.txn) for h in hanging] == [(1, txn)]
-    # Readers are not stalled by it: the transaction is decided in the transaction log.
-    assert 1 in ids(log)
+    # Readers are not stalled by it, and never see it: data in a partition the transaction did not
+    # register is not part of the transaction, before and after its markers alike.
+    assert ids(log) == [1]
     d = log.describe_topic("t").partitions[1]
     assert d.last_stable_offset == d.log_end_offset
+
+
+def test_data_in_an_unregistered_partition_is_never_visible(log: txn_core.Log) -> None:
+    """Prepared or complete, data a transaction wrote where it never registered stays invisible."""
+    p = tx(log)
+    p.begin_transaction()
+    send(p, [1], partition=0)
+    p.flush()
+    raw = encode_arrow([pa.record_batch({"id": [2]})], SCHEMA)
+    log.partition_log(paths.partition_log_path("t", 1)).append(
+        EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, producer_id=p.producer_id,
+        producer_epoch=p.epoch, base_sequence=0, txn=p.transaction_id)
+    prepared = log.coordinator.end("tx", p.producer_id, p.epoch, p.transaction_id, True,  # type: ignore[arg-type]
+                                   complete=False)
+    assert ids(txn_core.Log(log.storage, clock=log.clock)) == [1]
+    log.coordinator.complete(prepared)
+    assert ids(txn_core.Log(log.storage, clock=log.clock)) == [1]
+
+
+def test_a_write_after_the_commit_marker_is_dropped_even_when_forgotten(log: txn_core.Log,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zombie write landing after its transaction's commit marker, read by a buffer that no longer
+    remembers that transaction ended, is still dropped (the coordinator says finished; no marker follows)."""
+    import txn_core.buffer as buffer_module
+
+    p = tx(log)
+    p.begin_transaction()
+    send(p, [1], partition=0)
+    p.commit_transaction()
+    p.wait_for_completion()
+    txn, epoch = log.coordinator.state("tx").txn, p.epoch - 1  # type: ignore[union-attr]
+    raw = encode_arrow([pa.record_batch({"id": [666]})], SCHEMA)
+    log.partition_log(paths.partition_log_path("t", 0)).append(
+        EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, producer_id=p.producer_id,
+        producer_epoch=epoch, base_sequence=-1, txn=txn)
+    monkeypatch.setattr(buffer_module, "ENDED_CACHE", 0)  # the buffer forgets ended transactions at once
+    assert ids(txn_core.Log(log.storage, clock=log.clock)) == [1]

@@ -148,6 +148,18 @@ class TxnBuffer:
             self.ended.popitem(last=False)
         self.ended_since_snapshot += 1
 
+    def drop_incarnation(self, txn: TxnId, entries: list[tuple[int, int]]) -> None:
+        """Turn the ongoing data of ``txn`` into skip ranges: it was written after ``txn`` ended (its
+        marker lies before it, outside what this buffer remembers). Deterministic for every reader that
+        reaches the same conclusion from the transaction log."""
+        cur = self.by_txn.pop(txn, None)
+        if cur is None:
+            return
+        del self.ongoing[cur.first_offset]
+        for first, last in entries:
+            self.skips.add(first, last)
+        self.ended[txn] = (True, -1)
+
     def skip_slot(self, slot: int, header: EntryHeader) -> None:
         """Advance past an entry without classifying it (used below a snapshot's position)."""
         self.position = header.next_offset

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from txn_core.buffer import Disposition, TxnBuffer
+from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.txnlog import TxnStatus
 from txn_core.entry import HEADER_SIZE, EntryHeader
 from txn_core.errors import CorruptDataError, DataLossError, ObjectNotFoundError, OffsetOutOfRangeError
@@ -107,19 +108,38 @@ class PartitionState:
         if known is not None:
             return known
         status = self.resolver(txn)
-        if status.decided:
-            self.decisions[txn] = status.committed
-            return status.committed
-        if status.state is None:
-            # Finished but its outcome is no longer kept by the coordinator: its marker is ahead.
+        if status.state is None or status.state == CoordinatorState.COMPLETE_COMMIT:
+            # Finished: every participant has its marker, so this partition's marker lies ahead of the
+            # data -- unless the data is a zombie write that landed after the marker (whose record aged
+            # out of the buffer's cache of ended transactions). Scan ahead to tell them apart.
             self._scan_for_marker(txn)
             outcome = self.buffer.outcome(txn)
             if outcome is None:
-                # No marker anywhere after the data: these writes came after the transaction ended.
-                outcome = False
+                # No marker after the data: these writes came after the transaction ended. They become
+                # skip ranges (persisted, so every reader and range plan drops them the same way).
+                self._drop_zombie_writes(txn)
+                return True
             self.decisions[txn] = outcome
             return outcome
+        if status.decided:
+            # Data in a partition the transaction never registered is not part of it (the writer broke
+            # the protocol); it is dropped now and after completion alike.
+            committed = status.committed and (not status.participants or self.log.path in status.participants)
+            self.decisions[txn] = committed
+            return committed
         return None
+
+    def _drop_zombie_writes(self, txn: TxnId) -> None:
+        buffer = self.buffer
+        ongoing = buffer.by_txn.get(txn)
+        if ongoing is None:
+            return
+        entries = []
+        for slot in range(self.log.slot_for_offset(ongoing.first_offset), buffer.slot):
+            header = self.log.read_header(slot)
+            if header.txn == txn and not header.is_control:
+                entries.append((header.base_offset, header.last_offset))
+        buffer.drop_incarnation(txn, entries)
 
     def _scan_for_marker(self, txn: TxnId) -> None:
         buffer = self.buffer
@@ -302,6 +322,8 @@ class PartitionReader:
             if committed and header.base_offset >= bound:
                 break
             d = item.disposition
+            if d in (Disposition.DATA, Disposition.TXN_DATA) and self.state.buffer.skips.covers(header.base_offset):
+                d = Disposition.SKIP  # found to be a zombie write after it entered the window
             deliver = d is Disposition.DATA or (d is Disposition.ABORTED and not committed)
             if d is Disposition.TXN_DATA:
                 if committed:

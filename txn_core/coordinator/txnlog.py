@@ -108,6 +108,8 @@ class TxnStatus:
     tid: str | None = None
     start_ms: int = 0
     timeout_ms: int = 0
+    #: participants of an open transaction (empty when only the final outcome is kept)
+    participants: tuple[str, ...] = ()
 
     @property
     def committed(self) -> bool:
@@ -374,7 +376,7 @@ class CoordinatorPartition:
             tid = self.open_txns.get(seq)
             if tid is not None:
                 st = self.tids[tid]
-                return TxnStatus(txn, st.state, tid, st.start_ms, st.timeout_ms)
+                return TxnStatus(txn, st.state, tid, st.start_ms, st.timeout_ms, st.participants)
             final = self.outcomes.get(seq)
             if final is not None:
                 return TxnStatus(txn, final)

@@ -1,0 +1,89 @@
+"""``spark.read.format("txnlog")``: the committed records between starting and ending offsets.
+
+The plan is fixed when Spark plans the query: for each topic-partition, ``[starting, ending)`` where ending
+defaults to the available end now (the last stable offset under read_committed; an ``endingOffsets`` beyond
+it is cut back to it, since what lies past it is not decided yet). Pushed filters on the metadata columns
+(:mod:`spark_txn_source.filters`) narrow the partitions and ranges before they are split into tasks by
+offset ranges (:meth:`~spark_txn_source.planning.LogView.plan`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+from pyspark.sql.types import StructType
+
+from spark_txn_source.filters import Pushed
+from spark_txn_source.options import SourceOptions
+from spark_txn_source.planning import LogView
+from spark_txn_source.reader import RangePartition, read_partition
+from txn_core.ids import TopicPartition
+from txn_core.timeindex import MAX_CLOCK_SKEW_MS, offset_for_timestamp
+
+log = logging.getLogger(__name__)
+
+
+class TxnLogBatchReader(DataSourceReader):
+    """The batch reader (see module doc). Picklable: options, schema and pushed filters only."""
+
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self.pushed = Pushed()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark API
+        for f in filters:
+            if not (self.opts.include_metadata and self.pushed.accept(f)):
+                yield f
+
+    def partitions(self) -> list[InputPartition]:
+        view = LogView(self.opts)
+        pushed = self.pushed
+        tps = [tp for tp in view.topic_partitions() if pushed.keeps(tp)]
+        starts = view.starting_positions()
+        ends = self._ending(view, tps)
+        lo: dict[TopicPartition, int | None] = {}
+        hi: dict[TopicPartition, int] = {}
+        for tp in tps:
+            s, e = view.checked_start(tp, starts[tp]), ends[tp]
+            if pushed.min_offset is not None:
+                s = max(s, pushed.min_offset)
+            if pushed.max_offset is not None:
+                e = min(e, pushed.max_offset + 1)
+            if pushed.min_timestamp_ms is not None and s < e:
+                s = max(s, offset_for_timestamp(view.plog(tp), pushed.min_timestamp_ms))
+            if pushed.max_timestamp_ms is not None and s < e:
+                # Entries from the first one stamped past max + skew on are all past max (timeindex doc).
+                past = pushed.max_timestamp_ms + 1 + MAX_CLOCK_SKEW_MS
+                e = min(e, offset_for_timestamp(view.plog(tp), past))
+            lo[tp], hi[tp] = s, e
+        ranges = view.plan(lo, hi, min_partitions=self.opts.min_partitions,
+                           min_timestamp_ms=pushed.min_timestamp_ms, max_timestamp_ms=pushed.max_timestamp_ms)
+        return [RangePartition(r) for r in ranges]
+
+    def _ending(self, view: LogView, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        available = {tp: view.available_end(tp) for tp in tps}
+        if self.opts.ending != "offsets":
+            return available
+        every = view.topic_partitions(refresh=False)
+        wanted = view.resolve_spec(self.opts.ending_offsets, "endingOffsets", every)
+        out = {}
+        for tp in tps:
+            out[tp] = min(wanted[tp], available[tp])
+            if wanted[tp] > available[tp]:
+                log.warning("%s: endingOffsets %d is past the available end %d (an open transaction or "
+                            "the log end); reading up to %d", tp, wanted[tp], available[tp], available[tp])
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.opts, self.schema, partition)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": self.opts, "schema": self.schema, "pushed": self.pushed}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)

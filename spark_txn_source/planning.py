@@ -1,0 +1,208 @@
+"""Driver-side planning: where reads start and end, and which offset ranges become Spark tasks.
+
+:class:`LogView` is the driver's long-lived view of the topics a query reads. It keeps one
+:class:`~txn_core.reader.PartitionState` per topic-partition (so each micro-batch scans only new entry
+headers) and answers three questions, all through ``txn_core``:
+
+* where a read starts (``startingOffsets`` / ``startingTimestamp`` / group offsets) and where data ends now
+  (:func:`txn_core.ranges.available_end`: the last stable offset under read_committed);
+* what to do with a start below the log start (retention): fail with a clear message, or skip ahead
+  (``failOnDataLoss``); partitions that appear later start at their beginning;
+* the :class:`~txn_core.ranges.OffsetRange` tasks of ``[start, end)``, with the filters executors apply.
+
+Nothing here is pickled to executors; only the ``OffsetRange`` values are.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+
+from spark_txn_source.offsets import Positions
+from spark_txn_source.options import (
+    EARLIEST,
+    GROUP,
+    JSON_EARLIEST,
+    JSON_LATEST,
+    LATEST,
+    OffsetSpec,
+    SourceOptions,
+)
+from txn_core import paths
+from txn_core.errors import ConfigurationError, DataLossError
+from txn_core.ids import TopicPartition
+from txn_core.log import Log
+from txn_core.partition import PartitionLog
+from txn_core.ranges import OffsetRange, available_end, plan_range, split_range
+from txn_core.reader import PartitionState
+from txn_core.storage import open_storage
+from txn_core.timeindex import offset_for_timestamp
+from txn_core.topics import TopicMeta
+
+log = logging.getLogger(__name__)
+
+#: A task reads at most this many offsets; longer ranges are split (parallelism, bounded task time).
+MAX_OFFSETS_PER_TASK = 1_000_000
+
+
+class SourceDataLossError(DataLossError):
+    """Offsets a query still had to read were removed by retention (``failOnDataLoss=true``)."""
+
+
+def open_existing_log(url: str, storage_options: Mapping[str, object]) -> Log:
+    """The log at ``url``; a URL with no txnlog is an error (a reader never creates a log)."""
+    storage = open_storage(url, dict(storage_options) or None)
+    if not storage.exists(paths.FORMAT_KEY):
+        raise ConfigurationError(
+            f"no txnlog at {storage.url!r} (option 'path'): check the URL; a log is created by its first "
+            "producer or by txn_core.open_log")
+    return Log(storage)
+
+
+def data_loss_hint(message: str) -> str:
+    return (f"{message}. The query lost data it had not read. To skip the lost offsets and go on, set "
+            "option failOnDataLoss=false; otherwise restart from a new checkpoint or with other starting "
+            "offsets.")
+
+
+class LogView:
+    """The driver's view of the topics of one read (see module doc). Not thread-safe."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.log = open_existing_log(opts.path, opts.storage_options)
+        self.url = self.log.url
+        self.metas: dict[str, TopicMeta] = {t: self.log.topics.get(t) for t in opts.topics}
+        self._states: dict[TopicPartition, PartitionState] = {}
+
+    # --- topology -------------------------------------------------------------------------------
+
+    def topic_partitions(self, refresh: bool = True) -> list[TopicPartition]:
+        """Every partition of the topics read; with ``refresh``, partitions added since are included."""
+        if refresh:
+            self.metas = {t: self.log.topics.get(t) for t in self.opts.topics}
+        return [TopicPartition(t, p) for t, m in self.metas.items() for p in range(m.partitions)]
+
+    def state(self, tp: TopicPartition) -> PartitionState:
+        state = self._states.get(tp)
+        if state is None:
+            state = self.log.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
+            self._states[tp] = state
+        return state
+
+    def plog(self, tp: TopicPartition) -> PartitionLog:
+        return self.state(tp).log
+
+    def log_start(self, tp: TopicPartition) -> int:
+        return self.plog(tp).log_start(refresh=True).offset
+
+    def available_end(self, tp: TopicPartition) -> int:
+        """The last stable offset (read_committed) or the log end (read_uncommitted) of ``tp`` now."""
+        return available_end(self.state(tp), self.opts.isolation)
+
+    # --- where reads start ----------------------------------------------------------------------
+
+    def starting_positions(self) -> Positions:
+        """Start offsets per partition for the options' ``startingOffsets`` / ``startingTimestamp``."""
+        tps = self.topic_partitions()
+        opts = self.opts
+        if opts.starting == EARLIEST:
+            return {tp: self.log_start(tp) for tp in tps}
+        if opts.starting == LATEST:
+            return {tp: self.available_end(tp) for tp in tps}
+        if opts.starting == GROUP:
+            committed = self.log.groups.committed(opts.consumer_group or "")
+            return {tp: committed[tp].offset if tp in committed else self.log_start(tp) for tp in tps}
+        if opts.starting == "timestamp":
+            ts = opts.starting_timestamp or 0
+            return {tp: offset_for_timestamp(self.plog(tp), ts) for tp in tps}
+        return self.resolve_spec(opts.starting_offsets, "startingOffsets", tps)
+
+    def resolve_spec(self, spec: OffsetSpec, name: str, tps: list[TopicPartition]) -> Positions:
+        """JSON offsets for exactly the partitions read; -2 is the log start, -1 the available end."""
+        wanted = {tp for tp in tps if tp.topic in spec}
+        given = {TopicPartition(t, p) for t, parts in spec.items() for p in parts}
+        missing = sorted(str(tp) for tp in {tp for tp in tps if tp.topic in spec} - given)
+        extra = sorted(str(tp) for tp in given - wanted)
+        absent = [t for t in self.opts.topics if t not in spec]
+        if missing or extra or absent:
+            counts = ", ".join(f"{t}: {m.partitions}" for t, m in self.metas.items())
+            raise ConfigurationError(
+                f"option '{name}' must give an offset for every partition of every topic read (-2 earliest, "
+                f"-1 latest). Missing: {missing + [f'{t} (whole topic)' for t in absent] or 'none'}; not "
+                f"existing: {extra or 'none'}. Partitions per topic: {counts}")
+        out: Positions = {}
+        for tp in sorted(wanted):
+            off = spec[tp.topic][tp.partition]
+            if off == JSON_EARLIEST:
+                off = self.log_start(tp)
+            elif off == JSON_LATEST:
+                off = self.available_end(tp)
+            out[tp] = off
+        return out
+
+    def checked_start(self, tp: TopicPartition, start: int | None) -> int:
+        """``start`` (None: a partition new to the query, read from its beginning), moved to the log start
+        if retention removed it and ``failOnDataLoss=false``; :class:`SourceDataLossError` otherwise."""
+        first = self.log_start(tp)
+        if start is None:
+            return first
+        if start < first:
+            message = (f"{tp}: offsets [{start}, {first}) were removed by retention before the query read "
+                       f"them; the partition now starts at offset {first}")
+            if self.opts.fail_on_data_loss:
+                raise SourceDataLossError(data_loss_hint(message))
+            log.warning("%s; skipping them (failOnDataLoss=false)", message)
+            return first
+        return start
+
+    # --- tasks ----------------------------------------------------------------------------------
+
+    def plan(self, start: Mapping[TopicPartition, int | None], end: Mapping[TopicPartition, int], *,
+             min_partitions: int | None = None, min_timestamp_ms: int | None = None,
+             max_timestamp_ms: int | None = None) -> list[OffsetRange]:
+        """The tasks reading ``[start[tp], end[tp])`` of every partition in ``end``."""
+        ranges: list[tuple[PartitionLog, OffsetRange]] = []
+        for tp in sorted(end):
+            lo = self.checked_start(tp, start.get(tp))
+            hi = end[tp]
+            if hi <= lo:
+                continue
+            state = self.state(tp)
+            try:
+                rng = plan_range(state, tp.topic, tp.partition, lo, hi, self.opts.isolation,
+                                 min_timestamp_ms=min_timestamp_ms, max_timestamp_ms=max_timestamp_ms)
+            except DataLossError as exc:  # retention ran between the check and the plan
+                if self.opts.fail_on_data_loss:
+                    raise SourceDataLossError(data_loss_hint(str(exc))) from exc
+                lo = self.checked_start(tp, lo)
+                if hi <= lo:
+                    continue
+                rng = plan_range(state, tp.topic, tp.partition, lo, hi, self.opts.isolation,
+                                 min_timestamp_ms=min_timestamp_ms, max_timestamp_ms=max_timestamp_ms)
+            ranges.append((state.log, rng))
+        total = sum(r.size for _, r in ranges)
+        out: list[OffsetRange] = []
+        for plog, rng in ranges:
+            pieces = math.ceil(rng.size / MAX_OFFSETS_PER_TASK)
+            if min_partitions and total:
+                pieces = max(pieces, math.ceil(min_partitions * rng.size / total))
+            out.extend(split_range(plog, rng, pieces))
+        return out
+
+
+def fair_split(available: Mapping[TopicPartition, int], budget: int) -> dict[TopicPartition, int]:
+    """Offsets to take per partition: ``min(budget, total)`` in all, split fairly (water-filling).
+
+    Partitions with little available take all of it; what they leave is shared evenly by the others.
+    Deterministic: ties are broken by topic-partition order.
+    """
+    order = sorted(available, key=lambda tp: (available[tp], tp))
+    remaining = budget
+    take: dict[TopicPartition, int] = {}
+    for i, tp in enumerate(order):
+        share = remaining // (len(order) - i)
+        take[tp] = min(max(available[tp], 0), share)
+        remaining -= take[tp]
+    return take

@@ -1,0 +1,107 @@
+"""Entry points :class:`~spark_txn_source.datasource.TxnLogDataSource` dispatches to, and the executor read.
+
+* :func:`source_schema`: options parsed and checked, log opened, topic schemas unified (errors surface when
+  the DataFrame is defined, i.e. at query start);
+* :func:`make_batch_reader` / :func:`make_stream_reader`: the readers (:mod:`spark_txn_source.batch`,
+  :mod:`spark_txn_source.stream`);
+* :func:`read_partition`: what every task runs, on executors: read one planned
+  :class:`~txn_core.ranges.OffsetRange` with :func:`txn_core.ranges.read_range` and hand Spark Arrow record
+  batches of exactly the schema it expects. Executors never talk to the transaction coordinator and never
+  write: the range carries every filter, and storage is opened without the write self-test.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.types import StructType
+
+from spark_txn_source.options import SourceOptions, parse_options
+from spark_txn_source.planning import SourceDataLossError, data_loss_hint, open_existing_log
+from spark_txn_source.schema import check_requested, conform, spark_schema, topic_arrow_schema
+from txn_core.errors import DataLossError
+from txn_core.partition import PartitionLog
+from txn_core.ranges import OffsetRange, read_range
+from txn_core.storage import Storage, open_storage
+
+if TYPE_CHECKING:
+    from spark_txn_source.batch import TxnLogBatchReader
+    from spark_txn_source.stream import TxnLogStreamReader
+
+
+class RangePartition(InputPartition):
+    """One Spark task: an :class:`OffsetRange` (picklable, no credentials beyond the reader's options)."""
+
+    def __init__(self, rng: OffsetRange) -> None:
+        super().__init__(rng)
+        self.range = rng
+
+    def __repr__(self) -> str:
+        r = self.range
+        return f"RangePartition({r.topic}-{r.partition} [{r.start}, {r.end}))"
+
+
+def source_schema(options: dict[str, str]) -> StructType:
+    """The Spark schema of a read (see :mod:`spark_txn_source.schema`); validates options and topics."""
+    opts = parse_options(options, streaming=None)  # schema() serves batch and streaming reads alike
+    log = open_existing_log(opts.path, opts.storage_options)
+    schemas = {t: log.topics.get(t).schema for t in opts.topics}
+    return spark_schema(topic_arrow_schema(schemas), opts.include_metadata)
+
+
+def _checked(options: dict[str, str], schema: StructType, streaming: bool) -> SourceOptions:
+    opts = parse_options(options, streaming=streaming)
+    check_requested(schema, source_schema(options))
+    return opts
+
+
+def make_batch_reader(options: dict[str, str], schema: StructType) -> TxnLogBatchReader:
+    from spark_txn_source.batch import TxnLogBatchReader
+
+    return TxnLogBatchReader(_checked(options, schema, streaming=False), schema)
+
+
+def make_stream_reader(options: dict[str, str], schema: StructType) -> TxnLogStreamReader:
+    from spark_txn_source.stream import TxnLogStreamReader
+
+    return TxnLogStreamReader(_checked(options, schema, streaming=True), schema)
+
+
+# --- executor side ------------------------------------------------------------------------------
+
+_storages: dict[str, Storage] = {}
+_storages_lock = threading.Lock()
+
+
+def _storage(opts: SourceOptions) -> Storage:
+    """One storage per log and options per worker process (Python workers are reused across tasks)."""
+    key = json.dumps([opts.path, opts.storage_options], sort_keys=True, default=str)
+    with _storages_lock:
+        storage = _storages.get(key)
+        if storage is None:
+            storage = open_storage(opts.path, dict(opts.storage_options) or None, self_test=False)
+            _storages[key] = storage
+        return storage
+
+
+def read_partition(opts: SourceOptions, schema: StructType,
+                   partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The record batches of one task, each with exactly the Arrow schema Spark expects for ``schema``."""
+    if not isinstance(partition, RangePartition):
+        return  # Spark's placeholder partition when the plan is empty
+    from spark_txn_source.schema import arrow_target
+
+    target = arrow_target(schema)
+    rng = partition.range
+    plog = PartitionLog(_storage(opts), rng.path)
+    try:
+        for batch in read_range(plog, rng, metadata=opts.include_metadata,
+                                fail_on_data_loss=opts.fail_on_data_loss):
+            yield conform(batch, target)
+    except DataLossError as exc:
+        raise SourceDataLossError(data_loss_hint(str(exc))) from exc

@@ -1,0 +1,293 @@
+"""The source's driver side without Spark: offsets, read limits, AvailableNow, new partitions, data loss,
+starting positions and batch planning with pushed filters. The readers are driven the way Spark drives
+them (``initialOffset`` -> ``latestOffset`` -> ``partitions`` -> ``read``), on an in-process log.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, Not
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
+import txn_core
+from spark_txn_source.batch import TxnLogBatchReader
+from spark_txn_source.planning import SourceDataLossError, fair_split
+from spark_txn_source.reader import make_batch_reader, make_stream_reader, source_schema
+from spark_txn_source.schema import arrow_target
+from spark_txn_source.stream import TxnLogStreamReader
+from txn_core import envelope, paths
+from txn_core.entry import EntryKind, crc32, encode_arrow
+from txn_core.ids import TopicPartition
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+@pytest.fixture
+def url() -> str:
+    u = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(u)
+    log.create_topic("t", 2, SCHEMA)
+    return u
+
+
+def write(url: str, partition: int, ids: list[int], *, commit: bool = True, tid: str | None = None) -> Any:
+    log = txn_core.open_log(url)
+    if tid is None:
+        p = log.producer()
+        p.send("t", pa.table({"id": ids}), partition=partition)
+        p.flush()
+        return p
+    p = log.producer(tid)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": ids}), partition=partition)
+    p.flush()
+    if commit:
+        p.commit_transaction()
+    return p
+
+
+def stream(url: str, **options: str) -> TxnLogStreamReader:
+    default = {} if "startingTimestamp" in options else {"startingOffsets": "earliest"}
+    opts = {"path": url, "topic": "t", **default, **options}
+    return make_stream_reader(opts, source_schema(opts))
+
+
+def positions(offset: dict[str, Any] | None) -> dict[str, int]:
+    assert offset is not None
+    return {f"{t}-{p}": o for t, parts in offset["topics"].items() for p, o in parts.items()}
+
+
+def read_ids(reader: Any, parts: Any) -> list[int]:
+    out: list[int] = []
+    target = arrow_target(reader.schema)
+    for part in parts:
+        for batch in reader.read(part):
+            assert batch.schema.equals(target)  # exactly what Spark requires of a RecordBatch
+            out.extend(batch.column("id").to_pylist())
+    return out
+
+
+def test_fair_split_shares_the_budget_and_gives_small_partitions_all_they_have() -> None:
+    a, b, c = (TopicPartition("t", i) for i in range(3))
+    assert fair_split({a: 100, b: 10, c: 0}, 60) == {a: 50, b: 10, c: 0}
+    assert fair_split({a: 100, b: 100, c: 100}, 10) == {a: 3, b: 3, c: 4}
+    assert fair_split({a: 5, b: 5}, 100) == {a: 5, b: 5}
+    assert sum(fair_split({a: 7, b: 9, c: 11}, 2).values()) == 2
+
+
+def test_offsets_have_the_shape_the_sink_reads(url: str) -> None:
+    write(url, 0, [1, 2, 3])
+    reader = stream(url)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"log": txn_core.open_log(url).url, "topics": {"t": {"0": 3, "1": 0}}}
+    assert read_ids(reader, reader.partitions(start, end)) == [1, 2, 3]
+    assert reader.latestOffset(end, ReadAllAvailable()) == end  # no new data: the same dict, no batch
+
+
+def test_a_micro_batch_never_reaches_into_an_open_transaction(url: str) -> None:
+    reader = stream(url)
+    start = reader.initialOffset()
+    write(url, 0, [1])
+    open_txn = write(url, 0, [-1, -2], commit=False, tid="slow")
+    write(url, 0, [2])  # committed, but after the open transaction
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert positions(end) == {"t-0": 1, "t-1": 0}
+    assert read_ids(reader, reader.partitions(start, end)) == [1]
+    open_txn.commit_transaction()
+    end2 = reader.latestOffset(end, ReadAllAvailable())
+    assert read_ids(reader, reader.partitions(end, end2)) == [-1, -2, 2]
+    aborted = write(url, 1, [-3], commit=False, tid="undone")
+    aborted.abort_transaction()
+    write(url, 1, [4])
+    end3 = reader.latestOffset(end2, ReadAllAvailable())
+    assert read_ids(reader, reader.partitions(end2, end3)) == [4]
+
+
+def test_max_offsets_per_trigger_is_the_default_limit_and_spark_limits_win(url: str) -> None:
+    write(url, 0, list(range(100)))
+    write(url, 1, list(range(100, 110)))
+    reader = stream(url, maxOffsetsPerTrigger="40")
+    assert reader.getDefaultReadLimit() == ReadMaxRows(40)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(40))
+    assert positions(end) == {"t-0": 30, "t-1": 10}
+    assert positions(reader.latestOffset(start, ReadAllAvailable())) == {"t-0": 100, "t-1": 10}
+    assert reader.latestOffset(start, ReadMinRows(111)) == start  # not enough yet: no batch
+    assert positions(reader.latestOffset(start, ReadMinRows(110))) == {"t-0": 100, "t-1": 10}
+    assert positions(reader.reportLatestOffset()) == {"t-0": 100, "t-1": 10}  # the true end, uncapped
+
+
+def test_available_now_runs_limited_batches_up_to_the_end_fixed_at_start(url: str) -> None:
+    write(url, 0, list(range(25)))
+    reader = stream(url, maxOffsetsPerTrigger="10")
+    reader.prepareForTriggerAvailableNow()
+    write(url, 0, list(range(100, 105)))  # after the start: not part of this run
+    start = reader.initialOffset()
+    ends = []
+    while (end := reader.latestOffset(start, reader.getDefaultReadLimit())) != start:
+        ends.append(positions(end)["t-0"])
+        start = end
+    assert ends == [10, 20, 25]
+    assert positions(reader.reportLatestOffset())["t-0"] == 30  # progress still shows the real backlog
+
+
+def test_partitions_added_later_are_read_from_their_beginning(url: str) -> None:
+    write(url, 0, [1])
+    reader = stream(url)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    txn_core.open_log(url).add_partitions("t", 3)
+    write(url, 2, [7, 8])
+    end2 = reader.latestOffset(end, ReadAllAvailable())
+    assert positions(end2) == {"t-0": 1, "t-1": 0, "t-2": 2}
+    assert read_ids(reader, reader.partitions(end, end2)) == [7, 8]
+
+
+def retain_from(url: str, partition: int, slot: int, offset: int) -> None:
+    """What retention does: a new log start, then the entries before it deleted."""
+    log = txn_core.open_log(url)
+    path = paths.partition_log_path("t", partition)
+    envelope.create_json(
+        log.storage,
+        paths.log_start(path) + paths.slot_name(slot),
+        envelope.ObjectKind.LOG_START,
+        {"slot": slot, "offset": offset},
+    )
+    for s in range(slot):
+        log.storage.delete(log.partition_log(path).entries.key(s))
+
+
+def test_offsets_removed_by_retention_fail_the_query_unless_accepted(url: str) -> None:
+    for i in range(3):
+        write(url, 0, [i * 2, i * 2 + 1])
+    reader = stream(url)
+    start = reader.initialOffset()
+    retain_from(url, 0, 2, 4)
+    with pytest.raises(
+        SourceDataLossError, match=r"t-0: offsets \[0, 4\) were removed.*failOnDataLoss=false"
+    ):
+        reader.latestOffset(start, ReadAllAvailable())
+    lenient = stream(url, failOnDataLoss="false")
+    end = lenient.latestOffset(start, ReadAllAvailable())
+    assert read_ids(lenient, lenient.partitions(start, end)) == [4, 5]
+
+
+def test_a_checkpoint_of_another_log_is_refused(url: str) -> None:
+    reader = stream(url)
+    with pytest.raises(txn_core.ConfigurationError, match="belong to log 'memory://elsewhere'"):
+        reader.latestOffset({"log": "memory://elsewhere", "topics": {"t": {"0": 0}}}, ReadAllAvailable())
+
+
+def test_starting_positions(url: str) -> None:
+    write(url, 0, [1, 2])
+    write(url, 1, [3])
+    assert positions(stream(url, startingOffsets="latest").initialOffset()) == {"t-0": 2, "t-1": 1}
+    spec = '{"t": {"0": 1, "1": -2}}'
+    assert positions(stream(url, startingOffsets=spec).initialOffset()) == {"t-0": 1, "t-1": 0}
+    with pytest.raises(txn_core.ConfigurationError, match=r"every partition.*Missing: \['t-1'\]"):
+        stream(url, startingOffsets='{"t": {"0": 1}}').initialOffset()
+    txn_core.open_log(url).groups.commit("g", {("t", 0): 1})
+    opts = {"startingOffsets": "group", "consumerGroup": "g"}
+    assert positions(stream(url, **opts).initialOffset()) == {"t-0": 1, "t-1": 0}
+    with pytest.raises(txn_core.TopicNotFoundError, match="unknown topic 'nope'; existing topics: t"):
+        source_schema({"path": url, "topic": "nope"})
+    with pytest.raises(txn_core.ConfigurationError, match="no txnlog at"):
+        source_schema({"path": f"memory://{uuid.uuid4().hex}", "topic": "t"})
+
+
+def test_starting_timestamp_starts_at_the_first_entry_stamped_at_or_after_it(url: str) -> None:
+    log = txn_core.open_log(url)
+    plog = log.partition_log(paths.partition_log_path("t", 0))
+    for i, ts in enumerate([1_000, 2_000, 3_000]):
+        raw = encode_arrow([pa.record_batch({"id": [i]})], SCHEMA)
+        plog.append(EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, timestamp_ms=ts)
+    assert positions(stream(url, startingTimestamp="1500").initialOffset()) == {"t-0": 1, "t-1": 0}
+    assert positions(stream(url, startingTimestamp="9999").initialOffset()) == {"t-0": 3, "t-1": 0}
+
+
+# --- batch ---------------------------------------------------------------------------------------
+
+
+def batch(url: str, filters: tuple[Any, ...] = (), **options: str) -> tuple[TxnLogBatchReader, list[Any]]:
+    """A batch reader after Spark's filter pushdown, and the filters it left to Spark."""
+    opts = {"path": url, "topic": "t", **options}
+    reader = make_batch_reader(opts, source_schema(opts))
+    return reader, list(reader.pushFilters(list(filters)))
+
+
+def ranges_of(parts: Any) -> list[Any]:
+    return [p.range for p in parts]
+
+
+def test_batch_reads_committed_data_between_starting_and_ending_offsets(url: str) -> None:
+    write(url, 0, list(range(10)))
+    write(url, 1, list(range(10, 20)))
+    write(url, 1, [-1], commit=False, tid="open")  # past the last stable offset: never read
+    reader, _ = batch(url)
+    assert sorted(read_ids(reader, reader.partitions())) == list(range(20))
+    ranged, _ = batch(url, startingOffsets='{"t": {"0": 2, "1": -2}}',
+                      endingOffsets='{"t": {"0": 5, "1": 99}}')
+    assert sorted(read_ids(ranged, ranged.partitions())) == [2, 3, 4, *range(10, 20)]
+
+
+def test_pushed_filters_prune_partitions_offsets_and_timestamps(url: str) -> None:
+    log = txn_core.open_log(url)
+    for p in (0, 1):
+        plog = log.partition_log(paths.partition_log_path("t", p))
+        for i in range(4):  # entries of 10 records stamped 1s apart
+            raw = encode_arrow([pa.record_batch({"id": list(range(i * 10, i * 10 + 10))})], SCHEMA)
+            plog.append(
+                EntryKind.DATA,
+                [memoryview(raw)],
+                len(raw),
+                crc32(raw),
+                10,
+                timestamp_ms=1_700_000_000_000 + i * 1000,
+            )
+    pushed = (EqualTo(("_partition",), 1), GreaterThanOrEqual(("_offset",), 15), LessThan(("_offset",), 35),
+              Not(EqualTo(("_offset",), 20)), In(("_offset",), (1, 2)))
+    reader, left = batch(url, pushed)
+    assert [type(f).__name__ for f in left] == ["Not", "In"]  # the rest is applied exactly by the source
+    parts = reader.partitions()
+    assert [(r.partition, r.start, r.end) for r in ranges_of(parts)] == [(1, 15, 35)]
+    assert read_ids(reader, parts) == list(range(15, 35))
+    ts = datetime.datetime.fromtimestamp(1_700_000_001.5, tz=datetime.UTC)
+    by_time, left = batch(url, (GreaterThan(("_timestamp",), ts), In(("_topic",), ("t",))))
+    assert left == []
+    parts = by_time.partitions()
+    assert {(r.start, r.end) for r in ranges_of(parts)} == {(20, 40)}  # entries stamped before are not read
+    assert sorted(read_ids(by_time, parts)) == sorted(list(range(20, 40)) * 2)
+    nothing, _ = batch(url, (EqualTo(("_topic",), "other"),))
+    assert nothing.partitions() == []
+
+
+def test_several_topics_read_as_one_schema_with_nulls_where_a_topic_lacks_a_column(url: str) -> None:
+    log = txn_core.open_log(url)
+    log.create_topic("wide", 1, pa.schema([("id", pa.int64()), ("note", pa.large_string())]))
+    p = log.producer()
+    p.send("wide", pa.table({"id": [7], "note": pa.array(["hi"], pa.large_string())}), partition=0)
+    p.flush()
+    write(url, 0, [1])
+    opts = {"path": url, "topic": "t,wide", "startingOffsets": "earliest"}
+    schema = source_schema(opts)
+    assert schema.fieldNames() == ["id", "note", "_topic", "_partition", "_offset", "_timestamp"]
+    reader = make_stream_reader(opts, schema)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    rows = []
+    for part in reader.partitions(start, end):
+        for b in reader.read(part):
+            assert b.schema.equals(arrow_target(schema))  # large_string cast to string, as Spark requires
+            rows.extend(zip(b.column("_topic").to_pylist(), b.column("id").to_pylist(), b.column("note").to_pylist(),
+                            strict=True))
+    assert sorted(rows) == [("t", 1, None), ("wide", 7, "hi")]
+    log.create_topic("clash", 1, pa.schema([("id", pa.string())]))
+    with pytest.raises(txn_core.ConfigurationError, match=r"incompatible schemas.*separate queries"):
+        source_schema({"path": url, "topic": "t,clash"})

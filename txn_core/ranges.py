@@ -1,0 +1,212 @@
+"""Reading an offset range of one partition without the coordinator (PROTOCOL.md "Reading").
+
+Engines that split a read over workers (Spark) plan on one long-lived process that has coordinator access
+and read on others that have none. The planner (:func:`plan_range`) turns ``[start, end)`` of a partition
+into an :class:`OffsetRange`: a small, picklable value holding everything a worker needs to deliver exactly
+the records a :class:`~txn_core.reader.PartitionReader` would deliver for those offsets. The worker
+(:func:`read_range`) then reads entries by slot and applies the filters, never asking anyone anything.
+
+Invariants :func:`plan_range` guarantees for a read_committed range (checked, never asserted):
+
+* ``end <= read bound`` (last stable offset) at planning time. Every transaction with data below ``end`` is
+  therefore decided, either by a marker in this partition or by the coordinator; the bound never moves
+  back, so a range planned again later (a replayed micro-batch) gets the same records.
+* ``aborted`` holds the key of every aborted transaction with data in the range (marker in the partition,
+  or aborted by the coordinator, e.g. a timed-out dead producer, before its marker landed), and ``skips``
+  every entry never to deliver (duplicates, zombie writes after a transaction's marker).
+
+Delivery rules of :func:`read_range` (the same as ``PartitionReader``): control entries never; entries
+whose base offset a skip range covers never; data of an ``aborted`` transaction never under
+read_committed; everything else is sliced to ``[start, end)`` and yielded as Arrow record batches with
+the ``_topic``, ``_partition``, ``_offset``, ``_timestamp`` metadata columns when asked for. A
+read_uncommitted range is bounded by the log end instead and keeps aborted data (skips still apply).
+
+Entries removed by retention while a range waits or is read are data loss: :class:`DataLossError`, or,
+when the caller accepts loss, the read continues at the new log start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+
+from txn_core.aborted import SkipRanges, txn_key
+from txn_core.errors import (
+    CorruptDataError,
+    DataLossError,
+    ObjectNotFoundError,
+    OffsetOutOfRangeError,
+    TxnLogError,
+)
+from txn_core.partition import Entry, PartitionLog
+from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED, PartitionState
+from txn_core.records import MetadataColumns, entry_table
+
+log = logging.getLogger(__name__)
+
+#: Record batches yielded by :func:`read_range` hold at most this many rows (zero-copy slices).
+MAX_BATCH_ROWS = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    """What a worker needs to read offsets ``[start, end)`` of one partition log (see module doc).
+
+    ``start_slot`` is the slot of the entry containing ``start``. ``min_timestamp_ms``/``max_timestamp_ms``
+    (inclusive) prune whole entries by their append timestamp, which every record of an entry shares.
+    """
+
+    path: str
+    topic: str
+    partition: int
+    start: int
+    end: int
+    start_slot: int
+    isolation: str = READ_COMMITTED
+    aborted: tuple[int, ...] = ()
+    skips: tuple[tuple[int, int], ...] = ()
+    min_timestamp_ms: int | None = None
+    max_timestamp_ms: int | None = None
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def available_end(state: PartitionState, isolation: str) -> int:
+    """The end of what a reader may read now: the read bound (read_committed) or the log end.
+
+    Scans new entry headers first. Under read_committed this may abort transactions past their timeout
+    (see :meth:`PartitionState.read_bound`), so a dead producer holds the bound at most that long.
+    """
+    _check_isolation(isolation)
+    state.scan_to_end()
+    return state.read_bound() if isolation == READ_COMMITTED else state.buffer.position
+
+
+def plan_range(state: PartitionState, topic: str, partition: int, start: int, end: int,
+               isolation: str, *, min_timestamp_ms: int | None = None,
+               max_timestamp_ms: int | None = None) -> OffsetRange:
+    """The :class:`OffsetRange` for ``[start, end)``, with its filters (see module doc for invariants).
+
+    Raises :class:`DataLossError` if ``start`` is below the log start, :class:`OffsetOutOfRangeError` if
+    ``end`` is beyond the log end, and :class:`TxnLogError` if a read_committed ``end`` is beyond the read
+    bound (it would expose an open transaction).
+    """
+    _check_isolation(isolation)
+    if not 0 <= start <= end:
+        raise OffsetOutOfRangeError(f"{state.log.path}: invalid offset range [{start}, {end})")
+    plog = state.log
+    first = plog.log_start(refresh=True)
+    if start < first.offset:
+        raise DataLossError(
+            f"{plog.path}: offsets [{start}, {first.offset}) were removed by retention; the log now starts "
+            f"at offset {first.offset}")
+    if state.buffer.position < end:
+        state.scan_to_end()
+    if state.buffer.position < end:
+        raise OffsetOutOfRangeError(
+            f"{plog.path}: offset {end} is beyond the log end {state.buffer.position}; the offsets do not "
+            "belong to this log (was it deleted and re-created?)")
+    if isolation == READ_COMMITTED:
+        bound = state.read_bound()  # also decides every open transaction below the bound
+        if end > bound:
+            raise TxnLogError(
+                f"{plog.path}: range [{start}, {end}) extends past the last stable offset {bound}; reading "
+                "it would expose an open transaction")
+        keys, skips = state.filters(start, end)
+    else:
+        keys, skips = [], state.buffer.skips.overlapping(start, end)
+    slot = plog.slot_for_offset(start)
+    return OffsetRange(plog.path, topic, partition, start, end, slot, isolation,
+                       tuple(sorted(set(keys))), tuple((int(a), int(b)) for a, b in skips),
+                       min_timestamp_ms, max_timestamp_ms)
+
+
+def split_range(plog: PartitionLog, rng: OffsetRange, pieces: int) -> list[OffsetRange]:
+    """``rng`` cut into up to ``pieces`` consecutive ranges of near-equal offset counts.
+
+    Each piece keeps the whole range's filters (a superset of its own, so delivery is unchanged) and gets
+    the start slot of its first offset.
+    """
+    if pieces <= 1 or rng.size <= 1:
+        return [rng]
+    pieces = min(pieces, rng.size)
+    cuts = [rng.start + rng.size * i // pieces for i in range(pieces + 1)]
+    return [replace(rng, start=lo, end=hi, start_slot=plog.slot_for_offset(lo))
+            for lo, hi in itertools.pairwise(cuts)]
+
+
+def read_range(plog: PartitionLog, rng: OffsetRange, *, metadata: bool = True, fail_on_data_loss: bool = True,
+               max_batch_rows: int = MAX_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Yield the deliverable records of ``rng`` in offset order (see module doc). Memory: one entry."""
+    _check_isolation(rng.isolation)
+    committed = rng.isolation == READ_COMMITTED
+    aborted = frozenset(rng.aborted)
+    skips = SkipRanges.from_list([list(s) for s in rng.skips])
+    lo_ts, hi_ts = rng.min_timestamp_ms, rng.max_timestamp_ms
+    pos, end, slot = rng.start, rng.end, rng.start_slot
+    expected: int | None = None  # base offset the next entry must have
+    meta = MetadataColumns(rng.topic, rng.partition) if metadata else None
+    while pos < end:
+        try:
+            entry = plog.read_entry(slot)
+        except ObjectNotFoundError:
+            slot, pos = _after_missing_entry(plog, slot, pos, end, fail_on_data_loss)
+            expected = None
+            continue
+        header = entry.header
+        if (expected is not None and header.base_offset != expected) or \
+                not header.base_offset <= pos < header.next_offset:
+            raise CorruptDataError(
+                f"{entry.key}: holds offsets [{header.base_offset}, {header.next_offset}), expected the "
+                f"entry containing offset {pos}", entry.key)
+        slot += 1
+        expected = header.next_offset
+        take_end = min(end, header.next_offset)
+        deliver = not header.is_control and not skips.covers(header.base_offset) and not (
+            committed and header.txn is not None and txn_key(header.txn) in aborted) and not (
+            lo_ts is not None and header.timestamp_ms < lo_ts) and not (
+            hi_ts is not None and header.timestamp_ms > hi_ts)
+        if deliver:
+            yield from _slices(plog, entry, (pos, take_end), meta, max_batch_rows)
+        pos = take_end
+
+
+def _slices(plog: PartitionLog, entry: Entry, span: tuple[int, int], meta: MetadataColumns | None,
+            max_rows: int) -> Iterator[pa.RecordBatch]:
+    header = entry.header
+    pos, stop = span
+    table = entry_table(plog.storage, entry).slice(pos - header.base_offset, stop - pos)
+    first = pos
+    for batch in table.to_batches(max_chunksize=max_rows):
+        n = batch.num_rows
+        if not n:
+            continue
+        yield batch if meta is None else meta.add(batch, first, header.timestamp_ms)
+        first += n
+
+
+def _after_missing_entry(plog: PartitionLog, slot: int, pos: int, end: int,
+                         fail_on_data_loss: bool) -> tuple[int, int]:
+    """Where to continue after the entry at ``slot`` (containing ``pos``) was not found."""
+    start = plog.log_start(refresh=True)
+    if start.slot <= slot:
+        raise CorruptDataError(
+            f"{plog.path}: entry slot {slot} (offset {pos}) is missing although the log starts at slot "
+            f"{start.slot}; the partition log is damaged", plog.entries.key(slot))
+    message = (f"{plog.path}: offsets [{pos}, {min(start.offset, end)}) were removed by retention before "
+               f"they were read; the log now starts at offset {start.offset}")
+    if fail_on_data_loss:
+        raise DataLossError(message)
+    log.warning("%s; continuing at the log start", message)
+    return start.slot, max(pos, start.offset)
+
+
+def _check_isolation(isolation: str) -> None:
+    if isolation not in ISOLATION_LEVELS:
+        raise TxnLogError(f"isolation level must be one of {ISOLATION_LEVELS}, got {isolation!r}")
