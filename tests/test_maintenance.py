@@ -151,3 +151,29 @@ def test_staged_objects_nobody_references_are_swept() -> None:
     assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 1
     assert log.storage.exists(kept.key) and not log.storage.exists(orphan.key)
     assert _read(log) == [1, 2]
+
+
+def test_a_fresh_process_sees_counts_and_sizes_after_retention() -> None:
+    clock = FakeClock(2_000_000_000_000)
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log.create_topic("t", 1, SCHEMA)
+    p = log.producer("r")
+    p.init_transactions()
+    for i in range(4):
+        p.begin_transaction()
+        p.send("t", pa.table({"id": [i]}), partition=0)
+        p.flush()
+        p.abort_transaction() if i % 2 else p.commit_transaction()
+    p.close()
+    before = log.describe_topic("t").partitions[0]
+    assert before.aborted_transactions == 2 and before.size_bytes > 0
+    clock.now += 10
+    maintenance.apply_retention(log, "t", retention_ms=1, min_age_ms=0)
+    after = txn_core.Log(log.storage, clock=clock).describe_topic("t").partitions[0]
+    assert (after.log_start_offset, after.log_end_offset) == (8, 8)
+    assert after.aborted_transactions == 0 and after.size_bytes == 0
+    p2 = log.producer()
+    p2.send("t", pa.table({"id": [9]}), partition=0)
+    p2.flush()
+    grown = txn_core.Log(log.storage, clock=clock).describe_topic("t").partitions[0]
+    assert 0 < grown.size_bytes < before.size_bytes

@@ -382,3 +382,39 @@ def test_a_write_after_the_commit_marker_is_dropped_even_when_forgotten(log: txn
         producer_epoch=epoch, base_sequence=-1, txn=txn)
     monkeypatch.setattr(buffer_module, "ENDED_CACHE", 0)  # the buffer forgets ended transactions at once
     assert ids(txn_core.Log(log.storage, clock=log.clock)) == [1]
+
+
+def test_describe_after_a_timeout_abort_reports_the_final_state_at_once(log: txn_core.Log, clock: FakeClock) -> None:
+    p = tx(log, timeout=1_000)
+    p.begin_transaction()
+    send(p, [1], partition=0)
+    p.flush()
+    assert log.describe_topic("t").partitions[0].ongoing_transactions[0].state == "Ongoing"
+    clock.now += 5_000
+    d = log.describe_topic("t").partitions[0]  # deciding aborts it; the description includes the marker
+    assert d.ongoing_transactions == () and d.last_stable_offset == d.log_end_offset == 2
+    assert d.aborted_transactions == 1
+
+
+def test_an_operator_can_abort_a_hanging_transaction_in_one_partition(log: txn_core.Log) -> None:
+    p = tx(log)
+    p.begin_transaction()
+    send(p, [1], partition=0)
+    p.flush()
+    raw = encode_arrow([pa.record_batch({"id": [2]})], SCHEMA)
+    log.partition_log(paths.partition_log_path("t", 1)).append(
+        EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, producer_id=p.producer_id,
+        producer_epoch=p.epoch, base_sequence=0, txn=p.transaction_id)
+    txn = p.transaction_id
+    assert txn is not None
+    with pytest.raises(txn_core.ConfigurationError, match=r"still ongoing .* transactional id 'tx'"):
+        log.abort_hanging_transaction("t", 1, txn)
+    p.commit_transaction()
+    p.wait_for_completion()
+    assert len(log.find_hanging_transactions("t")) == 1
+    offset = log.abort_hanging_transaction("t", 1, txn)
+    assert offset == 1
+    assert log.find_hanging_transactions("t") == []
+    assert ids(log) == [1]
+    with pytest.raises(txn_core.ConfigurationError, match="holds no data without a marker"):
+        log.abort_hanging_transaction("t", 1, txn)

@@ -119,3 +119,40 @@ def find_hanging_transactions(log: Log, topic: str | None = None, *,
                     out.append(HangingTransaction(TopicPartition(t, p), o.txn, status.tid if status else None,
                                                   o.first_offset, age, reason))
     return out
+
+
+def abort_hanging(log: Log, topic: str, partition: int, txn: TxnId) -> int:
+    """Write an ABORT marker for ``txn`` into one partition whose data it holds without a marker
+    (KIP-664's ``--topic --partition --start-offset`` abort). Returns the marker's offset.
+
+    Refused while the transaction log says ``txn`` is ongoing (abort it by its transactional id) or
+    committed with this partition as a participant (its marker is being written).
+    """
+    from txn_core.entry import EntryKind, crc32, encode_json
+
+    meta = log.topics.get(topic)
+    if not 0 <= partition < meta.partitions:
+        raise ConfigurationError(f"topic {topic!r} has no partition {partition} (0..{meta.partitions - 1})")
+    path = paths.partition_log_path(topic, partition)
+    state = log.partition_state(path)
+    state.scan_to_end()
+    ongoing = state.buffer.by_txn.get(txn)
+    if ongoing is None:
+        raise ConfigurationError(f"transaction {txn} holds no data without a marker in {topic}-{partition}; "
+                                 "nothing to abort (see find_hanging_transactions)")
+    view = log.views.get(txn.coordinator)
+    view.refresh()
+    status = view.status(txn)
+    if status is not None and status.state == CoordinatorState.ONGOING:
+        raise ConfigurationError(f"transaction {txn} is still ongoing in the transaction log; abort it by its "
+                                 f"transactional id {status.tid!r} instead")
+    if status is not None and status.committed and path in status.participants:
+        raise ConfigurationError(f"transaction {txn} committed and {topic}-{partition} is one of its "
+                                 "participants; its marker is being written, nothing to abort")
+    payload = encode_json({"outcome": "ABORT", "txn": str(txn), "tid": status.tid if status else None,
+                           "reason": "aborted as hanging by an operator"})
+    result = log.partition_log(path).append(EntryKind.ABORT, payload, len(payload), crc32(payload), 1,
+                                            producer_id=ongoing.producer_id, producer_epoch=ongoing.producer_epoch,
+                                            txn=txn)
+    state.scan_to_end()
+    return result.base_offset

@@ -176,21 +176,30 @@ class Log:
 
     def describe_path(self, path: str, partition: int = 0) -> PartitionDescription:
         state = self.partition_state(path)
-        state.scan_to_end()
+        for _ in range(3):
+            state.scan_to_end()
+            before = state.buffer.position
+            state.read_bound()  # may abort a transaction past its timeout, writing markers
+            state.scan_to_end()
+            if state.buffer.position == before:
+                break
         bound = state.read_bound()
         buffer = state.buffer
         now = self.clock()
         ongoing = []
         for o in buffer.ongoing.values():
             status = self.coordinator.views.get(o.txn.coordinator).status(o.txn)
-            decided = state.decisions.get(o.txn)
-            label = "Ongoing" if decided is None else ("PrepareCommit" if decided else "PrepareAbort")
+            if status is not None and status.state is not None:
+                label = status.state.value
+            else:
+                label = "Finished (no marker here)"
             age = now - status.start_ms if status is not None and status.start_ms else None
             ongoing.append(OngoingTransaction(o.txn, status.tid if status else None, o.first_offset, o.last_offset,
                                               o.producer_id, o.producer_epoch, label, age))
         start = state.log.log_start(refresh=True)
         return PartitionDescription(partition, start.offset, buffer.position, bound, tuple(ongoing),
-                                    len(buffer.aborted), buffer.committed_count, buffer.size_bytes)
+                                    len(buffer.aborted), buffer.committed_count,
+                                    max(0, buffer.size_bytes - start.bytes_before))
 
     # --- clients --------------------------------------------------------------------------------
 
@@ -227,6 +236,13 @@ class Log:
         from txn_core import admin
 
         return admin.find_hanging_transactions(self, topic, max_age_ms=max_age_ms)
+
+    def abort_hanging_transaction(self, topic: str, partition: int, txn: TxnId) -> int:
+        """Write the missing ABORT marker of a hanging transaction into one partition (KIP-664); returns
+        the marker's offset. See :func:`txn_core.admin.abort_hanging`."""
+        from txn_core import admin
+
+        return admin.abort_hanging(self, topic, partition, txn)
 
     def transaction_metadata(self, transactional_id: str) -> dict[str, Any] | None:
         """The metadata stored with the last committed transaction of ``transactional_id``."""

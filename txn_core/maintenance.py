@@ -87,11 +87,16 @@ def _retain(log: Log, topic: str, partition: int, retention_ms: int | None, rete
         return RetentionResult(topic, partition, start.offset, start.offset, 0, 0)
     # 2. publish the new start before deleting anything
     envelope.create_json(log.storage, paths.log_start(path) + paths.slot_name(slot), envelope.ObjectKind.LOG_START,
-                         {"slot": slot, "offset": offset, "time_ms": now_ms})
+                         {"slot": slot, "offset": offset, "time_ms": now_ms,
+                          "bytes_before": start.bytes_before + freed})
     plog.log_start(refresh=True)
-    # 3. a snapshot at the current position that no longer refers to deleted data
+    # 3. a snapshot at or after the new start, so no reader rebuilds from the start (readers prune what
+    #    a snapshot still says about deleted offsets when they load it)
     store = SnapshotStore(log.storage, path)
-    store.write(state.buffer.copy(), log_start=offset)
+    finals = store.finals()
+    if not finals or finals[-1] < offset:
+        store.write(state.buffer.copy(), log_start=offset)
+    state.buffer.prune(offset)
     # 4. delete, oldest first
     for s, header in headers:
         key = plog.entries.key(s)

@@ -60,6 +60,8 @@ class LogStart:
 
     slot: int
     offset: int
+    #: bytes of all entries below the start (removed by retention so far)
+    bytes_before: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,7 @@ class PartitionLog:
                     value = envelope.read_json(self.storage, key, envelope.ObjectKind.LOG_START)
                 except ObjectNotFoundError:
                     continue
-                start = LogStart(int(value["slot"]), int(value["offset"]))
+                start = LogStart(int(value["slot"]), int(value["offset"]), int(value.get("bytes_before", 0)))
                 break
             self._start = start
         return self._start

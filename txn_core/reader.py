@@ -62,6 +62,9 @@ class PartitionState:
         buffer = self.snapshots.load_latest(self.log.path)
         if buffer is None or buffer.position < start.offset:
             buffer = TxnBuffer(start.offset, start.slot)
+            buffer.size_bytes = start.bytes_before  # size counts every entry since offset 0
+        else:
+            buffer.prune(start.offset)  # what retention removed since the snapshot was taken
         buffer.where = self.log.path
         self.snapshot_position = buffer.position
         return buffer

@@ -1,0 +1,571 @@
+"""The ``txnlog`` command line, through its real entry point (``python -m txn_core.cli`` in a subprocess).
+
+Each test builds a small log in-process (fast), then runs the CLI against it and checks what a person or a
+script sees: tables, JSON, one-line errors and exit codes. Subprocesses cost ~0.3-1 s each, so each test
+groups its assertions; the many small argument checks run ``main()`` in-process.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from fakeclock import FakeClock
+
+import txn_core
+from txn_core import cli, paths
+from txn_core.cli.output import Progress, format_bytes, format_duration, render_table
+from txn_core.cli.schemaspec import format_schema, parse_schema
+from txn_core.staging import staging_prefix, write_staged
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200"}
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+Command = tuple[tuple[str | Path, ...], int]
+
+
+def cmd(*args: str | Path, code: int = 0) -> Command:
+    """A command line for :func:`txnlog_all` and the exit code it must end with."""
+    return args, code
+
+
+def txnlog_all(*commands: Command) -> list[Result]:
+    """Run independent ``txnlog`` command lines as concurrent processes; assert their exit codes."""
+    procs = [subprocess.Popen([sys.executable, "-m", "txn_core.cli", *map(str, args)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=ENV) for args, _ in commands]
+    results = []
+    for (args, code), proc in zip(commands, procs, strict=True):
+        out, err = proc.communicate(timeout=120)
+        result = Result(proc.returncode, out, err)
+        assert proc.returncode == code, f"txnlog {' '.join(map(str, args))} exited {proc.returncode}: {result}"
+        results.append(result)
+    return results
+
+
+def txnlog(*args: str | Path, code: int = 0) -> Result:
+    """Run ``txnlog ARGS`` as a separate process; assert its exit code."""
+    return txnlog_all(cmd(*args, code=code))[0]
+
+
+def txnlog_inprocess(capsys: pytest.CaptureFixture[str], *args: str | Path) -> Result:
+    """Run ``main(ARGS)`` in this process (for the many small argument checks)."""
+    try:
+        code = cli.main([str(a) for a in args])
+    except SystemExit as exc:  # argparse: --help and usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return Result(code, out, err)
+
+
+@pytest.fixture
+def here(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    """``here(*ARGS, code=0)``: run ``main(ARGS)`` in this process and assert its exit code (variants of a
+    verb already run through the real entry point: no interpreter start-up to pay)."""
+
+    def run(*args: str | Path, code: int = 0) -> Result:
+        result = txnlog_inprocess(capsys, *args)
+        assert result.code == code, f"txnlog {' '.join(map(str, args))} exited {result.code}: {result}"
+        return result
+
+    return run
+
+
+def one_error_line(result: Result, *fragments: str) -> None:
+    """Exactly one line on stderr, ``txnlog: error: ...``, containing every fragment; nothing on stdout."""
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("txnlog: error: "), result.err
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    assert result.out == ""
+
+
+def build_scenario(directory: Path) -> Path:
+    """A log with committed, aborted, hanging and open transactions and a consumer group.
+
+    ``orders`` (2 partitions): ``copier`` committed 2 transactions and aborted one (after its rows were
+    written); group ``billing`` committed offsets part-way; ``stuck`` opened a transaction two hours ago
+    (60 s timeout) in partition 0 and died; ``fresh`` has a transaction open in partition 1 (15 min
+    timeout), followed by one non-transactional record.
+    """
+    url = directory / "log"
+    now = int(time.time() * 1000)
+    log = txn_core.open_log(str(url))
+    log.create_topic("orders", 2, SCHEMA)
+    with log.producer("copier") as p:
+        p.init_transactions()
+        for t in range(3):
+            p.begin_transaction()
+            p.send("orders", pa.table({"id": list(range(t * 5, t * 5 + 5)), "name": [f"n{i}" for i in range(5)]}),
+                   key_column="id")
+            if t == 1:
+                p.flush()
+                p.abort_transaction()
+            else:
+                p.commit_transaction()
+    c = log.consumer("billing")
+    c.assign([("orders", 0), ("orders", 1)])
+    c.seek(("orders", 0), 2)
+    c.commit()
+    stale = txn_core.open_log(str(url), clock=FakeClock(now - 2 * 3600_000))
+    stuck = stale.producer("stuck", transaction_timeout_ms=60_000)
+    stuck.init_transactions()
+    stuck.begin_transaction()
+    stuck.send("orders", pa.table({"id": [100], "name": ["x"]}), partition=0)
+    stuck.flush()
+    stuck.close()  # the open transaction is left behind, as if the process had died
+    fresh = log.producer("fresh", transaction_timeout_ms=900_000)
+    fresh.init_transactions()
+    fresh.begin_transaction()
+    fresh.send("orders", pa.table({"id": [200], "name": ["y"]}), partition=1)
+    fresh.flush()
+    fresh.close()
+    with log.producer() as plain:
+        plain.send("orders", pa.table({"id": [300], "name": ["z"]}), partition=1)
+    return url
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Path:
+    """A fresh :func:`build_scenario` log for a test that changes it."""
+    return build_scenario(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One :func:`build_scenario` log for the argument checks, which leave it as it is."""
+    return build_scenario(tmp_path_factory.mktemp("shared"))
+
+
+# --- help and grammar ----------------------------------------------------------------------------
+
+
+def test_help_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    top = txnlog("--help")
+    for noun in ("topics", "transactions", "groups", "dump", "maintenance", "demo"):
+        assert noun in top.out
+    assert "examples:" in top.out
+    verbs = {"topics": ["create", "list", "describe", "add-partitions", "set-retention"],
+             "transactions": ["list", "describe", "abort", "find-hanging", "expire"],
+             "groups": ["list", "describe"], "maintenance": ["snapshot", "compact", "retention", "sweep-staging"]}
+    for noun, names in verbs.items():
+        r = txnlog_inprocess(capsys, noun, "--help")
+        assert r.code == 0 and all(v in r.out for v in names) and f"examples:\n  txnlog {noun} " in r.out, r.out
+        for verb in names:
+            r = txnlog_inprocess(capsys, noun, verb, "--help")
+            assert r.code == 0, r
+            assert "URL" in r.out and "--storage-option" in r.out and "--json" in r.out, r.out
+            assert f"examples:\n  txnlog {noun} {verb}" in r.out, r.out
+    for single in ("dump", "demo"):
+        r = txnlog_inprocess(capsys, single, "--help")
+        assert r.code == 0 and f"txnlog {single}" in r.out
+    r = txnlog_inprocess(capsys, "--version")
+    assert r.code == 0 and txn_core.__version__ in r.out
+
+
+def test_console_script_is_installed(tmp_path: Path) -> None:
+    script = shutil.which("txnlog", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("the txnlog console script is not installed next to this interpreter")
+    proc = subprocess.run([script, "topics", "list", str(tmp_path / "none")], capture_output=True, text=True,
+                          env=ENV, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("txnlog: error: no txnlog at")
+
+
+# --- topics ------------------------------------------------------------------------------------
+
+
+def test_topics_create_list_describe_add_partitions_set_retention(tmp_path: Path,
+                                                                  here: Callable[..., Result]) -> None:
+    url = tmp_path / "new-log"
+    created = txnlog("topics", "create", url, "orders", "--partitions", "3", "--schema",
+                     "id:int64 not null,name:string,ts:timestamp[ms, UTC]", "--retention-ms", "86400000")
+    assert "created topic 'orders'" in created.out and "3 partition(s)" in created.out
+    log = txn_core.open_log(str(url))
+    meta = log.topics.get("orders")
+    assert meta.partitions == 3 and meta.config.retention_ms == 86_400_000
+    assert meta.schema == pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string()),
+                                     ("ts", pa.timestamp("ms", tz="UTC"))])
+    with log.producer() as p:
+        p.send("orders", pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"],
+                                   "ts": pa.array([0, 1, 2], pa.timestamp("ms", tz="UTC"))}), partition=2)
+
+    listed_json, grown, kept_json = txnlog_all(
+        cmd("topics", "list", url, "--json"), cmd("topics", "add-partitions", url, "orders", "--total", "5"),
+        cmd("topics", "set-retention", url, "orders", "--retention-bytes", "1000000", "--json"))
+    # add-partitions and set-retention ran at once: each retried on the other's new version, neither is lost.
+    assert "now has 5 partitions (was 3)" in grown.out
+    kept = kept_json.json()
+    assert (kept["retention_ms"], kept["retention_bytes"]) == (86_400_000, 1_000_000)
+    (listed,) = listed_json.json()
+    schema = "id:int64 not null,name:string,ts:timestamp[ms, UTC]"
+    assert listed["schema"] == schema and listed["partitions"] in (3, 5) and listed["created_ms"] == meta.created_ms
+    listed_table = here("topics", "list", url)
+    described_json = here("topics", "describe", url, "orders", "--partition", "2", "--json")
+    table = listed_table.out.splitlines()
+    assert table[0].split() == ["topic", "partitions", "retention", "schema"]
+    assert table[1].split()[:2] == ["orders", "5"] and "1 d 00 h, 976.6 KiB/partition" in table[1]
+
+    described = described_json.json()
+    assert [d["partition"] for d in described["partition_details"]] == [2]
+    assert described["partition_details"][0] | {"size_bytes": 0} == {
+        "partition": 2, "log_start_offset": 0, "log_end_offset": 3, "last_stable_offset": 3, "held_back": 0,
+        "ongoing_transactions": [], "aborted_transactions": 0, "committed_transactions": 0, "size_bytes": 0}
+    cleared = here("topics", "set-retention", url, "orders", "--retention-ms", "none")
+    assert "976.6 KiB/partition" in cleared.out
+    meta = txn_core.open_log(str(url)).topics.get("orders")
+    assert (meta.partitions, meta.config.retention_ms, meta.config.retention_bytes) == (5, None, 1_000_000)
+
+
+def test_topics_describe_shows_the_last_stable_offset_and_open_transactions(scenario: Path,
+                                                                           here: Callable[..., Result]) -> None:
+    text = txnlog("topics", "describe", scenario, "orders").out
+    assert "schema:     id:int64,name:string" in text
+    header, p0, p1 = text.split("\n\n")[1].splitlines()
+    assert header.split() == ["partition", "log", "start", "log", "end", "LSO", "held", "back", "open", "txns",
+                              "aborted", "committed", "size"]
+    # Partition 0: stuck was past its timeout, so describe (a reader) aborted it; its ABORT marker is offset 12.
+    # Partition 1: fresh's open transaction holds the LSO at its first offset (10), one record behind it.
+    assert p0.split()[:8] == ["0", "0", "13", "13", "0", "0", "2", "2"]
+    assert p1.split()[:8] == ["1", "0", "12", "10", "2", "1", "1", "2"]
+    assert "open transactions:" in text and "fresh" in text and "Ongoing" in text
+    detail = here("topics", "describe", scenario, "orders", "--json").json()["partition_details"][1]
+    (ongoing,) = detail["ongoing_transactions"]
+    assert ongoing["transactional_id"] == "fresh" and ongoing["first_offset"] == 10 and ongoing["state"] == "Ongoing"
+    assert 0 <= ongoing["age_ms"] < 600_000
+    assert detail["last_stable_offset"] == 10 and detail["log_end_offset"] == 12 and detail["held_back"] == 2
+
+
+# --- transactions --------------------------------------------------------------------------------
+
+
+def test_transactions_list_describe_find_hanging_abort_expire(scenario: Path, here: Callable[..., Result]) -> None:
+    listed_json, hanging, described = txnlog_all(
+        cmd("transactions", "list", scenario, "--json"), cmd("transactions", "find-hanging", scenario),
+        cmd("transactions", "describe", scenario, "stuck"))
+    everything = here("transactions", "list", scenario, "--all")
+    hanging_by_age = here("transactions", "find-hanging", scenario, "--topic", "orders", "--max-age-ms", "0", "--json")
+    listed = listed_json.json()
+    assert {r["transactional_id"]: r["state"] for r in listed} == {"fresh": "Ongoing", "stuck": "Ongoing"}
+    stuck_row = next(r for r in listed if r["transactional_id"] == "stuck")
+    assert stuck_row["age_ms"] >= 2 * 3600_000 and stuck_row["timeout_ms"] == 60_000
+    assert "copier" in everything.out and "CompleteCommit" in everything.out
+
+    assert "stuck" in hanging.out and "ongoing past its timeout of 60000 ms" in hanging.out
+    assert "fresh" not in hanging.out.split("to release them")[0]
+    assert f"txnlog transactions abort {scenario} stuck" in hanging.out
+    assert sorted((h["transactional_id"], h["partition"], h["first_offset"]) for h in hanging_by_age.json()) == [
+        ("fresh", 1, 10), ("stuck", 0, 11)]
+
+    assert "Ongoing" in described.out and "topics/orders/00000" in described.out and "2 h 00 m" in described.out
+
+    aborted, expired = txnlog_all(cmd("transactions", "abort", scenario, "fresh"),
+                                  cmd("transactions", "expire", scenario, "--json"))
+    assert "aborted transaction" in aborted.out and "'fresh'" in aborted.out and "fenced" in aborted.out
+    again = here("transactions", "abort", scenario, "fresh", "--json")
+    assert again.json()["aborted"] is False and again.json()["after"]["state"] == "CompleteAbort"
+    assert expired.json() == {"expired": 1}  # stuck, past its timeout
+
+    none_open = here("transactions", "list", scenario)
+    none_hanging = here("transactions", "find-hanging", scenario)
+    reason = here("transactions", "describe", scenario, "stuck", "--json")
+    assert none_open.out.strip() == f"no open transactions in file://{scenario}"
+    assert none_hanging.out.strip() == "no hanging transactions"
+    assert reason.json()["state"] == "CompleteAbort" and reason.json()["abort_reason"] == "timeout"
+
+
+# --- groups --------------------------------------------------------------------------------------
+
+
+def test_groups_list_and_describe_lag_against_the_last_stable_offset(scenario: Path,
+                                                                     here: Callable[..., Result]) -> None:
+    listed, described_json = txnlog_all(cmd("groups", "list", scenario, "--json"),
+                                        cmd("groups", "describe", scenario, "billing", "--json"))
+    text = here("groups", "describe", scenario, "billing")
+    assert listed.json() == ["billing"]
+    described = described_json.json()
+    rows = {r["partition"]: r for r in described["partitions"]}
+    # partition 0: committed 2; the stuck transaction is aborted by the lookup (a reader): nothing holds the LSO.
+    assert rows[0]["committed"] == 2 and rows[0]["last_stable_offset"] == rows[0]["log_end_offset"] >= 12
+    assert rows[0]["lag"] == rows[0]["last_stable_offset"] - 2
+    # partition 1: committed 0 (its start); fresh's open transaction holds the LSO at 10 < end 12.
+    assert (rows[1]["committed"], rows[1]["last_stable_offset"], rows[1]["log_end_offset"], rows[1]["lag"]) == \
+        (0, 10, 12, 10)
+    assert described["total_lag"] == rows[0]["lag"] + 10
+    assert text.out.splitlines()[0].split()[:6] == ["topic", "partition", "committed", "LSO", "log", "end"]
+    assert "total lag: " in text.out
+
+
+# --- dump ----------------------------------------------------------------------------------------
+
+
+def test_dump_isolation_levels_control_records_ranges_and_limits(scenario: Path,
+                                                                  here: Callable[..., Result]) -> None:
+    committed_out, raw_out = txnlog_all(
+        cmd("dump", scenario, "orders", "--partition", "1"),
+        cmd("dump", scenario, "orders", "--partition", "1", "--isolation", "read_uncommitted", "--show-control",
+            "--json"))
+    window_out = here("dump", scenario, "orders", "--partition", "1", "--from", "1", "--to", "3", "--isolation",
+                      "read_uncommitted", "--json")
+    limited = here("dump", scenario, "orders", "--limit", "3", "--show-control")
+    committed = committed_out.out.splitlines()
+    assert committed[0].split() == ["partition", "offset", "timestamp", "id", "name"]
+    offsets = [int(line.split()[1]) for line in committed[1:]]
+    # read_committed: the aborted transaction's rows and everything from fresh's open transaction on are held.
+    ids = [int(line.split()[4]) for line in committed[1:]]
+    assert max(offsets) < 10 and 200 not in ids and 300 not in ids
+    assert not set(ids) & {5, 6, 7, 8, 9}
+
+    raw = [json.loads(line) for line in raw_out.out.splitlines()]
+    kinds = [(r["_offset"], r["_kind"]) for r in raw]
+    assert [o for o, _ in kinds] == list(range(12))  # every offset: data and markers, dense
+    assert sum(k == "COMMIT" for _, k in kinds) == 2 and sum(k == "ABORT" for _, k in kinds) == 1
+    marker = next(r for r in raw if r["_kind"] == "ABORT")
+    assert marker["_transactional_id"] == "copier" and marker["_txn"]
+    aborted_rows = [r for r in raw if r["_kind"] == "data" and r["_txn"] == marker["_txn"]]
+    assert aborted_rows and {r["id"] for r in aborted_rows} <= {5, 6, 7, 8, 9}
+    assert [r["id"] for r in raw if r["_offset"] >= 10] == [200, 300]
+    assert raw[0]["_timestamp"].endswith("+00:00")
+
+    window = [json.loads(line) for line in window_out.out.splitlines()]
+    assert [r["_offset"] for r in window] == [1, 2]
+    assert list(window[0]) == ["_partition", "_offset", "_timestamp", "id", "name"]
+
+    assert len(limited.out.splitlines()) >= 1 + 3
+    assert sum(" data " in line for line in limited.out.splitlines()) == 3
+    assert "showing the first 3 records" in limited.err
+
+
+# --- maintenance ---------------------------------------------------------------------------------
+
+
+def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Callable[..., Result]) -> None:
+    log = txn_core.open_log(str(scenario))
+    ref = write_staged(log.storage, staging_prefix("cli-test", 1), "orders", 0,
+                       pa.table({"id": [1], "name": ["a"]}).to_batches(), SCHEMA)
+    assert ref is not None  # a staged object no entry references: what a failed Spark task leaves behind
+    snaps, compacted, swept = txnlog_all(
+        cmd("maintenance", "snapshot", scenario, "--json"),
+        cmd("maintenance", "compact", scenario, "--min-age-ms", "0"),
+        cmd("maintenance", "sweep-staging", scenario, "--older-than-ms", "0", "--json"))
+    assert [(s["topic"], s["partition"]) for s in snaps.json()] == [("orders", 0), ("orders", 1)]
+    assert log.storage.list(paths.buffer_snapshots(paths.partition_log_path("orders", 0)))
+    assert "snapshotted 16 coordinator partitions" in compacted.out and "deleted" in compacted.out
+    assert swept.json() == {"staged_objects_deleted": 1}
+    assert not log.storage.exists(ref.key)
+
+    # Retention: partition 1 keeps everything from fresh's open transaction on (offset 10).
+    retained = txnlog("maintenance", "retention", scenario, "--topic", "orders", "--retention-ms", "1",
+                      "--min-age-ms", "0", "--json")
+    by_partition = {r["partition"]: r for r in retained.json()}
+    assert by_partition[1]["new_start"] == 10 and by_partition[1]["entries_deleted"] > 0
+    # stuck, past its timeout, is aborted by retention's own read bound: nothing holds partition 0 back.
+    assert by_partition[0]["new_start"] >= 12
+    text = here("maintenance", "retention", scenario, "--topic", "orders", "--retention-ms", "1",
+                "--min-age-ms", "0").out
+    assert text.splitlines()[0].split() == ["topic", "partition", "old", "start", "new", "start", "entries",
+                                            "deleted", "freed"]
+    assert text.splitlines()[2].split() == ["orders", "1", "10", "10", "0", "0", "B"]  # held by fresh's transaction
+    assert "(entries younger than 0 ms and data of open transactions are kept)" in text
+
+
+# --- demo ----------------------------------------------------------------------------------------
+
+
+def test_demo_core_prints_a_readable_summary(tmp_path: Path) -> None:
+    out = txnlog("demo", "--core", "--dir", tmp_path / "demo").out
+    assert "committed 30 rows in 3 transactions, aborted 10 rows in 1" in out
+    assert "read_uncommitted consumer saw 40 rows" in out
+    assert "exactly the committed ones: True" in out
+
+
+def test_demo_falls_back_to_the_core_demo_without_the_spark_demo(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    r = txnlog_inprocess(capsys, "demo", "--dir", tmp_path / "demo")
+    assert r.code == 0 and "exactly the committed ones: True" in r.out
+    assert "running the core demo instead" in r.err
+
+
+def test_demo_runs_the_spark_demo_when_it_is_importable(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from txn_core.cli import demo
+
+    calls: list[str | None] = []
+    monkeypatch.setattr(demo, "spark_demo", lambda: lambda d: calls.append(d) or 0)
+    assert txnlog_inprocess(capsys, "demo", "--dir", tmp_path).code == 0
+    assert calls == [str(tmp_path)]
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def test_bad_input_gives_one_clear_line_and_a_nonzero_exit(scenario: Path, tmp_path: Path) -> None:
+    unknown_topic, bad_scheme, no_log, bad_flag, debug = txnlog_all(
+        cmd("topics", "describe", scenario, "nope", code=1), cmd("topics", "list", "ftp://host/log", code=1),
+        cmd("groups", "list", tmp_path / "typo", code=1),
+        cmd("topics", "describe", scenario, "orders", "--colour", code=2),
+        cmd("--debug", "transactions", "describe", scenario, "nobody", code=1))
+    one_error_line(unknown_topic, "unknown topic 'nope'", "existing topics: orders", "txnlog topics create")
+    one_error_line(bad_scheme, "unsupported scheme 'ftp'")
+    one_error_line(no_log, "no txnlog at", "check the URL")
+    assert not (tmp_path / "typo").exists()  # a typo never creates a log
+    one_error_line(bad_flag, "topics describe: unrecognized arguments: --colour", "txnlog topics describe --help")
+    assert "Traceback (most recent call last)" in debug.err
+    assert debug.err.strip().splitlines()[-1].startswith("txnlog: error: unknown transactional id 'nobody'")
+
+
+@pytest.mark.parametrize(("args", "code", "fragments"), [
+    # row: the arguments after the log URL, the exit code, what the one error line must say
+    (["topics", "list", "{url}", "-o", "novalue"], 2, ["bad storage option 'novalue'", "KEY=VALUE"]),
+    (["topics", "list", "{url}", "-o", "x={bad"], 2, ["not valid JSON"]),
+    (["topics", "create", "{url}", "t", "-p", "0", "-s", "id:int64"], 2, ["expected a number > 0"]),
+    (["topics", "create", "{url}", "t", "-p", "1", "-s", "id"], 2, ["column 'id' has no type"]),
+    (["topics", "create", "{url}", "t", "-p", "1", "-s", "id:int65"], 2, ["unknown type 'int65'", "example:"]),
+    (["topics", "create", "{url}", "t", "-p", "1", "-s", "_offset:int64"], 1, ["reserved column name"]),
+    (["topics", "create", "{url}", "orders", "-p", "1", "-s", "id:int64"], 1, ["topic 'orders' already exists"]),
+    (["topics", "create", "{url}", "bad/name", "-p", "1", "-s", "id:int64"], 1, ["invalid topic name"]),
+    (["topics", "describe", "{url}", "orders", "--partition", "5"], 1, ["has no partition 5", "0..1"]),
+    (["topics", "add-partitions", "{url}", "orders", "--total", "1"], 1, ["can only grow"]),
+    (["topics", "set-retention", "{url}", "orders"], 1, ["needs --retention-ms and/or --retention-bytes"]),
+    (["topics", "set-retention", "{url}", "orders", "--retention-ms", "soon"], 2, ["expected a whole number"]),
+    (["transactions", "describe", "{url}", "nobody"], 1, ["unknown transactional id 'nobody'"]),
+    (["transactions", "abort", "{url}", "nobody"], 1, ["unknown transactional id 'nobody'"]),
+    (["transactions", "find-hanging", "{url}", "--topic", "nope"], 1, ["unknown topic 'nope'"]),
+    (["groups", "describe", "{url}", "nobody"], 1, ["unknown consumer group 'nobody'", "existing groups: billing"]),
+    (["dump", "{url}", "nope"], 1, ["unknown topic 'nope'", "existing topics: orders"]),
+    (["dump", "{url}", "orders", "--from", "5", "--to", "2"], 1, ["--to 2 is before --from 5"]),
+    (["dump", "{url}", "orders", "--from", "99"], 1, ["offset 99 is beyond the log end"]),
+    (["dump", "{url}", "orders", "--isolation", "dirty"], 2, ["invalid choice: 'dirty'"]),
+    (["dump", "{url}", "orders", "--partition", "-1"], 1, ["has no partition -1"]),
+    (["maintenance", "retention", "{url}"], 1, ["no topic has a retention setting"]),
+    (["maintenance", "snapshot", "{url}", "--topic", "nope"], 1, ["unknown topic 'nope'"]),
+    (["topics"], 2, ["topics: the following arguments are required: VERB"]),
+    ([], 2, ["the following arguments are required: COMMAND"]),
+])
+def test_bad_arguments_in_process(shared_scenario: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                  code: int, fragments: list[str]) -> None:
+    r = txnlog_inprocess(capsys, *[a.replace("{url}", str(shared_scenario)) for a in args])
+    assert r.code == code, r
+    one_error_line(r, *fragments)
+
+
+def test_unexpected_errors_and_interrupts_are_one_line_too(
+        shared_scenario: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from txn_core.cli import topics
+
+    def boom(args: object) -> int:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(topics, "list_topics", boom)
+    r = txnlog_inprocess(capsys, "topics", "list", shared_scenario)
+    assert r.code == 1
+    one_error_line(r, "unexpected RuntimeError: disk on fire", "rerun with --debug")
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(topics, "list_topics", interrupted)
+    r = txnlog_inprocess(capsys, "topics", "list", shared_scenario)
+    assert (r.code, r.err, r.out) == (130, "txnlog: interrupted\n", "")
+
+
+def test_storage_options_nest_and_parse_values() -> None:
+    from txn_core.cli.common import storage_option, storage_options
+
+    pairs = [storage_option(s) for s in ["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:9000",
+                                         "client_kwargs.region_name=eu-west-1", "max_concurrency=8", "key=abc=def"]]
+    assert storage_options(pairs) == {"anon": True, "max_concurrency": 8, "key": "abc=def",
+                                      "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000",
+                                                        "region_name": "eu-west-1"}}
+    assert storage_options([]) is None
+
+
+# --- output helpers ------------------------------------------------------------------------------
+
+
+def test_schema_specs_round_trip() -> None:
+    spec = ("a:int64 not null,b:string,c:timestamp[us, UTC],d:decimal(10, 2),e:list<int32>,"
+            "f:struct<x:int64,y:list<string>>,g:map<string, int64>,h:date32,i:float32,j:duration[ms]")
+    schema = parse_schema(spec)
+    assert format_schema(schema) == spec
+    assert parse_schema(format_schema(schema)) == schema
+    assert parse_schema("ts:timestamp[ms, tz=UTC]").field("ts").type == pa.timestamp("ms", "UTC")
+
+
+def test_tables_durations_sizes() -> None:
+    assert render_table(["name", "n"], [["a", 1], ["bbb", 100], ["c", None]]).splitlines() == [
+        "name    n", "a       1", "bbb   100", "c       -"]
+    assert [format_duration(v) for v in (None, 5, 12_300, 302_000, 11_040_000, 2 * 86_400_000 + 3_600_000)] == [
+        "-", "5 ms", "12.3 s", "5 m 02 s", "3 h 04 m", "2 d 01 h"]
+    assert [format_bytes(v) for v in (812, 3277, 5 << 30)] == ["812 B", "3.2 KiB", "5.0 GiB"]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bars_only_on_a_terminal() -> None:
+    tty = _Tty()
+    with Progress("describing", 4, unit="partitions", stream=tty, delay_s=0, interval_s=0.01) as bar:
+        bar.advance(2)
+        time.sleep(0.1)
+    drawn = tty.getvalue()
+    assert "describing [###############...............] 2/4 partitions" in drawn
+    assert drawn.endswith("\r\033[K")  # erased at the end
+    pipe = io.StringIO()
+    with Progress("describing", 4, stream=pipe, delay_s=0, interval_s=0.01) as bar:
+        bar.advance(4)
+        time.sleep(0.05)
+    assert pipe.getvalue() == ""
+
+
+def test_transactions_abort_one_partitions_hanging_transaction(tmp_path: Path, here: Callable[..., Result]) -> None:
+    """KIP-664's per-partition abort: data a transaction wrote where it never registered."""
+    from txn_core.entry import EntryKind, crc32, encode_arrow
+
+    url = tmp_path / "log"
+    log = txn_core.open_log(str(url))
+    log.create_topic("t", 2, SCHEMA)
+    p = log.producer("w")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [1], "name": ["a"]}), partition=0)
+    p.flush()
+    raw = encode_arrow([pa.record_batch({"id": [2], "name": ["b"]})], SCHEMA)
+    log.partition_log(paths.partition_log_path("t", 1)).append(
+        EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, producer_id=p.producer_id,
+        producer_epoch=p.epoch, base_sequence=0, txn=p.transaction_id)
+    txn = str(p.transaction_id)
+    p.commit_transaction()
+    p.close()
+    found = here("transactions", "find-hanging", url)
+    assert f"--topic t --partition 1 --txn {txn}" in found.out
+    done = here("transactions", "abort", url, "--topic", "t", "--partition", "1", "--txn", txn)
+    assert f"wrote an ABORT marker for {txn} into t-1" in done.out
+    assert "no hanging transactions" in here("transactions", "find-hanging", url).out
+    bad = here("transactions", "abort", url, "--topic", "t", "--txn", txn, code=1)
+    one_error_line(bad, "--topic, --partition and --txn")
