@@ -42,6 +42,13 @@ from txn_core.log import Log, OngoingTransaction, PartitionDescription, TopicDes
 from txn_core.producer import Producer, RecordMetadata
 from txn_core.reader import READ_COMMITTED, READ_UNCOMMITTED
 from txn_core.records import METADATA_FIELDS
+from txn_core.subscriptions import (
+    AckStatus,
+    Subscription,
+    SubscriptionConsumer,
+    SubscriptionNotFoundError,
+    SubscriptionState,
+)
 
 __version__ = "0.1.0"
 
@@ -49,6 +56,7 @@ __all__ = [
     "METADATA_FIELDS",
     "READ_COMMITTED",
     "READ_UNCOMMITTED",
+    "AckStatus",
     "ClientState",
     "ConcurrentTransactionsError",
     "ConfigurationError",
@@ -76,6 +84,10 @@ __all__ = [
     "SchemaMismatchError",
     "StorageContractError",
     "StorageError",
+    "Subscription",
+    "SubscriptionConsumer",
+    "SubscriptionNotFoundError",
+    "SubscriptionState",
     "TopicDescription",
     "TopicExistsError",
     "TopicNotFoundError",

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -28,6 +28,9 @@ from txn_core.producer import DEFAULT_BATCH_BYTES, Producer
 from txn_core.reader import PartitionState
 from txn_core.storage import Storage, open_storage
 from txn_core.topics import TopicConfig, TopicMeta, TopicStore
+
+if TYPE_CHECKING:
+    from txn_core.subscriptions import Subscription, SubscriptionConsumer
 
 FORMAT_VERSION = 1
 DEFAULT_COORDINATOR_PARTITIONS = 16
@@ -212,6 +215,28 @@ class Log:
     def consumer(self, group_id: str | None = None, *, isolation_level: str = "read_committed",
                  auto_offset_reset: str = "earliest") -> Consumer:
         return Consumer(self, group_id, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset)
+
+    # --- subscriptions (txn_core.subscriptions; PROTOCOL.md "Subscriptions") ------------------------
+
+    def subscribe(self, topic: str, partition: int, subscription: str, *, consumer_name: str | None = None,
+                  ack_timeout_ms: int = 30_000, nack_delay_ms: int = 1_000, create: bool = True,
+                  initial_position: str = "earliest", range_size: int | None = None, max_unacked: int = 1000,
+                  trim_min_age_ms: int = 10 * 60 * 1000) -> SubscriptionConsumer:
+        """A consumer of the named subscription on one topic partition (created unless ``create=False``),
+        shared with every other consumer of it; acknowledgements may be transactional. See
+        :class:`txn_core.subscriptions.SubscriptionConsumer`."""
+        from txn_core.subscriptions import SubscriptionConsumer
+
+        return SubscriptionConsumer(self, topic, partition, subscription, consumer_name=consumer_name,
+                                    ack_timeout_ms=ack_timeout_ms, nack_delay_ms=nack_delay_ms, create=create,
+                                    initial_position=initial_position, range_size=range_size,
+                                    max_unacked=max_unacked, trim_min_age_ms=trim_min_age_ms)
+
+    def subscription(self, topic: str, partition: int, subscription: str) -> Subscription:
+        """An existing subscription, for its state, description and trimming."""
+        from txn_core.subscriptions import Subscription
+
+        return Subscription(self, topic, partition, subscription)
 
     # --- transactions admin ---------------------------------------------------------------------
 

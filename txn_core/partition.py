@@ -122,11 +122,15 @@ class PartitionLog:
         Re-reads the log start at most every ``max_staleness_s`` seconds, so polling the tail stays at
         one request per poll.
         """
+        return slot < self.recent_log_start(max_staleness_s).slot
+
+    def recent_log_start(self, max_staleness_s: float = 5.0) -> LogStart:
+        """The log start, re-read (one LIST) when the cached value is older than ``max_staleness_s``."""
         now = time.monotonic()
         if self._start is None or now - self._start_checked >= max_staleness_s:
             self.log_start(refresh=True)
             self._start_checked = now
-        return slot < self.log_start().slot
+        return self.log_start()
 
     # --- tail -----------------------------------------------------------------------------------
 

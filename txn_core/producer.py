@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from txn_core.errors import (
     TxnLogError,
 )
 from txn_core.ids import TopicPartition, TxnId, validate_name
+from txn_core.partition import AppendResult
 from txn_core.routing import split_by_key
 from txn_core.schema import conform
 from txn_core.staging import StagedRef, reference_payload
@@ -180,6 +182,37 @@ class Producer:
             path = paths.group_log_path(group_id)
             self._ensure_registered([path])
             self._append_data(path, table, sequence=False)
+
+    def append_to_transaction(self, path: str, payload: bytes, *, record_count: int = 1,
+                              check: Callable[[TxnId | None, AppendResult], None] | None = None) -> AppendResult:
+        """Append one transactional DATA entry with an opaque ``payload`` to the internal log ``path``.
+
+        ``path`` is registered as a participant first (like AddPartitionsToTxn), so it gets this
+        transaction's COMMIT / ABORT marker in the two-phase end. Used by subscriptions for transactional
+        acknowledgements (``txn_core.subscriptions``; PROTOCOL.md "Subscriptions"). ``check`` runs under the
+        producer's lock once the entry is durable; if it (or the append) raises a :class:`TxnLogError`, the
+        transaction becomes abortable (``commit_transaction`` refuses; call ``abort_transaction``) and the
+        error is re-raised.
+        """
+        with self._lock:
+            self._require_transactional("append_to_transaction")
+            self._require_open()
+            if self._state != _S.IN_TRANSACTION:
+                raise InvalidTxnStateError(
+                    f"transactional id {self.transactional_id!r}: append_to_transaction needs an open "
+                    f"transaction (state {self._state.value}); call begin_transaction() first")
+            self._ensure_registered([path])
+            try:
+                result = self.log.partition_log(path).append(
+                    EntryKind.DATA, payload, len(payload), crc32(payload), record_count,
+                    producer_id=self.producer_id, producer_epoch=self.epoch, txn=self._txn)
+                if check is not None:
+                    check(self._txn, result)
+            except TxnLogError as exc:
+                self._state = _S.ABORTABLE_ERROR
+                self._error = exc
+                raise
+            return result
 
     def commit_transaction(self, metadata: dict[str, Any] | None = None) -> None:
         """Commit: flush, persist PrepareCommit (the commit point), write markers, persist CompleteCommit.

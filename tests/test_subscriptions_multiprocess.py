@@ -1,0 +1,138 @@
+"""Exactly-once consume-process-produce through a shared subscription, with workers hard-killed
+(SIGKILL) and restarted at random moments, and (chaos tier) frozen past their timeouts (SIGSTOP).
+
+Every committed input record must appear in the output exactly once: a record's output is committed only
+by the transaction whose acknowledgement of it won in the ack log, and that transaction committed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import subscription_workers
+
+import txn_core
+
+SCHEMA = pa.schema([("id", pa.int64())])
+OUT_SCHEMA = pa.schema([("id", pa.int64()), ("worker", pa.int64())])
+
+
+def _setup(url: str, n: int, rng: random.Random) -> tuple[list[int], int]:
+    """Input: plain entries of 1-7 records and transactions, some aborted. Returns (committed ids, end)."""
+    log = txn_core.open_log(url)
+    log.create_topic("in", 1, SCHEMA)
+    log.create_topic("out", 1, OUT_SCHEMA)
+    plain = log.producer()
+    tx = log.producer("input-writer", transaction_timeout_ms=60_000)
+    tx.init_transactions()
+    committed: list[int] = []
+    i = 0
+    while i < n:
+        ids = list(range(i, min(n, i + rng.randint(1, 7))))
+        i = ids[-1] + 1
+        if rng.random() < 0.3:
+            tx.begin_transaction()
+            tx.send("in", pa.table({"id": ids}), partition=0)
+            if rng.random() < 0.3:
+                tx.abort_transaction()
+                continue
+            tx.commit_transaction()
+        else:
+            plain.send("in", pa.table({"id": ids}), partition=0)
+            plain.flush()
+        committed += ids
+    tx.close()
+    plain.close()
+    log.subscribe("in", 0, "work", range_size=16).close()
+    return committed, log.partition_log("topics/in/00000").end_offset()
+
+
+def _run(tmp_path: Path, *, workers: int, records: int, kills: int, freezes: int, seed: int,
+         budget_s: float) -> dict[str, Any]:
+    rng = random.Random(seed)
+    url = f"file://{tmp_path}/log"
+    expected, end = _setup(url, records, rng)
+    stop = str(tmp_path / "stop")
+    ctx = mp.get_context("spawn")
+    ack_timeout_ms, txn_timeout_ms = 1_500, 3_000
+
+    def start(w: int) -> Any:
+        proc = ctx.Process(target=subscription_workers.exactly_once_worker,
+                           args=(url, None, w, stop, ack_timeout_ms, txn_timeout_ms, 4, 0.03, rng.random()))
+        proc.start()
+        return proc
+
+    procs = {w: start(w) for w in range(workers)}
+    log = txn_core.open_log(url)
+    sub = log.subscription("in", 0, "work")
+    deadline = time.time() + budget_s
+    done_kills = done_freezes = 0
+    last_md = -1
+    try:
+        while time.time() < deadline:
+            time.sleep(rng.uniform(0.2, 0.6))
+            md = sub.state().mark_delete
+            if md >= end:
+                break
+            if md == last_md:
+                continue  # a fault only after progress since the last one: faults land mid-work
+            last_md = md
+            w = rng.randrange(workers)
+            if done_kills < kills:
+                os.kill(procs[w].pid, signal.SIGKILL)
+                procs[w].join()
+                procs[w] = start(w)
+                done_kills += 1
+            elif done_freezes < freezes:
+                os.kill(procs[w].pid, signal.SIGSTOP)   # a zombie: its leases and transaction time out
+                time.sleep(txn_timeout_ms / 1000 + 1.0)
+                os.kill(procs[w].pid, signal.SIGCONT)
+                done_freezes += 1
+    finally:
+        Path(stop).touch()
+        for proc in procs.values():
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    c = log.consumer()
+    c.assign([("out", 0)])
+    out: list[int] = []
+    while (t := c.poll()).num_rows:
+        out += t.column("id").to_pylist()
+    state = sub.state()
+    return {"expected": expected, "out": out, "end": end, "mark_delete": state.mark_delete,
+            "kills": done_kills, "freezes": done_freezes, "void": state.void_count,
+            "aborted_outputs": log.describe_topic("out").partitions[0].aborted_transactions,
+            "aborted_acks": sum(1 for committed in state.ended.values() if not committed)}
+
+
+def _check(result: dict[str, Any]) -> None:
+    out, expected = result["out"], result["expected"]
+    dupes = sorted({i for i in out if out.count(i) > 1})
+    assert not dupes, f"records processed twice: {dupes[:20]}"
+    assert sorted(out) == sorted(expected), (
+        f"missing {sorted(set(expected) - set(out))[:20]}, unexpected {sorted(set(out) - set(expected))[:20]}")
+    assert result["mark_delete"] == result["end"]
+
+
+def test_consume_process_produce_is_exactly_once_across_hard_killed_workers(tmp_path: Path) -> None:
+    result = _run(tmp_path, workers=2, records=400, kills=3, freezes=0, seed=7, budget_s=90)
+    _check(result)
+    assert result["kills"] == 3, "the work finished before every kill landed"
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("seed", [1, 2])
+def test_many_workers_killed_and_frozen_stay_exactly_once(tmp_path: Path, seed: int) -> None:
+    result = _run(tmp_path, workers=4, records=3000, kills=12, freezes=2, seed=seed, budget_s=400)
+    _check(result)
+    assert result["kills"] == 12 and result["freezes"] == 2
