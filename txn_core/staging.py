@@ -6,7 +6,7 @@ appends a small ``DATA_REF`` entry per staged object to the target partition ins
 rows become visible when that transaction commits, exactly like inline data. The committer never reads
 or re-sends the rows, and a staged object that no committed reference names (a failed or duplicate task
 attempt, a zombie task of a crashed run) is never visible: it is garbage, removed by
-:func:`delete_unreferenced` after the batch and by :func:`sweep` by age.
+:func:`delete_unreferenced` after the batch and by :func:`txn_core.maintenance.sweep_staging` by age.
 
 Crash windows: a worker dying mid-write leaves at most a temp file (local) or nothing (object stores);
 a committer dying before PrepareCommit leaves references in an ongoing transaction, which is aborted

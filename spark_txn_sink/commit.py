@@ -1,0 +1,257 @@
+"""The commit side, run by Spark on the driver: one txnlog transaction per micro-batch (PROTOCOL.md here).
+
+``commit_batch`` for batch ``N`` of query ``Q`` with transactional id ``T`` (all steps idempotent or
+guarded, every crash window listed in PROTOCOL.md "Crash windows"):
+
+1. With ``consumerGroup``: read ``<checkpoint>/offsets/N`` and compute the group offsets (fails, with
+   nothing written, if they cannot be paired: :mod:`spark_txn_sink.pairing`).
+2. ``init_transactions(T)``: fences every older instance (a zombie driver of an earlier run, an earlier
+   commit attempt) and finishes what it left: a prepared transaction is rolled forward, an ongoing one
+   aborted. From here on no other process can commit for ``T`` without fencing this one first.
+3. Read ``T``'s progress, stored with its last committed transaction (``transaction_metadata``). If it
+   says ``Q`` committed batch ``N`` or later, this is a replay: commit nothing, delete only this run's
+   staged objects (and finish an interrupted cleanup from the batch's manifest), return.
+4. Write the batch's manifest (the keys about to be committed) under the batch's staging prefix.
+5. ``begin``; ``send_staged(refs)`` (one small reference entry per staged object); with a group,
+   ``send_offsets_to_transaction``; ``commit_transaction(metadata=progress)``: PrepareCommit carries the
+   progress ``{query_id: Q, batch_id: N, manifest: ...}``, so output, offsets and progress are one
+   atomic decision; then wait until every participant has its marker (``wait_for_completion``).
+6. Delete the batch's other staged objects (failed and duplicate attempts, earlier crashed runs), then
+   the manifest. Failures here are only logged: the batch is committed.
+
+``abort_batch``: ``init_transactions`` (which settles any transaction the failed commit left), then, only
+if the batch is not committed, delete this run's staged objects. A committed batch is left alone: its
+objects are data.
+
+Batch writes (``df.write``) use the same steps with a unique write id in place of ``(Q, N)`` and no
+manifest (a batch write is never replayed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from spark_txn_sink.faults import CountingStorage, Faults
+from spark_txn_sink.options import SinkOptions
+from txn_core import ObjectNotFoundError, StorageError, TopicPartition, open_log
+from txn_core.log import Log
+from txn_core.staging import StagedRef, delete_keys, delete_unreferenced, staging_prefix
+from txn_core.storage import open_storage
+from txn_core.storage.base import Storage, create_resolving
+
+logger = logging.getLogger(__name__)
+
+SINK_MARK = "txnlog-spark-sink"
+PROGRESS_VERSION = 1
+MANIFEST_PREFIX = "_manifest-"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchIdentity:
+    """Who commits what: a transactional id and either a streaming (query id, batch id) or a write id."""
+
+    transactional_id: str
+    query_id: str | None = None
+    batch_id: int | None = None
+    write_id: str | None = None
+
+    @property
+    def staging_batch(self) -> str:
+        """The staging batch name: unique per (query, batch) or per batch write."""
+        if self.write_id is not None:
+            return self.write_id
+        return f"{self.query_id}.{self.batch_id}"
+
+    @property
+    def prefix(self) -> str:
+        return staging_prefix(self.transactional_id, self.staging_batch)
+
+    def committed_by(self, progress: dict[str, Any] | None) -> bool:
+        """Whether ``progress`` (``T``'s last committed metadata) shows this batch committed."""
+        if not progress or progress.get("sink") != SINK_MARK:
+            return False
+        if self.write_id is not None:
+            return progress.get("write_id") == self.write_id
+        if progress.get("query_id") != self.query_id:
+            return False  # another query used this transactional id last: its batch ids are not ours
+        return int(progress.get("batch_id", -1)) >= int(self.batch_id or 0)
+
+    def progress(self, topic: str, refs: list[StagedRef], manifest: str | None) -> dict[str, Any]:
+        value: dict[str, Any] = {"sink": SINK_MARK, "version": PROGRESS_VERSION, "topic": topic,
+                                 "rows": sum(r.rows for r in refs), "objects": len(refs)}
+        if self.write_id is not None:
+            value["write_id"] = self.write_id
+        else:
+            value.update(query_id=self.query_id, batch_id=self.batch_id, manifest=manifest)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """What a commit did: ``committed`` (a new transaction) or ``replayed`` (already committed: no-op)."""
+
+    outcome: str
+    rows: int
+    objects: int
+    deleted: int
+
+
+def _open(opts: SinkOptions) -> tuple[Log, Storage, CountingStorage | None]:
+    """The log, the storage every step uses (counting requests with ``testing.stats``), the counter."""
+    storage: Storage = open_storage(opts.url, opts.storage_options)
+    counting = CountingStorage(storage) if opts.stats_dir else None
+    if counting is not None:
+        storage = counting
+    return Log(storage), storage, counting
+
+
+def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
+                 group_offsets: Callable[[str], dict[tuple[str, int], int]] | None = None) -> CommitResult:
+    """Commit one batch exactly once (module doc, steps 1-6). ``group_offsets(log_url)`` gives step 1."""
+    faults = Faults(opts.fault, ident.batch_id)
+    started = time.perf_counter()
+    log, storage, counting = _open(opts)
+    try:
+        offsets = group_offsets(log.url) if group_offsets is not None and opts.consumer_group else None
+        faults.hit("before_init")
+        producer = log.producer(ident.transactional_id, transaction_timeout_ms=opts.transaction_timeout_ms)
+        try:
+            producer.init_transactions()
+            previous = log.transaction_metadata(ident.transactional_id)
+            if ident.committed_by(previous):
+                deleted = _cleanup_replay(storage, ident, previous, refs)
+                result = CommitResult("replayed", 0, 0, deleted)
+            else:
+                manifest = _write_manifest(storage, ident, refs) if ident.write_id is None else None
+                producer.begin_transaction()
+                producer.send_staged(refs)
+                if offsets is not None and opts.consumer_group is not None:
+                    producer.send_offsets_to_transaction(_as_offsets(offsets), opts.consumer_group)
+                faults.hit("before_commit")
+                producer.commit_transaction(metadata=ident.progress(opts.topic, refs, manifest))
+                faults.hit("after_prepare")
+                producer.wait_for_completion()  # markers + Complete: readers need not wait out a grace period
+                faults.hit("after_commit")
+                deleted = _cleanup_committed(storage, ident, refs, manifest)
+                result = CommitResult("committed", sum(r.rows for r in refs), len(refs), deleted)
+        finally:
+            producer.close()
+        if counting is not None and opts.stats_dir:
+            counting.write_stats(opts.stats_dir, ident.staging_batch,
+                                 {"outcome": result.outcome, "objects": result.objects, "rows": result.rows,
+                                  "seconds": round(time.perf_counter() - started, 4)})
+        return result
+    finally:
+        log.close()
+
+
+def _as_offsets(offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int] | TopicPartition, int]:
+    out: dict[tuple[str, int] | TopicPartition, int] = {}
+    for tp, offset in offsets.items():
+        out[tp] = offset
+    return out
+
+
+def abort_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef]) -> int:
+    """Spark aborted the batch: settle the transaction state, then delete this run's staged objects unless
+    the batch turned out committed (a commit that raised after its commit point). Returns objects deleted."""
+    Faults(opts.fault, ident.batch_id).hit("abort")
+    log, storage, _ = _open(opts)
+    try:
+        producer = log.producer(ident.transactional_id, transaction_timeout_ms=opts.transaction_timeout_ms)
+        try:
+            producer.init_transactions()
+            if ident.committed_by(log.transaction_metadata(ident.transactional_id)):
+                return 0
+        finally:
+            producer.close()
+        return _quiet_delete(storage, [r.key for r in refs] + _manifests(storage, ident))
+    finally:
+        log.close()
+
+
+# --- staged object cleanup ---------------------------------------------------------------------
+
+
+def _write_manifest(storage: Storage, ident: BatchIdentity, refs: list[StagedRef]) -> str:
+    """Record the keys this batch is about to commit, so that a replay can finish an interrupted cleanup.
+
+    Written before the commit point; its key is part of the committed progress, so a manifest named by
+    committed progress lists exactly the committed keys of that batch.
+    """
+    key = f"{ident.prefix}{MANIFEST_PREFIX}{uuid.uuid4().hex}.json"
+    body = json.dumps({"transactional_id": ident.transactional_id, "query_id": ident.query_id,
+                       "batch_id": ident.batch_id, "keys": [r.key for r in refs]}).encode()
+    create_resolving(storage, key, [body], body)
+    return key
+
+
+def _manifests(storage: Storage, ident: BatchIdentity) -> list[str]:
+    """Manifests under the batch's prefix. Called only once the batch is known uncommitted (after fencing):
+    such a manifest names nothing committed; deleting one at worst leaves garbage for a later cleanup."""
+    try:
+        return [ident.prefix + n for n in storage.list(ident.prefix) if n.startswith(MANIFEST_PREFIX)]
+    except StorageError:
+        return []
+
+
+def _read_manifest(storage: Storage, key: str) -> list[str] | None:
+    try:
+        value = json.loads(storage.read(key))
+    except ObjectNotFoundError:
+        return None
+    return [str(k) for k in value["keys"]]
+
+
+def _cleanup_committed(storage: Storage, ident: BatchIdentity, refs: list[StagedRef],
+                       manifest: str | None) -> int:
+    """After this process's commit of the batch: delete every unreferenced object of its prefix."""
+    keep = {r.key for r in refs}
+    if manifest is not None:
+        keep.add(manifest)
+    try:
+        n = delete_unreferenced(storage, ident.prefix, keep)
+        if manifest is not None:
+            storage.delete(manifest)
+        return n
+    except StorageError as exc:  # the batch is committed; leftovers are garbage a replay or sweep removes
+        logger.warning("txnlog sink: cleanup of %s failed after commit: %s", ident.prefix, exc)
+        return 0
+
+
+def _cleanup_replay(storage: Storage, ident: BatchIdentity, progress: dict[str, Any] | None,
+                    refs: list[StagedRef]) -> int:
+    """A replayed batch that is already committed: delete this run's objects (never committed); if the
+    committed run's cleanup was interrupted (its manifest still exists), finish it from the manifest."""
+    own = [r.key for r in refs]
+    manifest = progress.get("manifest") if progress and progress.get("batch_id") == ident.batch_id else None
+    if isinstance(manifest, str) and manifest.startswith(ident.prefix):
+        try:
+            committed = _read_manifest(storage, manifest)
+            if committed is not None:
+                n = delete_unreferenced(storage, ident.prefix, {*committed, manifest})
+                storage.delete(manifest)
+                return n
+        except StorageError as exc:
+            logger.warning("txnlog sink: cleanup of replayed batch %s failed: %s", ident.prefix, exc)
+            return 0
+    return _quiet_delete(storage, own)
+
+
+def _quiet_delete(storage: Storage, keys: list[str]) -> int:
+    try:
+        return delete_keys(storage, keys)
+    except StorageError as exc:
+        logger.warning("txnlog sink: could not delete %d uncommitted staged objects: %s", len(keys), exc)
+        return 0
+
+
+def open_sink_log(opts: SinkOptions) -> Log:
+    """A :class:`Log` for the sink's URL (used on the driver for topic checks)."""
+    return open_log(opts.url, opts.storage_options)

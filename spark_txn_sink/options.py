@@ -1,0 +1,174 @@
+"""The sink's options, parsed once into a frozen, picklable :class:`SinkOptions` (see PROTOCOL.md here).
+
+Spark hands a data source its options as a case-insensitive dict with lower-cased keys, all values
+strings. Every option is checked here, before anything is written; an unknown or bad option raises
+:class:`txn_core.ConfigurationError` naming the option, the accepted values and the fix.
+
+``storage.<key>`` options become fsspec ``storage_options``: ``storage.key=...`` -> ``{"key": ...}``;
+a dotted key nests (``storage.client_kwargs.endpoint_url=...`` -> ``{"client_kwargs": {"endpoint_url":
+...}}``); a value that is a JSON object or list, or ``true``/``false``, is decoded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from txn_core import ConfigurationError
+from txn_core.ids import validate_name
+from txn_core.topics import MAX_PARTITIONS
+
+#: Columns a txnlog source adds; the sink drops them so that a copy pipeline works as written.
+SOURCE_METADATA_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp")
+#: Upper bound of ``transactionTimeoutMs`` (the core's limit: 15 minutes).
+MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
+
+_KNOWN = {
+    "path": "the log URL (or pass it to save(path) / start(path))",
+    "topic": "the target topic",
+    "partitions": "partition count for a topic the sink creates",
+    "keycolumn": "route rows by a stable hash of this column",
+    "transactionalid": "the transactional id (default: derived from the streaming query id)",
+    "consumergroup": "commit the consumed txnlog source offsets to this group in each batch's transaction",
+    "transactiontimeoutms": "timeout of the sink's transactions in ms (default 60000)",
+    "checkpointlocation": "set by Spark for streaming queries",
+    "queryname": "set by Spark for named streaming queries",
+    "testing.fault": "test-only fault injection (see spark_txn_sink.faults)",
+    "testing.stats": "test-only: a local directory for per-commit storage request counts",
+}
+_HIDDEN = ("checkpointlocation", "queryname", "testing.fault", "testing.stats")
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    """Every setting of one sink, validated. Picklable: it travels to Spark tasks and commit workers."""
+
+    url: str
+    storage_items: tuple[tuple[str, Any], ...]
+    topic: str
+    partitions: int | None
+    key_column: str | None
+    transactional_id: str | None
+    consumer_group: str | None
+    transaction_timeout_ms: int
+    checkpoint_location: str | None
+    query_name: str | None
+    fault: str | None
+    stats_dir: str | None
+
+    @property
+    def storage_options(self) -> dict[str, Any] | None:
+        """The fsspec storage options (a fresh dict), or None when none were given."""
+        return dict(self.storage_items) if self.storage_items else None
+
+
+def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
+    """Validate Spark's writer options (keys lower-cased by Spark) into :class:`SinkOptions`."""
+    opts = {str(k).lower(): v for k, v in options.items()}
+    unknown = sorted(k for k in opts if k not in _KNOWN and not k.startswith("storage."))
+    if unknown:
+        accepted = "; ".join(f"{k} ({v})" for k, v in _KNOWN.items() if k not in _HIDDEN)
+        raise ConfigurationError(
+            f"unknown txnlog sink option(s) {unknown}. Accepted: {accepted}; storage.<key> (fsspec storage "
+            "options). Option names are case-insensitive.")
+    url = _required(opts, "path", "the log URL: .option('path', URL) or .save(URL) / .start(URL)")
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "memory":
+        raise ConfigurationError(
+            f"path {url!r}: a memory:// log lives inside one process, but Spark writes from worker processes "
+            "and commits from another; use a local directory (file://...) or an object store (s3://...)")
+    topic = validate_name("topic", _required(opts, "topic", "the target topic"))
+    partitions = _int(opts, "partitions", 1, MAX_PARTITIONS)
+    key_column = opts.get("keycolumn") or None
+    tid = opts.get("transactionalid") or None
+    if tid is not None:
+        validate_name("transactional id", tid)
+    group = opts.get("consumergroup") or None
+    if group is not None:
+        validate_name("group", group)
+        if not streaming:
+            raise ConfigurationError(
+                "option consumerGroup applies to streaming writes (each micro-batch commits its source "
+                "offsets); a batch df.write has no source offsets. Remove the option.")
+    timeout = _int(opts, "transactiontimeoutms", 1, MAX_TRANSACTION_TIMEOUT_MS)
+    checkpoint = opts.get("checkpointlocation") or None
+    if streaming and checkpoint is None:
+        raise ConfigurationError(
+            "the txnlog sink needs a checkpoint: .option('checkpointLocation', DIR) (exactly-once resumes "
+            "from it)")
+    return SinkOptions(
+        url=url,
+        storage_items=tuple(sorted(_storage_options(opts).items())),
+        topic=topic,
+        partitions=partitions,
+        key_column=key_column,
+        transactional_id=tid,
+        consumer_group=group,
+        transaction_timeout_ms=timeout if timeout is not None else DEFAULT_TRANSACTION_TIMEOUT_MS,
+        checkpoint_location=checkpoint,
+        query_name=opts.get("queryname") or None,
+        fault=_fault(opts.get("testing.fault")),
+        stats_dir=opts.get("testing.stats") or None,
+    )
+
+
+def _fault(spec: str | None) -> str | None:
+    if not spec:
+        return None
+    from spark_txn_sink.faults import parse_faults
+
+    parse_faults(spec)  # validate now, before anything is written
+    return spec
+
+
+def _required(opts: dict[str, str], name: str, what: str) -> str:
+    value = opts.get(name)
+    if value is None or not str(value).strip():
+        raise ConfigurationError(f"txnlog sink option {name!r} is required: {what}")
+    return str(value).strip()
+
+
+def _int(opts: dict[str, str], name: str, low: int, high: int) -> int | None:
+    raw = opts.get(name)
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigurationError(f"txnlog sink option {name!r} must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ConfigurationError(f"txnlog sink option {name!r} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def _storage_options(opts: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in sorted(k for k in opts if k.startswith("storage.")):
+        path = key[len("storage."):].split(".")
+        if not all(path):
+            raise ConfigurationError(f"bad storage option name {key!r}: use storage.<name>[.<sub-name>]")
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigurationError(f"storage option {key!r} conflicts with storage.{part}")
+            node = child
+        node[path[-1]] = _decode(key, opts[key])
+    return out
+
+
+def _decode(key: str, value: str) -> Any:
+    text = str(value).strip()
+    if text in ("true", "false"):
+        return text == "true"
+    if text[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:  # the value may hold a secret: never echo it
+            raise ConfigurationError(f"storage option {key!r} starts like JSON but is not JSON: {exc.msg} at "
+                                     f"character {exc.pos}") from None
+    return value

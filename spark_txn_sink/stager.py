@@ -1,0 +1,191 @@
+"""The write side, run by every Spark task: Arrow batches in, staged objects out, references returned.
+
+A task conforms each incoming ``pyarrow.RecordBatch`` to the topic schema, routes its rows to partitions
+(by a stable hash of ``keyColumn``; without one, to a current partition, starting at the task's Spark
+partition and moving to the next one each time a staged object is written), and buffers them per
+partition. Without a key a task thus writes as few objects as its size allows, spread over partitions.
+A partition's buffer is written as one staged object (:func:`txn_core.staging.write_staged`) when it
+reaches ``object_bytes``; when all buffers together reach ``buffer_bytes`` the largest is written.
+Objects are written by one background thread while the task keeps reading its input, with at most one
+object in flight. Memory is therefore bounded by ``buffer_bytes``, plus the object being written, plus
+one routing group (``ROUTE_BYTES``, plus one incoming batch), whatever the partition size.
+
+Nothing a task writes is visible: staged objects become data only when the driver commits references
+to them. A failed or duplicate attempt leaves objects no commit names; they are garbage (see
+:mod:`spark_txn_sink.commit` for who deletes them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from spark_txn_sink.options import SOURCE_METADATA_COLUMNS
+from txn_core.routing import split_by_key
+from txn_core.schema import conform
+from txn_core.staging import StagedRef, write_staged
+from txn_core.storage.base import Storage
+
+DEFAULT_OBJECT_BYTES = 32 << 20
+DEFAULT_BUFFER_BYTES = 64 << 20
+#: With a key, rows are routed in groups of this many rows (or bytes), not per incoming batch.
+ROUTE_ROWS = 65_536
+ROUTE_BYTES = 8 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class TopicTarget:
+    """Where and how a task writes: everything a task needs, picklable."""
+
+    url: str
+    storage_items: tuple[tuple[str, Any], ...]
+    topic: str
+    schema: pa.Schema
+    partitions: int
+    key_column: str | None
+    object_bytes: int = DEFAULT_OBJECT_BYTES
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES
+
+    def open_storage(self) -> Storage:
+        from txn_core.storage import open_storage
+
+        return open_storage(self.url, dict(self.storage_items) if self.storage_items else None)
+
+
+def align_timestamps(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Relabel time-zone-aware timestamp columns with the topic's zone (``UTC`` for a naive topic column).
+
+    Spark labels instants with the session time zone (``Etc/UTC``, ``Europe/Paris``...); the values are
+    UTC instants either way, so this changes metadata only.
+    """
+    fixes = {}
+    for i, field in enumerate(batch.schema):
+        t = field.type
+        if not pa.types.is_timestamp(t) or t.tz is None or field.name not in schema.names:
+            continue
+        target = schema.field(field.name).type
+        if not pa.types.is_timestamp(target) or target.unit != t.unit:
+            continue
+        tz = target.tz or "UTC"
+        if tz != t.tz:
+            fixes[i] = pa.timestamp(t.unit, tz)
+    if not fixes:
+        return batch
+    arrays = [batch.column(i).cast(fixes[i]) if i in fixes else batch.column(i)
+              for i in range(batch.num_columns)]
+    fields = [pa.field(f.name, fixes[i], f.nullable) if i in fixes else f for i, f in enumerate(batch.schema)]
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+class PartitionStager:
+    """Buffers one task's rows per target partition and writes them as staged objects (module doc)."""
+
+    def __init__(self, target: TopicTarget, storage: Storage, prefix: str, tag: str, start: int) -> None:
+        self.target = target
+        self.storage = storage
+        self.prefix = prefix
+        self.tag = tag
+        self._next = start
+        self._buffers: dict[int, list[pa.RecordBatch]] = {}
+        self._sizes: dict[int, int] = {}
+        self._total = 0
+        self.refs: list[StagedRef] = []
+        self._pending: list[pa.Table] = []
+        self._writer: ThreadPoolExecutor | None = None
+        self._inflight: Future[StagedRef | None] | None = None
+        self._pending_rows = 0
+        self._pending_bytes = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Conform, route and buffer one batch (may write staged objects).
+
+        With a key, incoming batches are first gathered up to ``ROUTE_ROWS`` rows (or ``ROUTE_BYTES``) and
+        routed together: hashing and sorting cost per call, and Spark hands over batches of 10k rows.
+        """
+        t = self.target
+        drop = [c for c in SOURCE_METADATA_COLUMNS if c in batch.schema.names]
+        if drop:
+            batch = batch.drop_columns(drop)
+        if batch.num_rows == 0:
+            return
+        table = conform(align_timestamps(batch, t.schema), t.schema, topic=t.topic)
+        if t.key_column is None:
+            self._route({self._next % t.partitions: table})
+            return
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        self._pending_bytes += table.nbytes
+        if self._pending_rows >= ROUTE_ROWS or self._pending_bytes >= ROUTE_BYTES:
+            self._route_pending()
+
+    def _route_pending(self) -> None:
+        if not self._pending:
+            return
+        t = self.target
+        table = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
+        self._route(split_by_key(table, t.key_column or "", t.partitions))
+
+    def _route(self, routed: dict[int, pa.Table]) -> None:
+        for p, part in routed.items():
+            for b in part.to_batches():
+                if b.num_rows:
+                    self._buffer(p, b)
+
+    def _buffer(self, partition: int, batch: pa.RecordBatch) -> None:
+        self._buffers.setdefault(partition, []).append(batch)
+        size = batch.nbytes
+        self._sizes[partition] = self._sizes.get(partition, 0) + size
+        self._total += size
+        if self._sizes[partition] >= self.target.object_bytes:
+            self._write(partition)
+        while self._total >= self.target.buffer_bytes and self._sizes:
+            self._write(max(self._sizes, key=lambda p: self._sizes[p]))
+
+    def _write(self, partition: int) -> None:
+        """Hand one partition's buffer to the background writer (at most one object in flight)."""
+        batches = self._buffers.pop(partition)
+        self._total -= self._sizes.pop(partition)
+        self._collect()
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txnlog-stager")
+        t = self.target
+        self._inflight = self._writer.submit(write_staged, self.storage, self.prefix, t.topic, partition, batches,
+                                             t.schema, tag=self.tag)
+        if t.key_column is None and partition == self._next % t.partitions:
+            self._next += 1  # without a key, each staged object goes to the next partition
+
+    def _collect(self) -> None:
+        """Wait for the object in flight and record its reference (re-raises its error)."""
+        if self._inflight is not None:
+            future, self._inflight = self._inflight, None
+            ref = future.result()
+            if ref is not None:
+                self.refs.append(ref)
+
+    def finish(self) -> list[StagedRef]:
+        """Write every remaining buffer; the refs of everything this task staged, in write order."""
+        self._route_pending()
+        for p in sorted(self._buffers):
+            self._write(p)
+        self._collect()
+        self.close()
+        return self.refs
+
+    def close(self) -> None:
+        """Stop the background writer (waits for an object in flight)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+
+    def stage_all(self, batches: Iterable[pa.RecordBatch]) -> list[StagedRef]:
+        try:
+            for b in batches:
+                self.add(b)
+            return self.finish()
+        finally:
+            self.close()

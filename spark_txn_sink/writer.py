@@ -1,0 +1,172 @@
+"""Spark's writer classes for ``df.writeStream.format("txnlog")`` and ``df.write.format("txnlog")``.
+
+Thin by design: options are parsed once (:mod:`spark_txn_sink.options`), the topic and schema are
+checked while Spark plans the write (:mod:`spark_txn_sink.topic`), tasks stage data
+(:mod:`spark_txn_sink.stager`) and the driver commits references (:mod:`spark_txn_sink.commit`); all
+transactional logic is txn_core's. See PROTOCOL.md in this package for the protocol and its crash
+windows.
+
+Where things run (pyspark 4.x): ``make_stream_writer`` runs in a driver-side Python worker once per
+micro-batch to plan the write, and that instance is pickled to the tasks (``write``); ``commit`` and
+``abort`` run on a *fresh* instance built by another ``make_stream_writer`` call. Nothing is carried in
+memory between them: the batch identity is recomputed from the checkpoint and Spark's batch id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+
+from spark_txn_sink.checkpoint import read_batch_offsets, read_query_id
+from spark_txn_sink.commit import BatchIdentity, abort_batch, commit_batch
+from spark_txn_sink.faults import Faults
+from spark_txn_sink.messages import SinkCommitMessage, staged_refs
+from spark_txn_sink.options import SinkOptions, parse_sink_options
+from spark_txn_sink.pairing import group_offsets
+from spark_txn_sink.stager import PartitionStager, TopicTarget
+from spark_txn_sink.topic import ensure_topic, frame_arrow_schema
+from txn_core import ConfigurationError, open_log
+
+TRANSACTIONAL_ID_PREFIX = "spark-sink-"
+GROUP_TRANSACTIONAL_ID_PREFIX = "spark-sink-group-"
+
+
+def default_transactional_id(query_id: str, consumer_group: str | None = None) -> str:
+    """The transactional id of a streaming query that sets none; stable across restarts on one checkpoint.
+
+    Without ``consumerGroup``: derived from the query id. With it: derived from the group, so that a new
+    query started from the group's offsets (new checkpoint, new query id) fences the query that wrote the
+    group before and settles its open transaction at its first commit. Otherwise a transaction left
+    open by a crash would keep every later offset commit to the group unreadable until its timeout, and a
+    third query started from the group in that window would re-read output already written.
+    """
+    if consumer_group is None:
+        return f"{TRANSACTIONAL_ID_PREFIX}{query_id}"
+    tid = f"{GROUP_TRANSACTIONAL_ID_PREFIX}{consumer_group}"
+    if len(tid) > 200:
+        tid = f"{GROUP_TRANSACTIONAL_ID_PREFIX}{hashlib.sha256(consumer_group.encode()).hexdigest()[:40]}"
+    return tid
+
+
+def _plan(options: Mapping[str, str], schema: Any, *, streaming: bool) -> tuple[SinkOptions, TopicTarget]:
+    opts = parse_sink_options(options, streaming=streaming)
+    frame = frame_arrow_schema(schema)
+    log = open_log(opts.url, opts.storage_options)
+    try:
+        meta = ensure_topic(log, opts, frame)
+    finally:
+        log.close()
+    target = TopicTarget(opts.url, opts.storage_items, meta.name, meta.schema, meta.partitions,
+                         opts.key_column)
+    return opts, target
+
+
+def make_stream_writer(options: Mapping[str, str], schema: Any, overwrite: bool) -> TxnLogStreamWriter:
+    """``streamWriter``: validate everything, create the topic if asked, and fix the batch identity."""
+    if overwrite:
+        raise ConfigurationError(
+            "the txnlog sink supports outputMode('append') only: a topic is an append-only log, so "
+            "'complete' (rewrite the whole result every batch) cannot be honoured. Use outputMode('append').")
+    opts, target = _plan(options, schema, streaming=True)
+    location = opts.checkpoint_location or ""
+    query_id = read_query_id(location, opts.url, opts.storage_options)
+    tid = opts.transactional_id or default_transactional_id(query_id, opts.consumer_group)
+    return TxnLogStreamWriter(opts, target, tid, query_id)
+
+
+def make_batch_writer(options: Mapping[str, str], schema: Any, overwrite: bool) -> TxnLogBatchWriter:
+    """``writer``: a batch ``df.write.mode("append")``, committed as one transaction."""
+    if overwrite:
+        raise ConfigurationError(
+            "the txnlog sink supports mode('append') only: a topic is an append-only log and cannot be "
+            "overwritten. Use df.write.format('txnlog').mode('append').")
+    opts, target = _plan(options, schema, streaming=False)
+    write_id = uuid.uuid4().hex
+    tid = opts.transactional_id or f"spark-write-{write_id}"
+    return TxnLogBatchWriter(opts, target, BatchIdentity(tid, write_id=write_id))
+
+
+def _task_context() -> Any:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:  # pragma: no cover - Spark always runs write() in a task
+        raise RuntimeError("write() ran outside a Spark task")
+    return tc
+
+
+def _stage(opts: SinkOptions, target: TopicTarget, ident: BatchIdentity,
+           iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+    """Stage one task's rows; return the references (shared by stream and batch writers)."""
+    tc = _task_context()
+    partition_id, attempt = tc.partitionId(), tc.attemptNumber()
+    stager = PartitionStager(target, target.open_storage(), ident.prefix, f"t{partition_id}a{attempt}",
+                             start=partition_id)
+    refs = stager.stage_all(iterator)
+    if partition_id == 0 and attempt == 0:
+        Faults(opts.fault, ident.batch_id).hit("write")
+    return SinkCommitMessage(ident.staging_batch, partition_id, attempt, tc.taskAttemptId(), tuple(refs))
+
+
+class TxnLogStreamWriter(DataSourceStreamArrowWriter):
+    """One micro-batch epoch = one txnlog transaction, exactly once (see :mod:`spark_txn_sink.commit`)."""
+
+    def __init__(self, opts: SinkOptions, target: TopicTarget, transactional_id: str, query_id: str) -> None:
+        self.opts = opts
+        self.target = target
+        self.transactional_id = transactional_id
+        self.query_id = query_id
+
+    def _ident(self, batch_id: int) -> BatchIdentity:
+        return BatchIdentity(self.transactional_id, query_id=self.query_id, batch_id=int(batch_id))
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        tc = _task_context()
+        batch = tc.getLocalProperty("streaming.sql.batchId")
+        task_query = tc.getLocalProperty("sql.streaming.queryId")
+        if batch is None:  # pragma: no cover - always set by micro-batch execution
+            raise RuntimeError("streaming write task without a batch id (continuous mode is not supported)")
+        if task_query is not None and task_query != self.query_id:
+            raise RuntimeError(
+                f"task of query {task_query} planned for query {self.query_id}: the checkpoint changed")
+        return _stage(self.opts, self.target, self._ident(int(batch)), iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        ident = self._ident(batchId)
+        refs = staged_refs(messages, ident.staging_batch, strict=True)
+        opts = self.opts
+
+        def offsets(log_url: str) -> dict[tuple[str, int], int]:
+            batch = read_batch_offsets(opts.checkpoint_location or "", int(batchId), opts.url,
+                                       opts.storage_options)
+            return group_offsets(batch.sources, log_url, batch_id=int(batchId),
+                                 group=opts.consumer_group or "")
+
+        commit_batch(opts, ident, refs, offsets if opts.consumer_group else None)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        ident = self._ident(batchId)
+        abort_batch(self.opts, ident, staged_refs(messages, ident.staging_batch, strict=False))
+
+
+class TxnLogBatchWriter(DataSourceArrowWriter):
+    """A batch ``df.write``: every task stages, the driver commits everything as one transaction."""
+
+    def __init__(self, opts: SinkOptions, target: TopicTarget, ident: BatchIdentity) -> None:
+        self.opts = opts
+        self.target = target
+        self.ident = ident
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return _stage(self.opts, self.target, self.ident, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        commit_batch(self.opts, self.ident, staged_refs(messages, self.ident.staging_batch, strict=True))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        abort_batch(self.opts, self.ident, staged_refs(messages, self.ident.staging_batch, strict=False))

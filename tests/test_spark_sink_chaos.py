@@ -1,0 +1,175 @@
+"""Kafka's transactions_test, for the Spark sink: a copier hard-killed again and again, checked to the row.
+
+An input topic receives committed and aborted transactions (some before the copier starts, the rest while
+it runs). A streaming txnlog -> txnlog copy with ``consumerGroup`` runs as its own driver process and is
+SIGKILLed -- with its JVM and Python workers -- at random moments and at each step of the sink's commit
+protocol, then restarted on the same checkpoint. A read_committed reader polls the output all along.
+``TXNLOG_CHAOS_SEED`` picks the kill schedule.
+
+At the end: the output is exactly the committed input (no duplicate, no aborted row, nothing lost), in
+input order per key; the concurrent reader never saw an uncommitted or duplicated row; the group's
+offsets equal the input's end; no transaction is left open and no staged garbage is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from sink_driver import kill_driver, start_driver, wait_driver
+from sink_helpers import garbage, ids, open_transactions, read_topic
+
+import txn_core
+
+pytestmark = [pytest.mark.spark, pytest.mark.chaos]
+
+SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string()), ("payload", pa.string())])
+TXN_ROWS = 150
+
+
+class InputProducer:
+    """Transactions of ``TXN_ROWS`` rows keyed over 3 partitions; every fourth aborted."""
+
+    def __init__(self, log: txn_core.Log) -> None:
+        self.producer = log.producer("chaos-input", transaction_timeout_ms=30_000)
+        self.producer.init_transactions()
+        self.committed: list[int] = []
+        self.aborted: list[int] = []
+        self.txn = 0
+
+    def produce(self, txns: int, pause: float = 0.0, stop: threading.Event | None = None) -> None:
+        for _ in range(txns):
+            if stop is not None and stop.is_set():
+                return
+            t = self.txn
+            self.txn += 1
+            batch = list(range(t * TXN_ROWS, (t + 1) * TXN_ROWS))
+            self.producer.begin_transaction()
+            self.producer.send("in", pa.table({"id": batch, "key": [f"k{i % 17}" for i in batch],
+                                               "payload": [f"p{i:08d}" * 4 for i in batch]}, schema=SCHEMA),
+                               key_column="key")
+            self.producer.flush()  # the rows reach the log either way; an abort must hide them
+            if t % 4 == 3:
+                self.producer.abort_transaction()
+                self.aborted.extend(batch)
+            else:
+                self.producer.commit_transaction()
+                self.committed.extend(batch)
+            time.sleep(pause)
+
+
+class ConcurrentReader(threading.Thread):
+    """A read_committed consumer of the output, polling until stopped; records every violation."""
+
+    def __init__(self, log: txn_core.Log, forbidden: set[int]) -> None:
+        super().__init__(daemon=True)
+        self.log = log
+        self.forbidden = forbidden
+        self.seen: Counter[int] = Counter()
+        self.violations: list[str] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        consumer = None
+        while not self.stop_event.is_set() or consumer is not None:
+            try:
+                if consumer is None:
+                    if "out" not in self.log.list_topics():
+                        time.sleep(0.2)
+                        continue
+                    consumer = self.log.consumer(isolation_level="read_committed")
+                    consumer.assign([("out", p) for p in range(self.log.topics.get("out").partitions)])
+                table = consumer.poll()
+            except Exception as exc:  # a reader must never fail on the sink's output
+                self.violations.append(f"reader failed: {exc!r}")
+                return
+            for i in table.column("id").to_pylist() if table.num_rows else []:
+                self.seen[i] += 1
+                if i in self.forbidden:
+                    self.violations.append(f"read aborted row {i}")
+                if self.seen[i] == 2:
+                    self.violations.append(f"read row {i} twice")
+            if table.num_rows == 0:
+                if self.stop_event.is_set():
+                    return
+                time.sleep(0.2)
+
+
+def next_batch(checkpoint: Path) -> int:
+    """The batch id the next run will start with (a replay of an uncommitted planned batch counts)."""
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.exists() else []
+    return max(commits, default=-1) + 1
+
+
+def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_input_exactly_once(
+        log: txn_core.Log, tmp_path: Path) -> None:
+    seed = int(os.environ.get("TXNLOG_CHAOS_SEED", "20240611"))
+    rng = random.Random(seed)
+    log.create_topic("in", 3, SCHEMA)
+    producer = InputProducer(log)
+    producer.produce(40)
+    stop_input = threading.Event()
+    background = threading.Thread(target=producer.produce, args=(10_000, 0.25, stop_input), daemon=True)
+    background.start()
+    reader = ConcurrentReader(log, forbidden=set())
+    reader.start()
+    chk = tmp_path / "chk"
+    base = {"log": log.url, "checkpoint": str(chk), "source": "txnlog", "input": "in", "topic": "out",
+            "read": {"startingOffsets": "earliest", "maxOffsetsPerTrigger": 900},
+            "sink": {"partitions": 2, "keyColumn": "key", "consumerGroup": "copier"}}
+    # Until the final run, the copier runs continuously (a batch a second) while input keeps arriving.
+    rounds = ["random", "before_commit:kill", "random", "after_prepare:kill", "write:kill", "random",
+              "after_commit:kill", "before_init:kill", "random"]
+    outcomes = []
+    for i, mode in enumerate(rounds):
+        cfg = {**base, "trigger": 1}
+        if mode != "random":
+            cfg["sink"] = {**base["sink"], "testing.fault": f"{mode}@{next_batch(chk) + rng.randint(0, 1)}"}
+        proc = start_driver(cfg, tmp_path / f"driver-{i}.log")
+        if mode == "random":
+            deadline = time.time() + rng.uniform(8, 30)
+            while time.time() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+            kill_driver(proc)
+            code = proc.returncode
+        else:
+            code = wait_driver(proc, timeout=300)
+        outcomes.append((mode, code))
+        assert code == -9, f"round {i} ({mode}) was not killed: " + \
+            (tmp_path / f"driver-{i}.log").read_text()[-3000:]
+        # forbidden rows are known once produced; the reader checks them as it goes
+        reader.forbidden.update(producer.aborted)
+    stop_input.set()
+    background.join()
+    reader.forbidden.update(producer.aborted)
+    final = start_driver(base, tmp_path / "driver-final.log")
+    assert wait_driver(final, timeout=600) == 0, (tmp_path / "driver-final.log").read_text()[-3000:]
+    time.sleep(1)
+    reader.stop_event.set()
+    reader.join(timeout=120)
+
+    out = read_topic(log, "out")
+    got = ids(out)
+    assert len(got) == len(set(got)), "zero duplicates"
+    assert set(got) & set(producer.aborted) == set(), "zero aborted rows"
+    assert got == sorted(producer.committed), "the output is exactly the committed input"
+    by_key: dict[str, list[int]] = {}
+    for key, i in zip(out.column("key").to_pylist(), out.column("id").to_pylist(), strict=True):
+        by_key.setdefault(key, []).append(i)
+    assert all(v == sorted(v) for v in by_key.values()), "input order is kept per key"
+    assert reader.violations == []
+    assert sorted(reader.seen) == got and max(reader.seen.values()) == 1
+    ends = {p.partition: p.last_stable_offset for p in log.describe_topic("in").partitions}
+    group = {tp.partition: o.offset for tp, o in log.groups.committed("copier").items()}
+    assert group == ends, "the group's offsets are at the input's end"
+    assert open_transactions(log, "out") == []
+    assert garbage(log, "out") == [], "every staged object left is referenced by the output"
+    print(f"\nchaos seed {seed}: {len(outcomes)} kills ({', '.join(m for m, _ in outcomes)}), "
+          f"{len(producer.committed):,} committed and {len(producer.aborted):,} aborted input rows, "
+          f"{len(got):,} output rows, the reader saw {sum(reader.seen.values()):,}")
