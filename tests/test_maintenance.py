@@ -177,3 +177,31 @@ def test_a_fresh_process_sees_counts_and_sizes_after_retention() -> None:
     p2.flush()
     grown = txn_core.Log(log.storage, clock=clock).describe_topic("t").partitions[0]
     assert 0 < grown.size_bytes < before.size_bytes
+
+
+def test_read_uncommitted_skips_aborted_staged_data_that_cleanup_removed() -> None:
+    from txn_core.ranges import plan_range, read_range
+
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex))
+    log.create_topic("t", 1, SCHEMA)
+    prefix = staging.staging_prefix("o", 1)
+    ref = staging.write_staged(log.storage, prefix, "t", 0, [pa.record_batch({"id": [1, 2]})], SCHEMA)
+    assert ref is not None
+    p = log.producer("s")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send_staged([ref])
+    p.abort_transaction()
+    p.close()
+    staging.delete_keys(log.storage, [ref.key])  # what the sink's abort does
+    plain = log.producer()
+    plain.send("t", pa.table({"id": [3]}), partition=0)
+    plain.flush()
+    c = log.consumer(isolation_level="read_uncommitted")
+    c.assign([("t", 0)])
+    assert c.poll().column("id").to_pylist() == [3]
+    state = log.partition_state(paths.partition_log_path("t", 0), shared=False)
+    state.scan_to_end()
+    rng = plan_range(state, "t", 0, 0, state.buffer.position, "read_uncommitted")
+    got = [i for b in read_range(log.partition_log(rng.path), rng) for i in b.column("id").to_pylist()]
+    assert got == [3]

@@ -44,7 +44,7 @@ from txn_core.errors import (
 )
 from txn_core.partition import Entry, PartitionLog
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED, PartitionState
-from txn_core.records import MetadataColumns, entry_table
+from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,8 @@ def plan_range(state: PartitionState, topic: str, partition: int, start: int, en
                 f"{plog.path}: range [{start}, {end}) extends past the last stable offset {bound}; reading "
                 "it would expose an open transaction")
         keys, skips = state.filters(start, end)
-    else:
-        keys, skips = [], state.buffer.skips.overlapping(start, end)
+    else:  # aborted keys are not filters here; they excuse aborted staged data already cleaned up
+        keys, skips = state.buffer.aborted.overlapping(start, end), state.buffer.skips.overlapping(start, end)
     slot = plog.slot_for_offset(start)
     return OffsetRange(plog.path, topic, partition, start, end, slot, isolation,
                        tuple(sorted(set(keys))), tuple((int(a), int(b)) for a, b in skips),
@@ -173,7 +173,12 @@ def read_range(plog: PartitionLog, rng: OffsetRange, *, metadata: bool = True, f
             lo_ts is not None and header.timestamp_ms < lo_ts) and not (
             hi_ts is not None and header.timestamp_ms > hi_ts)
         if deliver:
-            yield from _slices(plog, entry, (pos, take_end), meta, max_batch_rows)
+            try:
+                yield from _slices(plog, entry, (pos, take_end), meta, max_batch_rows)
+            except StagedDataMissingError:
+                # read_uncommitted: an aborted transaction's staged rows may have been cleaned up
+                if header.txn is None or txn_key(header.txn) not in aborted:
+                    raise
         pos = take_end
 
 

@@ -29,7 +29,7 @@ from txn_core.errors import CorruptDataError, DataLossError, ObjectNotFoundError
 from txn_core.ids import TxnId
 from txn_core.partition import Entry, PartitionLog
 from txn_core.producer_state import gap_error
-from txn_core.records import MetadataColumns, entry_table
+from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
 from txn_core.snapshots import SnapshotStore
 
 READ_COMMITTED = "read_committed"
@@ -345,7 +345,17 @@ class PartitionReader:
             gap = self.state.buffer.gaps.get(header.base_offset)
             if gap is not None:
                 raise gap_error(self.log.path, header.base_offset, *gap)
-            table = entry_table(self.log.storage, item.entry)
+            try:
+                table = entry_table(self.log.storage, item.entry)
+            except StagedDataMissingError:
+                aborted = d is Disposition.ABORTED or (
+                    header.txn is not None and self.state.visible(header.txn) is False)
+                if not aborted:
+                    raise
+                # read_uncommitted: an aborted transaction's staged rows were cleaned up; nothing to show
+                self.position = header.next_offset
+                self._pop()
+                continue
             skip = self.position - header.base_offset
             take = min(table.num_rows - skip, budget)
             part = table.slice(skip, take)

@@ -94,12 +94,17 @@ def entry_table(storage: Storage, entry: Entry) -> pa.Table:
     return table
 
 
+class StagedDataMissingError(CorruptDataError):
+    """A DATA_REF entry's staged object does not exist. Expected only for aborted transactions, whose
+    staged objects cleanup may delete (read_uncommitted readers then skip them); otherwise corruption."""
+
+
 def _resolve_ref(storage: Storage, ref: dict[str, Any], key: str) -> pa.Table:
     target = str(ref["key"])
     try:
         data = storage.read(target)
     except ObjectNotFoundError as exc:
-        raise CorruptDataError(
+        raise StagedDataMissingError(
             f"{key} references {target}, which does not exist (deleted by hand or by a faulty cleanup)",
             target) from exc
     header = decode_header(data, target)
