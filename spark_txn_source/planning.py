@@ -112,7 +112,8 @@ class LogView:
         if opts.starting == LATEST:
             return {tp: self.available_end(tp) for tp in tps}
         if opts.starting == GROUP:
-            committed = self.log.groups.committed(opts.consumer_group or "")
+            # Stable offsets only: an open transaction of the group's sink may be about to commit more.
+            committed = self.log.groups.committed(opts.consumer_group or "", require_stable=True)
             return {tp: committed[tp].offset if tp in committed else self.log_start(tp) for tp in tps}
         if opts.starting == "timestamp":
             ts = opts.starting_timestamp or 0

@@ -418,3 +418,20 @@ def test_an_operator_can_abort_a_hanging_transaction_in_one_partition(log: txn_c
     assert ids(log) == [1]
     with pytest.raises(txn_core.ConfigurationError, match="holds no data without a marker"):
         log.abort_hanging_transaction("t", 1, txn)
+
+
+def test_resuming_from_a_group_waits_for_its_open_offset_transaction(log: txn_core.Log, clock: FakeClock) -> None:
+    """Kafka's require_stable: offsets pending in an open transaction are neither returned nor skipped."""
+    first = tx(log, "copier")
+    first.begin_transaction()
+    first.send_offsets_to_transaction({("in", 0): 10}, "g")
+    first.commit_transaction()
+    first.begin_transaction()
+    first.send_offsets_to_transaction({("in", 0): 20}, "g")
+    first.flush()
+    tp = txn_core.TopicPartition("in", 0)
+    assert log.groups.committed("g")[tp].offset == 10  # read_committed view: the open one is invisible
+    with pytest.raises(txn_core.UnstableOffsetsError, match=r"pending in open transaction .* .copier."):
+        log.groups.committed("g", require_stable=True, timeout_s=0.2)
+    first.commit_transaction()
+    assert log.groups.committed("g", require_stable=True, timeout_s=5)[tp].offset == 20

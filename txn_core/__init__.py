@@ -36,6 +36,7 @@ from txn_core.errors import (
     TransactionTimedOutError,
     TxnLogError,
     UnknownOutcomeError,
+    UnstableOffsetsError,
 )
 from txn_core.ids import TopicPartition, TxnId
 from txn_core.log import Log, OngoingTransaction, PartitionDescription, TopicDescription, open_log
@@ -99,5 +100,6 @@ __all__ = [
     "TxnId",
     "TxnLogError",
     "UnknownOutcomeError",
+    "UnstableOffsetsError",
     "open_log",
 ]

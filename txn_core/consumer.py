@@ -88,7 +88,7 @@ class Consumer:
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
                 raise ConfigurationError(
                     f"the assigned topics have incompatible schemas ({exc}); use one consumer per schema") from exc
-            committed = self.log.groups.committed(self.group_id) if self.group_id else {}
+            committed = self.log.groups.committed(self.group_id, require_stable=True) if self.group_id else {}
             readers = {}
             for tp in tps:
                 state = self.log.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)

@@ -108,6 +108,10 @@ class OutOfOrderSequenceError(TxnLogError):
     """A gap in a producer's per-partition sequence numbers: a batch is missing."""
 
 
+class UnstableOffsetsError(RetryableStorageError):
+    """A consumer group's offsets are pending in an open transaction (Kafka's UNSTABLE_OFFSET_COMMIT)."""
+
+
 class TransactionConflictError(TxnLogError):
     """Another open transaction holds a conflicting pending acknowledgement."""
 

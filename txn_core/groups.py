@@ -32,8 +32,9 @@ from txn_core.errors import (
     InvalidOffsetError,
     ObjectNotFoundError,
     TxnLogError,
+    UnstableOffsetsError,
 )
-from txn_core.ids import TopicPartition, validate_name
+from txn_core.ids import TopicPartition, TxnId, validate_name
 from txn_core.reader import READ_COMMITTED, PartitionReader
 
 if TYPE_CHECKING:
@@ -113,6 +114,22 @@ class GroupView:
                 self._write_snapshot(self._reader.position)
             return dict(self.offsets)
 
+    def pending(self) -> tuple[TxnId, str | None] | None:
+        """The open transaction holding back this group's later offset commits, if any (call after
+        :meth:`refresh`): its id and transactional id."""
+        with self._lock:
+            if self._reader is None:
+                return None
+            state = self._reader.state
+            bound = state.read_bound()
+            if bound >= state.log.end_offset():
+                return None
+            for first, ongoing in state.buffer.ongoing.items():
+                if first == bound:
+                    status = self.log.coordinator.views.get(ongoing.txn.coordinator).status(ongoing.txn)
+                    return ongoing.txn, status.tid if status else None
+            return None
+
     def _write_snapshot(self, position: int) -> None:
         prefix = group_snapshots(self.group)
         value = {"group": self.group, "position": position,
@@ -174,8 +191,32 @@ class GroupStore:
         self.log.partition_log(paths.group_log_path(group)).append(
             EntryKind.DATA, [view], len(view), crc32(view), table.num_rows)
 
-    def committed(self, group: str) -> dict[TopicPartition, GroupOffset]:
-        return self.view(group).refresh()
+    def committed(self, group: str, *, require_stable: bool = False,
+                  timeout_s: float = 60.0) -> dict[TopicPartition, GroupOffset]:
+        """The group's committed offsets as read_committed readers see them.
+
+        With ``require_stable`` (Kafka's ``require_stable``), waits while a transaction that wrote offsets
+        to this group is still open -- its offsets, and any committed after it, are not visible yet --
+        and raises :class:`UnstableOffsetsError` naming it after ``timeout_s``. A consumer resuming from
+        the group must use it, or it could re-read what that transaction is about to commit.
+        """
+        view = self.view(group)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            offsets = view.refresh()
+            if not require_stable:
+                return offsets
+            pending = view.pending()
+            if pending is None:
+                return offsets
+            if time.monotonic() >= deadline:
+                txn, tid = pending
+                raise UnstableOffsetsError(
+                    f"group {group!r} has offsets pending in open transaction {txn}"
+                    + (f" of transactional id {tid!r}" if tid else "")
+                    + f" after waiting {timeout_s:.0f} s; wait for it to commit or time out, or abort it "
+                    f"(txnlog transactions abort URL {tid or '...'}), then retry")
+            time.sleep(0.1)
 
     def list(self) -> list[str]:
         return [n.rstrip("/") for n in self.log.storage.list(paths.GROUPS) if n.endswith("/")]
