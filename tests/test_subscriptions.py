@@ -439,9 +439,10 @@ def test_a_crash_after_prepare_commit_rolls_the_acks_forward(env: Any, monkeypat
     p = _txn(log, "half")
     c.acknowledge(c.receive(10), transaction=p)
 
-    def die(_state: Any) -> Any:
+    def die(*_args: Any, **_kwargs: Any) -> Any:
         raise RuntimeError("process died before writing markers")
 
+    monkeypatch.setattr(log.coordinator, "write_markers", die)
     monkeypatch.setattr(log.coordinator, "complete", die)
     p.commit_transaction()  # PrepareCommit is durable: the commit point
     sub = _log(name, clock).subscription("in", 0, "s")

@@ -67,6 +67,22 @@ class _Pending:
     inflight: tuple[bytes, pa.Buffer, int, int] | None = None  # writer id, payload, rows, sequence
 
 
+#: How long a decided transaction waits for the next one to carry its Complete record.
+COMPLETE_LINGER_S = 0.2
+
+
+@dataclass
+class _PendingCompletion:
+    """The second phase of a decided transaction, run by the producer's background thread."""
+
+    prepared: TidState
+    future: Future[None] | None = None
+    claimed: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    completed: TidState | None = None
+    folded: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class RecordMetadata:
     """Where an entry landed."""
@@ -101,8 +117,7 @@ class Producer:
         self._rr = itertools.count()
         self._pool: ThreadPoolExecutor | None = None
         self._completer: ThreadPoolExecutor | None = None
-        self._completion: Future[TidState] | None = None
-        self._completing: TidState | None = None
+        self._pending_completion: _PendingCompletion | None = None
         self._results: list[RecordMetadata] = []
         self.producer_id = -1
         self.epoch = 0
@@ -266,33 +281,63 @@ class Producer:
             self._transition(_S.READY)
 
     def _after_decision(self, state: TidState) -> None:
-        """The decision is durable: finish the second phase in the background (markers, Complete*).
+        """The decision is durable: write the markers in the background (second phase).
 
-        The next call that needs the coordinator waits for it (:meth:`_await_completion`), so at most one
-        transaction of this producer is completing while the application prepares the next one.
+        The Complete* record is deferred: the next transaction's ``begin`` carries it (one record for
+        both, :meth:`TransactionCoordinator.complete_and_begin`), or, if no transaction begins within
+        :data:`COMPLETE_LINGER_S`, the background thread writes it alone. ``close()`` and
+        ``wait_for_completion()`` finish it at once.
         """
         if state.state.is_prepared:
             if self._completer is None:
                 self._completer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txnlog-completer")
-            self._completing = state
-            self._completion = self._completer.submit(self.log.coordinator.complete, state)
+            pending = _PendingCompletion(state)
+            pending.future = self._completer.submit(self._second_phase, pending)
+            self._pending_completion = pending
             self._txn = None
             self._participants = set()
         else:
             self._after_end(state)
 
+    def _second_phase(self, pending: _PendingCompletion) -> None:
+        self.log.coordinator.write_markers(pending.prepared)
+        if pending.claimed.wait(COMPLETE_LINGER_S):
+            return  # the next begin (or close) completes it
+        with pending.lock:
+            if pending.completed is None and not pending.folded:
+                pending.completed = self.log.coordinator.complete(pending.prepared, markers_written=True)
+
+    def _take_completion(self, begin_participants: list[str] | None = None) -> TidState | None:
+        """Finish the previous transaction's second phase; with ``begin_participants``, begin the next
+        transaction in the same record. Returns the begun state (or None)."""
+        pending = self._pending_completion
+        if pending is None:
+            return None
+        pending.claimed.set()
+        try:
+            if pending.future is not None:
+                pending.future.result()  # the markers are written (or this raises)
+            with pending.lock:
+                if pending.completed is None and begin_participants is not None:
+                    pending.folded = True
+                    begun = self.log.coordinator.complete_and_begin(pending.prepared, self.transaction_timeout_ms,
+                                                                     begin_participants)
+                    self._pending_completion = None
+                    self._sequences.clear()
+                    self.epoch = begun.epoch
+                    return begun
+                if pending.completed is None:
+                    pending.completed = self.log.coordinator.complete(pending.prepared, markers_written=True)
+                done = pending.completed
+        except TxnLogError:
+            done = self.log.coordinator.complete(pending.prepared)  # retry the whole second phase once
+        self._pending_completion = None
+        self._after_end(done)
+        return None
+
     def _await_completion(self) -> None:
         """Wait for the previous transaction's markers and Complete record; adopt the bumped epoch."""
-        future, prepared = self._completion, self._completing
-        if future is None or prepared is None:
-            return
-        try:
-            state = future.result()
-        except TxnLogError:
-            state = self.log.coordinator.complete(prepared)  # retry once here; raises if storage is down
-        self._completion = None
-        self._completing = None
-        self._after_end(state)
+        self._take_completion()
 
     def wait_for_completion(self) -> None:
         """Block until every decided transaction of this producer has all its markers written."""
@@ -314,9 +359,10 @@ class Producer:
                 f"{what}() needs a transactional producer: Log.producer(transactional_id='...')")
 
     def _begin_remote(self, participants: list[str]) -> None:
-        self._await_completion()
-        state = self.log.coordinator.begin(self.transactional_id or "", self.producer_id, self.epoch,
-                                           self.transaction_timeout_ms, participants)
+        state = self._take_completion(begin_participants=participants)
+        if state is None:
+            state = self.log.coordinator.begin(self.transactional_id or "", self.producer_id, self.epoch,
+                                               self.transaction_timeout_ms, participants)
         self._txn = state.txn
         self._participants.update(participants)
 

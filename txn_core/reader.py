@@ -37,6 +37,8 @@ READ_UNCOMMITTED = "read_uncommitted"
 ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
 Resolver = Callable[[TxnId], TxnStatus]
+#: Entry headers a reader reads ahead for a transaction's marker before asking the transaction log.
+MARKER_LOOKAHEAD = 2
 
 
 class PartitionState:
@@ -110,6 +112,10 @@ class PartitionState:
         known = self.decisions.get(txn)
         if known is not None:
             return known
+        # Usually the marker is right behind the data: a few header reads beat a transaction-log lookup.
+        self._scan_for_marker(txn, max_entries=MARKER_LOOKAHEAD)
+        if txn not in self.buffer.by_txn:
+            return self.buffer.outcome(txn) is not False
         status = self.resolver(txn)
         if status.state is None or status.state == CoordinatorState.COMPLETE_COMMIT:
             # Finished: every participant has its marker, so this partition's marker lies ahead of the
@@ -144,9 +150,11 @@ class PartitionState:
                 entries.append((header.base_offset, header.last_offset))
         buffer.drop_incarnation(txn, entries)
 
-    def _scan_for_marker(self, txn: TxnId) -> None:
+    def _scan_for_marker(self, txn: TxnId, max_entries: int | None = None) -> None:
         buffer = self.buffer
-        while txn in buffer.by_txn:
+        n = 0
+        while txn in buffer.by_txn and (max_entries is None or n < max_entries):
+            n += 1
             try:
                 header = self.log.read_header(buffer.slot)
             except ObjectNotFoundError:
