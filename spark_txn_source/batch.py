@@ -10,6 +10,7 @@ offset ranges (:meth:`~spark_txn_source.planning.LogView.plan`).
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -28,17 +29,17 @@ log = logging.getLogger(__name__)
 
 
 class TxnLogBatchReader(DataSourceReader):
-    """The batch reader (see module doc). Picklable: options, schema and pushed filters only."""
+    """The batch reader (see module doc). Picklable: options, schema and pushed filters only.
+
+    It does not define ``pushFilters``: PySpark refuses a reader that does when
+    ``spark.sql.python.filterPushdown.enabled`` is false (the default). :class:`TxnLogFilteringBatchReader`
+    adds it, and :func:`make` picks that one when Spark is running its pushdown step.
+    """
 
     def __init__(self, opts: SourceOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
         self.pushed = Pushed()
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark API
-        for f in filters:
-            if not (self.opts.include_metadata and self.pushed.accept(f)):
-                yield f
 
     def partitions(self) -> list[InputPartition]:
         view = LogView(self.opts)
@@ -87,3 +88,32 @@ class TxnLogBatchReader(DataSourceReader):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+class TxnLogFilteringBatchReader(TxnLogBatchReader):
+    """The batch reader with filter pushdown on ``_partition``, ``_offset``, ``_timestamp`` and ``_topic``."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark API
+        for f in filters:
+            if not (self.opts.include_metadata and self.pushed.accept(f)):
+                yield f
+
+
+#: The PySpark worker module that plans a read with filter pushdown (it calls ``reader.pushFilters``).
+_PUSHDOWN_WORKER = "data_source_pushdown_filters.py"
+
+
+def pushdown_requested() -> bool:
+    """Whether Spark is planning this read with filter pushdown enabled: it creates the reader from its
+    pushdown worker module then, and from ``plan_data_source_read`` otherwise."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_PUSHDOWN_WORKER):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def make(opts: SourceOptions, schema: StructType) -> TxnLogBatchReader:
+    cls = TxnLogFilteringBatchReader if pushdown_requested() else TxnLogBatchReader
+    return cls(opts, schema)

@@ -61,9 +61,9 @@ def _checked(options: dict[str, str], schema: StructType, streaming: bool) -> So
 
 
 def make_batch_reader(options: dict[str, str], schema: StructType) -> TxnLogBatchReader:
-    from spark_txn_source.batch import TxnLogBatchReader
+    from spark_txn_source import batch
 
-    return TxnLogBatchReader(_checked(options, schema, streaming=False), schema)
+    return batch.make(_checked(options, schema, streaming=False), schema)
 
 
 def make_stream_reader(options: dict[str, str], schema: StructType) -> TxnLogStreamReader:

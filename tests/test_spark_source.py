@@ -446,3 +446,19 @@ def test_stopping_and_restarting_mid_stream_many_times_loses_and_duplicates_noth
     assert len(ids) == len(set(ids)), "a row was delivered twice"
     assert set(ids) == committed
     assert not set(ids) & aborted
+
+
+@pytest.mark.spark
+def test_batch_reads_work_with_spark_default_settings(spark: Any, tmp_path: Path) -> None:
+    """spark.sql.python.filterPushdown.enabled is false by default: reads must not require it."""
+    url, log = new_log(tmp_path)
+    p = transactional(log, "w")
+    p.begin_transaction()
+    send(p, [1, 2, 3], "a", partition=0)
+    p.commit_transaction()
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+    try:
+        df = spark.read.format("txnlog").option("topic", "t").load(url)
+        assert sorted(r.id for r in df.where("_offset >= 1").collect()) == [2, 3]
+    finally:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")

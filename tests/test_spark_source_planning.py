@@ -15,7 +15,7 @@ from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In,
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
 import txn_core
-from spark_txn_source.batch import TxnLogBatchReader
+from spark_txn_source.batch import TxnLogBatchReader, TxnLogFilteringBatchReader
 from spark_txn_source.planning import SourceDataLossError, fair_split
 from spark_txn_source.reader import make_batch_reader, make_stream_reader, source_schema
 from spark_txn_source.schema import arrow_target
@@ -218,7 +218,9 @@ def test_starting_timestamp_starts_at_the_first_entry_stamped_at_or_after_it(url
 def batch(url: str, filters: tuple[Any, ...] = (), **options: str) -> tuple[TxnLogBatchReader, list[Any]]:
     """A batch reader after Spark's filter pushdown, and the filters it left to Spark."""
     opts = {"path": url, "topic": "t", **options}
-    reader = make_batch_reader(opts, source_schema(opts))
+    plain = make_batch_reader(opts, source_schema(opts))
+    assert type(plain) is TxnLogBatchReader  # outside Spark's pushdown step: no pushFilters
+    reader = TxnLogFilteringBatchReader(plain.opts, plain.schema)
     return reader, list(reader.pushFilters(list(filters)))
 
 
