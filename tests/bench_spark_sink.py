@@ -88,8 +88,9 @@ def timed(query: Any) -> tuple[float, int, int]:
 
 
 def txnlog_copy(spark: Any, log: txn_core.Log, root: Path, name: str, offsets_per_trigger: int,
-                stats: Path) -> Any:
+                stats: Path, metadata: bool = True) -> Any:
     df = (spark.readStream.format("txnlog").option("topic", "in").option("startingOffsets", "earliest")
+          .option("includeMetadata", str(metadata).lower())
           .option("maxOffsetsPerTrigger", str(offsets_per_trigger)).load(log.url))
     return (df.writeStream.format("txnlog").option("checkpointLocation", str(root / f"chk-{name}"))
             .option("topic", name).option("partitions", str(PARTITIONS)).option("consumerGroup", name)
@@ -178,6 +179,7 @@ def commit_requests(stats: Path) -> dict[str, float]:
 COPIES = {
     "parquet": "parquet -> parquet (Spark built-in)",
     "txnlog": "txnlog -> txnlog, exactly-once",
+    "txnlog_nometa": "txnlog -> txnlog, exactly-once, includeMetadata=false",
     "bare": "txnlog -> bare Arrow IPC files (no transactions)",
     "sink": "parquet -> txnlog, exactly-once",
 }
@@ -206,15 +208,16 @@ def test_bench_exactly_once_txnlog_copy_vs_parquet_copy(spark: Any, tmp_path: Pa
             name = f"{kind}{r}"
             if kind == "parquet":
                 q = parquet_copy(spark, parquet_dir, tmp_path, name, files_per_trigger)
-            elif kind == "txnlog":
-                q = txnlog_copy(spark, log, tmp_path, name, offsets_per_trigger, tmp_path / f"stats-{name}")
+            elif kind in ("txnlog", "txnlog_nometa"):
+                q = txnlog_copy(spark, log, tmp_path, name, offsets_per_trigger, tmp_path / f"stats-{name}",
+                                metadata=kind == "txnlog")
             elif kind == "bare":
                 q = bare_copy(spark, log, tmp_path, name, offsets_per_trigger)
             else:
                 q = sink_only_copy(spark, log, parquet_dir, tmp_path, name, files_per_trigger)
             elapsed, rows, n = timed(q)
             assert rows == ROWS, (name, rows)
-            if kind == "txnlog":
+            if kind in ("txnlog", "txnlog_nometa"):
                 requests = commit_requests(tmp_path / f"stats-{name}")
                 assert requests["rows"] == ROWS, "every row committed exactly once"
                 group = log.groups.committed(name)
