@@ -38,7 +38,7 @@ def execute(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     return "".join(texts), kinds
 
 
-@pytest.mark.parametrize("name", ["01_transactions.ipynb", "03_operations.ipynb"])
+@pytest.mark.parametrize("name", ["01_transactions.ipynb", "02_spark_exactly_once.ipynb", "03_operations.ipynb"])
 def test_notebooks_are_committed_without_outputs(name: str) -> None:
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nbformat.validate(nb)
@@ -63,6 +63,32 @@ def test_01_transactions(tmp_path: Path) -> None:
     # the scripted sequence and its chart
     assert re.search(r"4\s+A commits\s+8\s+5\s+3\s+1\n", printed)  # A's commit: the LSO stops at B's first record
     assert "the LSO never passes the log end" in printed
+    assert "image/png" in kinds
+
+
+@pytest.mark.spark
+def test_02_spark_exactly_once(tmp_path: Path) -> None:
+    printed, kinds = execute("02_spark_exactly_once.ipynb", tmp_path)
+    assert "orders: 2,250 committed rows, 750 aborted rows" in printed
+    # run 1: the driver process is SIGKILLed in batch 2's commit, before the commit point
+    assert "run 1: the driver was killed by SIGKILL" in printed
+    assert "batches planned [0, 1, 2], done [0, 1]" in printed
+    assert "spark-sink-group-enricher: Ongoing; its last committed transaction was batch 1" in printed
+    assert re.search(r"0:\d+\s+open\s+2\s+\d+\n", printed)  # the dead driver's transaction holds batch 2
+    # run 2: the restart aborts it and redoes batch 2; batch 4's commit fails after its commit point
+    assert "run 2: the query failed: injected fault 'after_prepare' in batch 4" in printed
+    assert "run 2 completed batches [2, 3]; Spark's checkpoint: planned [0, 1, 2, 3, 4], done [0, 1, 2, 3]" in printed
+    assert "the sink's last committed transaction: batch 4" in printed
+    # run 3: Spark replays batch 4, the sink commits nothing
+    assert "planned [0, 1, 2, 3, 4, 5, 6], done [0, 1, 2, 3, 4, 5, 6]" in printed
+    # the proof
+    assert "committed input rows: 2,250; output rows: 2,250" in printed
+    assert "duplicates: 0\n" in printed
+    assert "aborted input rows in the output: 0\n" in printed
+    assert "committed input rows missing from the output: 0\n" in printed
+    assert re.search(r"0:\d+\s+ABORT\s+<NA>\s+0\n", printed)
+    assert "every micro-batch committed once, with exactly its committed input rows" in printed
+    assert "Spark batch read: 2,250 rows, 2,250 distinct orders" in printed
     assert "image/png" in kinds
 
 
