@@ -22,6 +22,9 @@ from servers import MotoS3, SeaweedS3
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+# Spark binds its driver, block managers and (local-cluster) master, worker and executors to this address;
+# unset, it picks the machine's network interface and some sockets listen on every interface.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 BACKENDS = ["local", "memory", "moto", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)]
 FILE_BACKENDS = ["local", "moto", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)]

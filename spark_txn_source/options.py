@@ -16,7 +16,8 @@
 ``includeMetadata``        ``true`` (default): add ``_topic``, ``_partition``, ``_offset``, ``_timestamp``
 ``failOnDataLoss``         ``true`` (default): offsets removed by retention fail the query; ``false``: skip
 ``minPartitions``          at least this many Spark tasks per batch (ranges are split by offsets)
-``storage.<key>``          passed to fsspec as ``storage_options`` (JSON values decoded)
+``storage.<key>``          passed to fsspec as ``storage_options`` (JSON values decoded; a dotted key nests:
+                           ``storage.client_kwargs.endpoint_url`` -> ``{"client_kwargs": {"endpoint_url": ..}}``)
 =========================  ===================================================================================
 
 Spark hands options over as a case-insensitive map with lower-cased keys; every error names the option the
@@ -85,15 +86,16 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     ``streaming=None`` checks only what both kinds share (``DataSource.schema()`` cannot tell them apart).
     """
     opts: dict[str, str] = {}
-    storage: dict[str, Any] = {}
+    storage_items: dict[str, str] = {}
     for key, value in options.items():
         low = key.lower()
         if low.startswith(STORAGE_PREFIX) and len(low) > len(STORAGE_PREFIX):
-            storage[key[len(STORAGE_PREFIX):]] = _storage_value(value)
+            storage_items[key[len(STORAGE_PREFIX):]] = value
         elif low in OPTIONS:
             opts[low] = value
         else:
             raise SourceOptionError(_unknown(key))
+    storage = _storage_options(storage_items)
     path = opts.get("path", "").strip()
     if not path:
         raise SourceOptionError(
@@ -135,6 +137,24 @@ def _unknown(key: str) -> str:
     hint = f" Did you mean '{OPTIONS[close[0]]}'?" if close else ""
     return (f"unknown option '{key}' for format txnlog.{hint} Accepted options (case-insensitive): "
             f"{', '.join(accepted)}, and 'storage.<key>' for fsspec storage options.")
+
+
+def _storage_options(items: dict[str, str]) -> dict[str, Any]:
+    """``storage.<key>`` options as fsspec ``storage_options``; a dotted key nests, as in the sink:
+    ``storage.client_kwargs.endpoint_url=URL`` -> ``{"client_kwargs": {"endpoint_url": URL}}``."""
+    out: dict[str, Any] = {}
+    for name in sorted(items):
+        path = name.split(".")
+        if not all(path):
+            raise SourceOptionError(f"bad storage option name 'storage.{name}': use storage.<name>[.<sub-name>]")
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise SourceOptionError(f"storage option 'storage.{name}' conflicts with 'storage.{part}'")
+            node = child
+        node[path[-1]] = _storage_value(items[name])
+    return out
 
 
 def _storage_value(value: str) -> Any:

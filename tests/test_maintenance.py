@@ -1,19 +1,34 @@
-"""Retention, snapshots on demand, transaction-log compaction and staged-data cleanup."""
+"""Retention, snapshots on demand, transaction-log compaction and staged-data cleanup.
+
+Each test runs on the in-memory store and, in the ``seaweedfs`` tier, on a real S3 server: maintenance lists
+and deletes objects, and judges staged objects' age by the store's own modification times.
+"""
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from fakeclock import FakeClock
 
 import txn_core
+from conftest import make_location
 from txn_core import maintenance, paths, staging
 from txn_core.errors import ConfigurationError, DataLossError
-from txn_core.storage import MemoryStorage
+from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
+
+
+@pytest.fixture(params=["memory", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    """A fresh, empty store: in memory, or a new prefix on SeaweedFS."""
+    if request.param == "memory":
+        return MemoryStorage(uuid.uuid4().hex)
+    location = make_location("seaweedfs", request, tmp_path)
+    return open_storage(location.url, location.storage_options)
 
 
 
@@ -34,9 +49,9 @@ def _read(log: txn_core.Log) -> list[int]:
     return out
 
 
-def test_retention_by_age_moves_the_log_start_and_deletes_entries() -> None:
+def test_retention_by_age_moves_the_log_start_and_deletes_entries(storage: Storage) -> None:
     clock = FakeClock(2_000_000_000_000)
-    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log = txn_core.Log(storage, clock=clock)
     log.create_topic("t", 1, SCHEMA, retention_ms=60_000)
     _entries(log, clock, 10)
     clock.now = 10**15  # far later than every entry's timestamp
@@ -52,9 +67,9 @@ def test_retention_by_age_moves_the_log_start_and_deletes_entries() -> None:
     assert len(log.storage.list(paths.entries(paths.partition_log_path("t", 0)))) == 1
 
 
-def test_retention_by_size_keeps_the_newest_bytes() -> None:
+def test_retention_by_size_keeps_the_newest_bytes(storage: Storage) -> None:
     clock = FakeClock(2_000_000_000_000)
-    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log = txn_core.Log(storage, clock=clock)
     log.create_topic("t", 1, SCHEMA)
     _entries(log, clock, 10)
     size = log.describe_topic("t").partitions[0].size_bytes
@@ -63,9 +78,9 @@ def test_retention_by_size_keeps_the_newest_bytes() -> None:
     assert kept == list(range(10 - len(kept), 10)) and 4 <= len(kept) <= 6
 
 
-def test_retention_never_deletes_an_open_transaction_or_young_entries() -> None:
+def test_retention_never_deletes_an_open_transaction_or_young_entries(storage: Storage) -> None:
     clock = FakeClock(2_000_000_000_000)
-    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log = txn_core.Log(storage, clock=clock)
     log.create_topic("t", 1, SCHEMA, retention_ms=1)
     _entries(log, clock, 3)
     p = log.producer("open", transaction_timeout_ms=900_000)
@@ -82,9 +97,9 @@ def test_retention_never_deletes_an_open_transaction_or_young_entries() -> None:
     assert sorted(_read(txn_core.Log(log.storage, clock=clock))) == [3, 4, 5, 100]
 
 
-def test_a_reader_behind_retention_gets_data_loss_not_silence() -> None:
+def test_a_reader_behind_retention_gets_data_loss_not_silence(storage: Storage) -> None:
     clock = FakeClock(2_000_000_000_000)
-    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log = txn_core.Log(storage, clock=clock)
     log.create_topic("t", 1, SCHEMA, retention_ms=1)
     _entries(log, clock, 6)
     reader = txn_core.Log(log.storage, clock=clock)
@@ -105,16 +120,16 @@ def test_a_reader_behind_retention_gets_data_loss_not_silence() -> None:
     assert c.poll().column("id").to_pylist() + c.poll().column("id").to_pylist() == [6, 7]
 
 
-def test_retention_needs_a_setting() -> None:
-    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex))
+def test_retention_needs_a_setting(storage: Storage) -> None:
+    log = txn_core.Log(storage)
     log.create_topic("t", 1, SCHEMA)
     with pytest.raises(ConfigurationError, match="keeps everything"):
         maintenance.apply_retention(log, "t")
 
 
-def test_transaction_log_compaction_keeps_state() -> None:
+def test_transaction_log_compaction_keeps_state(storage: Storage) -> None:
     clock = FakeClock(2_000_000_000_000)
-    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log = txn_core.Log(storage, clock=clock)
     log.create_topic("t", 1, SCHEMA)
     p = log.producer("c1")
     p.init_transactions()
@@ -133,9 +148,9 @@ def test_transaction_log_compaction_keeps_state() -> None:
     assert _read(fresh) == [0, 1, 2, 3, 4]
 
 
-def test_staged_objects_nobody_references_are_swept() -> None:
+def test_staged_objects_nobody_references_are_swept(storage: Storage) -> None:
     clock = FakeClock(2_000_000_000_000)
-    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log = txn_core.Log(storage, clock=clock)
     log.create_topic("t", 1, SCHEMA)
     prefix = staging.staging_prefix("owner", 1)
     batch = pa.record_batch({"id": [1, 2]})
@@ -153,9 +168,9 @@ def test_staged_objects_nobody_references_are_swept() -> None:
     assert _read(log) == [1, 2]
 
 
-def test_a_fresh_process_sees_counts_and_sizes_after_retention() -> None:
+def test_a_fresh_process_sees_counts_and_sizes_after_retention(storage: Storage) -> None:
     clock = FakeClock(2_000_000_000_000)
-    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log = txn_core.Log(storage, clock=clock)
     log.create_topic("t", 1, SCHEMA)
     p = log.producer("r")
     p.init_transactions()
@@ -179,10 +194,10 @@ def test_a_fresh_process_sees_counts_and_sizes_after_retention() -> None:
     assert 0 < grown.size_bytes < before.size_bytes
 
 
-def test_read_uncommitted_skips_aborted_staged_data_that_cleanup_removed() -> None:
+def test_read_uncommitted_skips_aborted_staged_data_that_cleanup_removed(storage: Storage) -> None:
     from txn_core.ranges import plan_range, read_range
 
-    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex))
+    log = txn_core.Log(storage)
     log.create_topic("t", 1, SCHEMA)
     prefix = staging.staging_prefix("o", 1)
     ref = staging.write_staged(log.storage, prefix, "t", 0, [pa.record_batch({"id": [1, 2]})], SCHEMA)

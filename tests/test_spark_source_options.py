@@ -127,3 +127,19 @@ def test_option_names_are_case_insensitive_and_values_parsed() -> None:
 def test_schema_time_parsing_accepts_both_kinds_of_read() -> None:
     # DataSource.schema() cannot tell a batch from a streaming read: it checks only what both share.
     assert parse_options({**BASE, "endingOffsets": "latest", "maxOffsetsPerTrigger": "5"}, streaming=None)
+
+
+def test_dotted_storage_options_nest_like_the_sinks() -> None:
+    # One set of storage.* options must work for a source and a sink: a dotted key was passed to fsspec
+    # verbatim ("client_kwargs.endpoint_url"), which s3fs silently ignores (it then talks to AWS).
+    opts = parse_options({**BASE, "storage.key": "k", "storage.client_kwargs.endpoint_url": "http://h:1",
+                          "storage.client_kwargs.region_name": "us-east-1",
+                          "storage.config_kwargs": '{"retries": {"max_attempts": 3}}',
+                          "storage.config_kwargs.connect_timeout": "5"}, streaming=True)
+    assert opts.storage_options == {"key": "k",
+                                    "client_kwargs": {"endpoint_url": "http://h:1", "region_name": "us-east-1"},
+                                    "config_kwargs": {"retries": {"max_attempts": 3}, "connect_timeout": "5"}}
+    with pytest.raises(SourceOptionError, match=r"storage\.key\.x"):
+        parse_options({**BASE, "storage.key": "k", "storage.key.x": "1"}, streaming=True)
+    with pytest.raises(SourceOptionError, match="bad storage option name"):
+        parse_options({**BASE, "storage.a..b": "1"}, streaming=True)
