@@ -95,7 +95,7 @@ class LogView:
         return self.state(tp).log
 
     def log_start(self, tp: TopicPartition) -> int:
-        return self.plog(tp).log_start(refresh=True).offset
+        return self.plog(tp).recent_log_start().offset
 
     def available_end(self, tp: TopicPartition) -> int:
         """The last stable offset (read_committed) or the log end (read_uncommitted) of ``tp`` now."""
@@ -149,6 +149,8 @@ class LogView:
         first = self.log_start(tp)
         if start is None:
             return first
+        if start < first:
+            first = self.plog(tp).log_start(refresh=True).offset  # confirm before declaring data lost
         if start < first:
             message = (f"{tp}: offsets [{start}, {first}) were removed by retention before the query read "
                        f"them; the partition now starts at offset {first}")

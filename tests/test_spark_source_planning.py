@@ -21,6 +21,7 @@ from spark_txn_source.reader import make_batch_reader, make_stream_reader, sourc
 from spark_txn_source.schema import arrow_target
 from spark_txn_source.stream import TxnLogStreamReader
 from txn_core import envelope, paths
+from txn_core import partition as partition_module
 from txn_core.entry import EntryKind, crc32, encode_arrow
 from txn_core.ids import TopicPartition
 
@@ -164,12 +165,20 @@ def retain_from(url: str, partition: int, slot: int, offset: int) -> None:
         log.storage.delete(log.partition_log(path).entries.key(s))
 
 
-def test_offsets_removed_by_retention_fail_the_query_unless_accepted(url: str) -> None:
+def test_offsets_removed_by_retention_fail_the_query_unless_accepted(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for i in range(3):
         write(url, 0, [i * 2, i * 2 + 1])
+    monkeypatch.setattr(partition_module, "LOG_START_RECHECK_S", 3600.0)
     reader = stream(url)
     start = reader.initialOffset()
     retain_from(url, 0, 2, 4)
+    # Within LOG_START_RECHECK_S of its last look the driver may not know yet: it sees no new data (never
+    # a lost or wrong row). Past that window the planning fails the query.
+    early = reader.latestOffset(start, ReadAllAvailable())
+    assert positions(early)["t-0"] == 0
+    monkeypatch.setattr(partition_module, "LOG_START_RECHECK_S", 0.0)
     with pytest.raises(
         SourceDataLossError, match=r"t-0: offsets \[0, 4\) were removed.*failOnDataLoss=false"
     ):

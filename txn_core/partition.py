@@ -40,6 +40,10 @@ def _wall_clock_ms() -> int:
 
 #: A cached tail older than this is re-checked before appending (see PROTOCOL.md "Retention").
 TAIL_RECHECK_S = 60.0
+#: A cached log start is re-read (one LIST) when older than this. Until then a slot deleted by retention
+#: that this process never saw exist reads as the log end: planning and polling see no new data for up to
+#: this long after retention removed unread entries; they never see a wrong offset or lost row.
+LOG_START_RECHECK_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,16 +120,27 @@ class PartitionLog:
             self._start = start
         return self._start
 
-    def deleted(self, slot: int, *, max_staleness_s: float = 5.0) -> bool:
+    def deleted(self, slot: int, *, max_staleness_s: float | None = None) -> bool:
         """Whether a missing ``slot`` was removed by retention (it lies below the published log start).
 
-        Re-reads the log start at most every ``max_staleness_s`` seconds, so polling the tail stays at
+        Re-reads the log start at most every ``max_staleness_s`` seconds (default
+        :data:`LOG_START_RECHECK_S`), so polling the tail stays at
         one request per poll.
         """
-        return slot < self.recent_log_start(max_staleness_s).slot
+        if slot < self.recent_log_start(max_staleness_s).slot:
+            return True
+        tail = self._tail
+        if tail is not None and slot < tail[0]:
+            # A slot below one already seen to exist cannot be the log end: it was deleted, whatever
+            # the cached log start says. Re-read the start to confirm.
+            return slot < self.log_start(refresh=True).slot
+        return False
 
-    def recent_log_start(self, max_staleness_s: float = 5.0) -> LogStart:
-        """The log start, re-read (one LIST) when the cached value is older than ``max_staleness_s``."""
+    def recent_log_start(self, max_staleness_s: float | None = None) -> LogStart:
+        """The log start, re-read (one LIST) when the cached value is older than ``max_staleness_s``
+        (default :data:`LOG_START_RECHECK_S`)."""
+        if max_staleness_s is None:
+            max_staleness_s = LOG_START_RECHECK_S
         now = time.monotonic()
         if self._start is None or now - self._start_checked >= max_staleness_s:
             self.log_start(refresh=True)
@@ -245,6 +260,11 @@ class PartitionLog:
 
     def _remember(self, slot: int, header: EntryHeader) -> None:
         self._index[header.base_offset] = (slot, header.record_count)
+        tail = self._tail
+        if tail is not None and slot >= tail[0]:
+            # A reader saw entries past the cached tail: follow them (a stale cache would only cost a
+            # lost create race or extra reads, never a wrong offset).
+            self._tail = (slot + 1, header.next_offset)
 
     def slot_for_offset(self, offset: int) -> int:
         """The slot of the entry containing ``offset`` (or the tail slot when ``offset`` is the end).

@@ -42,7 +42,7 @@ from txn_core.errors import (
     OffsetOutOfRangeError,
     TxnLogError,
 )
-from txn_core.partition import Entry, PartitionLog
+from txn_core.partition import Entry, LogStart, PartitionLog
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED, PartitionState
 from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
 
@@ -101,13 +101,11 @@ def plan_range(state: PartitionState, topic: str, partition: int, start: int, en
     if not 0 <= start <= end:
         raise OffsetOutOfRangeError(f"{state.log.path}: invalid offset range [{start}, {end})")
     plog = state.log
-    first = plog.log_start(refresh=True)
-    if start < first.offset:
-        raise DataLossError(
-            f"{plog.path}: offsets [{start}, {first.offset}) were removed by retention; the log now starts "
-            f"at offset {first.offset}")
+    _check_not_removed(plog, start, plog.recent_log_start())
     if state.buffer.position < end:
         state.scan_to_end()
+    # The scan may have found entries deleted that the cached log start did not know about.
+    _check_not_removed(plog, start, plog.log_start())
     if state.buffer.position < end:
         raise OffsetOutOfRangeError(
             f"{plog.path}: offset {end} is beyond the log end {state.buffer.position}; the offsets do not "
@@ -125,6 +123,16 @@ def plan_range(state: PartitionState, topic: str, partition: int, start: int, en
     return OffsetRange(plog.path, topic, partition, start, end, slot, isolation,
                        tuple(sorted(set(keys))), tuple((int(a), int(b)) for a, b in skips),
                        min_timestamp_ms, max_timestamp_ms)
+
+
+def _check_not_removed(plog: PartitionLog, start: int, first: LogStart) -> None:
+    """Raise :class:`DataLossError` if ``start`` lies below the log start (re-read to confirm)."""
+    if start < first.offset:
+        first = plog.log_start(refresh=True)
+    if start < first.offset:
+        raise DataLossError(
+            f"{plog.path}: offsets [{start}, {first.offset}) were removed by retention; the log now starts "
+            f"at offset {first.offset}")
 
 
 def split_range(plog: PartitionLog, rng: OffsetRange, pieces: int) -> list[OffsetRange]:
