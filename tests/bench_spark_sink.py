@@ -18,7 +18,7 @@ Run (10M rows, several minutes)::
 
     /work/venv/bin/pytest tests/bench_spark_sink.py -m bench -s -p no:cacheprovider
 
-A quick run: ``TXNLOG_BENCH_ROWS=1000000``.
+A quick run: ``TXNLOG_BENCH_ROWS=1000000``. ``TXNLOG_BENCH_ROUNDS`` (3) sets the runs per copy.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 import txn_core
 
 ROWS = int(os.environ.get("TXNLOG_BENCH_ROWS", "10000000"))
+#: Runs per case (the first also warms up the JVM); the best is reported.
+ROUNDS = int(os.environ.get("TXNLOG_BENCH_ROUNDS", "3"))
 BATCHES = int(os.environ.get("TXNLOG_BENCH_BATCHES", "5"))
 FILES_PER_BATCH = 4
 CHUNK = max(1, math.ceil(ROWS / (BATCHES * FILES_PER_BATCH)))  # 500k rows for 10M rows in 5 batches
@@ -203,7 +205,7 @@ def test_bench_exactly_once_txnlog_copy_vs_parquet_copy(spark: Any, tmp_path: Pa
     best: dict[str, float] = {}
     batches: dict[str, int] = {}
     requests: dict[str, float] = {}
-    for r in range(2):
+    for r in range(ROUNDS):
         for kind, label in COPIES.items():
             name = f"{kind}{r}"
             if kind == "parquet":
@@ -228,7 +230,7 @@ def test_bench_exactly_once_txnlog_copy_vs_parquet_copy(spark: Any, tmp_path: Pa
             print(f"round {r + 1}: {label}: {elapsed:.2f} s, {n} micro-batches")
     base = ROWS / best["parquet"]
     print(f"\n{ROWS:,} rows (id LONG, key STRING x1,000, value STRING 100 hex x100,000), input written in "
-          f"{written:.1f} s; Spark local[2]; best of 2 runs each\n")
+          f"{written:.1f} s; Spark local[2]; best of {ROUNDS} runs each\n")
     print("| stream copy | micro-batches | rows/s | vs parquet -> parquet |\n|---|---:|---:|---:|")
     for kind, label in COPIES.items():
         rate = ROWS / best[kind]

@@ -3,8 +3,9 @@
 Same rows for both, generated once: ``id`` LONG, ``key`` STRING (1,000 distinct), ``value`` STRING of 100 hex
 characters drawn from 100,000 distinct values. They are written with a transactional txnlog producer (one
 transaction per chunk) into a topic of 4 partitions, and as parquet files. Each source is read as a stream
-with ``Trigger.AvailableNow`` into ``format("noop")``, in the same SparkSession, alternating, twice each;
-the table reports rows/s of the best run and the ratio txnlog / parquet. Nothing is asserted about time.
+with ``Trigger.AvailableNow`` into ``format("noop")``, in the same SparkSession, alternating,
+``TXNLOG_BENCH_ROUNDS`` (3) times each; the table reports rows/s of the best run and the ratio
+txnlog / parquet. Nothing is asserted about time.
 
 Run (10M rows, a few minutes)::
 
@@ -28,6 +29,8 @@ import pytest
 import txn_core
 
 ROWS = int(os.environ.get("TXNLOG_BENCH_ROWS", "10000000"))
+#: Runs per case (the first also warms up the JVM); the best is reported.
+ROUNDS = int(os.environ.get("TXNLOG_BENCH_ROUNDS", "3"))
 CHUNK = 500_000
 PARTITIONS = 4
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string()), ("value", pa.string())])
@@ -112,7 +115,7 @@ def test_bench_txnlog_stream_vs_parquet_into_noop(spark: Any, tmp_path: Path) ->
         ),
     }
     best: dict[str, float] = {}
-    for round_ in range(2):
+    for round_ in range(ROUNDS):
         for name, make in readers.items():
             elapsed, rows = timed_stream(
                 spark, make(), str(tmp_path / f"ck-{name}-{round_}".replace(" ", "_"))
@@ -123,7 +126,7 @@ def test_bench_txnlog_stream_vs_parquet_into_noop(spark: Any, tmp_path: Path) ->
     base = ROWS / best["parquet"]
     print(
         f"\n{ROWS:,} rows (id LONG, key STRING x1,000, value STRING 100 hex x100,000); data written in "
-        f"{written:.1f} s; Spark local[2]; best of 2 runs each\n"
+        f"{written:.1f} s; Spark local[2]; best of {ROUNDS} runs each\n"
     )
     print("| source into noop | rows/s | vs parquet |\n|---|---:|---:|")
     for name in readers:
