@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -102,13 +103,40 @@ class CommitResult:
     deleted: int
 
 
+#: Logs of this process, reused by later commits: Spark runs every commit of a query run in one long-lived
+#: Python worker, and a reused log skips replaying the transaction log from its snapshot and re-discovering
+#: partition tails (hundreds of GETs per commit on a busy log). Only a cost: a fresh log is as correct.
+_LOGS: dict[tuple[str, str, bool], tuple[Log, Storage, CountingStorage | None]] = {}
+_LOGS_LOCK = threading.Lock()
+
+
 def _open(opts: SinkOptions) -> tuple[Log, Storage, CountingStorage | None]:
-    """The log, the storage every step uses (counting requests with ``testing.stats``), the counter."""
-    storage: Storage = open_storage(opts.url, opts.storage_options)
-    counting = CountingStorage(storage) if opts.stats_dir else None
-    if counting is not None:
-        storage = counting
-    return Log(storage), storage, counting
+    """The log, the storage every step uses (counting requests with ``testing.stats``), the counter.
+
+    Reused across the commits of this process (see :data:`_LOGS`); a commit that fails calls :func:`_forget`
+    so that the next one starts from storage alone.
+    """
+    key = _log_key(opts)
+    with _LOGS_LOCK:
+        cached = _LOGS.get(key)
+        if cached is None:
+            storage: Storage = open_storage(opts.url, opts.storage_options)
+            counting = CountingStorage(storage) if opts.stats_dir else None
+            if counting is not None:
+                storage = counting
+            cached = _LOGS[key] = (Log(storage), storage, counting)
+    if cached[2] is not None:
+        cached[2].counts.clear()  # counts are per commit
+    return cached
+
+
+def _log_key(opts: SinkOptions) -> tuple[str, str, bool]:
+    return opts.url, json.dumps(opts.storage_options, sort_keys=True, default=str), bool(opts.stats_dir)
+
+
+def _forget(opts: SinkOptions) -> None:
+    with _LOGS_LOCK:
+        _LOGS.pop(_log_key(opts), None)
 
 
 def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
@@ -147,8 +175,9 @@ def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
                                  {"outcome": result.outcome, "objects": result.objects, "rows": result.rows,
                                   "seconds": round(time.perf_counter() - started, 4)})
         return result
-    finally:
-        log.close()
+    except BaseException:
+        _forget(opts)
+        raise
 
 
 def _as_offsets(offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int] | TopicPartition, int]:
@@ -172,8 +201,9 @@ def abort_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef]) 
         finally:
             producer.close()
         return _quiet_delete(storage, [r.key for r in refs] + _manifests(storage, ident))
-    finally:
-        log.close()
+    except BaseException:
+        _forget(opts)
+        raise
 
 
 # --- staged object cleanup ---------------------------------------------------------------------

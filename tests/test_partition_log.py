@@ -170,3 +170,20 @@ def test_header_decoder_rejects_unknown_versions() -> None:
     data[124:128] = struct.pack("<I", crc32c(bytes(data[:124])))
     with pytest.raises(CorruptDataError, match="version 9"):
         decode_header(bytes(data), key)
+
+
+def test_a_long_lived_process_remembers_a_bounded_number_of_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    from txn_core import partition as partition_module
+
+    monkeypatch.setattr(partition_module, "INDEX_MAX_ENTRIES", 8)
+    log = txn_core.open_log(f"memory://{uuid.uuid4().hex}")
+    log.create_topic("t", 1, pa.schema([("id", pa.int64())]))
+    p = log.producer()
+    for i in range(40):
+        p.send("t", pa.table({"id": [i, i]}), partition=0)
+        p.flush()
+    plog = log.partition_log("topics/t/00000")
+    assert len(plog._index) <= 8
+    # Forgotten entries are found again by bisecting headers; remembered ones directly.
+    assert [plog.slot_for_offset(o) for o in range(0, 80, 2)] == list(range(40))
+    assert len(plog._index) <= 8

@@ -6,6 +6,7 @@ what a read_committed reader sees, what stays in storage and what the group's of
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ import pytest
 from sink_helpers import garbage, ids, read_topic, staged_objects
 
 import txn_core
+from spark_txn_sink import commit as commit_module
 from spark_txn_sink.commit import BatchIdentity, abort_batch, commit_batch
 from spark_txn_sink.faults import InjectedFaultError
 from spark_txn_sink.options import SinkOptions, parse_sink_options
@@ -235,3 +237,30 @@ def test_spark_time_zone_labels_are_aligned_to_the_topic() -> None:
 def test_staging_batches_of_two_queries_never_share_a_prefix() -> None:
     assert ident(0, "q1").prefix != ident(0, "q2").prefix
     assert BatchIdentity(TID, write_id="a").prefix != BatchIdentity(TID, write_id="b").prefix
+
+
+def test_commits_in_one_process_cost_the_same_however_long_the_history(out: txn_core.Log,
+                                                                        tmp_path: Any) -> None:
+    """Spark runs every commit of a query run in one Python worker: the sink reuses its log there, so a
+    commit does not replay the transaction log since its last snapshot nor re-discover partition tails."""
+    stats = tmp_path / "stats"
+    opts = options(out, **{"testing.stats": str(stats)})
+    for b in range(40):
+        commit_batch(opts, ident(b), stage(out, ident(b), b * 10, b * 10 + 10))
+    totals = [json.loads((stats / f"q1.{b}.json").read_text())["total"] for b in range(40)]
+    assert totals[39] <= totals[2] + 2, f"requests per commit grew with history: {totals}"
+    assert ids(read_topic(out, "out")) == list(range(400))
+
+
+def test_a_failed_commit_forgets_the_reused_log(out: txn_core.Log) -> None:
+    key = commit_module._log_key(options(out))
+    commit_batch(options(out), ident(0), stage(out, ident(0), 0, 10))
+    first = commit_module._LOGS[key][0]
+    commit_batch(options(out), ident(1), stage(out, ident(1), 10, 20))
+    assert commit_module._LOGS[key][0] is first
+    with pytest.raises(InjectedFaultError):
+        commit_batch(options(out, **{"testing.fault": "before_commit"}), ident(2), stage(out, ident(2), 20, 30))
+    assert key not in commit_module._LOGS, "the next commit starts from storage alone"
+    commit_batch(options(out), ident(2), stage(out, ident(2), 20, 30))
+    assert commit_module._LOGS[key][0] is not first
+    assert ids(read_topic(out, "out")) == list(range(30))

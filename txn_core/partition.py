@@ -40,6 +40,9 @@ def _wall_clock_ms() -> int:
 
 #: A cached tail older than this is re-checked before appending (see PROTOCOL.md "Retention").
 TAIL_RECHECK_S = 60.0
+#: Entries whose slot a process remembers per partition (a cache: a lookup it misses bisects headers).
+#: Bounds the memory of a long-lived reader or writer, whatever the partition's length.
+INDEX_MAX_ENTRIES = 65_536
 #: A cached log start is re-read (one LIST) when older than this. Until then a slot deleted by retention
 #: that this process never saw exist reads as the log end: planning and polling see no new data for up to
 #: this long after retention removed unread entries; they never see a wrong offset or lost row.
@@ -94,7 +97,7 @@ class PartitionLog:
         self._tail_checked = 0.0
         self._start: LogStart | None = None
         self._start_checked = 0.0
-        self._index: SortedDict = SortedDict()  # base_offset -> (slot, record_count)
+        self._index: SortedDict = SortedDict()  # base_offset -> (slot, record_count); see _note
 
     def __getstate__(self) -> dict[str, object]:
         return {"storage": self.storage, "path": self.path}
@@ -234,7 +237,7 @@ class PartitionLog:
                     continue
                 self._tail = (slot + 1, offset + record_count)
                 self._tail_checked = time.monotonic()
-                self._index[offset] = (slot, record_count)
+                self._note(offset, slot, record_count)
                 return AppendResult(slot, offset, record_count, ts)
 
     # --- read -----------------------------------------------------------------------------------
@@ -258,8 +261,16 @@ class PartitionLog:
         self._remember(slot, header)
         return Entry(slot, header, data, key)
 
+    def _note(self, base_offset: int, slot: int, record_count: int) -> None:
+        """Remember where an entry is; past :data:`INDEX_MAX_ENTRIES`, forget the older half."""
+        index = self._index
+        index[base_offset] = (slot, record_count)
+        if len(index) > INDEX_MAX_ENTRIES:
+            for key in list(index.islice(0, len(index) // 2)):
+                index.pop(key, None)
+
     def _remember(self, slot: int, header: EntryHeader) -> None:
-        self._index[header.base_offset] = (slot, header.record_count)
+        self._note(header.base_offset, slot, header.record_count)
         tail = self._tail
         if tail is not None and slot >= tail[0]:
             # A reader saw entries past the cached tail: follow them (a stale cache would only cost a
