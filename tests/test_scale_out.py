@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 from sink_driver import kill_driver, start_driver, wait_driver
-from sink_helpers import garbage, ids, open_transactions, read_topic
-from test_spark_sink_chaos import SCHEMA, InputProducer, next_batch
+from sink_helpers import read_topic
+from test_spark_sink_chaos import SCHEMA, InputProducer, check_exactly_once, next_batch
 
 import txn_core
 from conftest import LogLocation, make_location
@@ -103,24 +103,6 @@ def kill_in_commit(log: txn_core.Log, cfg: dict[str, Any], chk: Path, log_file: 
     assert not (chk / "commits" / str(batch)).exists(), "but Spark never recorded it: the restart replays it"
 
 
-def check_exactly_once(log: txn_core.Log, producer: InputProducer) -> dict[str, int]:
-    out = read_topic(log, "out")
-    got = ids(out)
-    assert len(got) == len(set(got)), "zero duplicates"
-    assert set(got) & set(producer.aborted) == set(), "zero aborted rows"
-    assert got == sorted(producer.committed), "the output is exactly the committed input"
-    by_key: dict[str, list[int]] = {}
-    for key, i in zip(out.column("key").to_pylist(), out.column("id").to_pylist(), strict=True):
-        by_key.setdefault(key, []).append(i)
-    assert all(v == sorted(v) for v in by_key.values()), "input order is kept per key"
-    ends = {p.partition: p.last_stable_offset for p in log.describe_topic("in").partitions}
-    group = {tp.partition: o.offset for tp, o in log.groups.committed(GROUP).items()}
-    assert group == ends, "the group's offsets are at the input's end"
-    assert open_transactions(log, "out") == []
-    assert garbage(log, "out") == [], "every staged object left is referenced by the output"
-    return {"committed": len(producer.committed), "aborted": len(producer.aborted), "output": len(got)}
-
-
 def new_input(location: LogLocation, txns: int) -> tuple[txn_core.Log, InputProducer]:
     log = location.open()
     log.create_topic("in", 3, SCHEMA)
@@ -154,7 +136,7 @@ def test_copy_on_s3_killed_mid_stream_and_in_a_commit_is_exactly_once(request: p
     kill_in_commit(log, base, chk, tmp_path / "driver-2.log", next_batch(chk) + 1)
     # Run 3: drain everything (Trigger.AvailableNow) and stop.
     run_to_end(base, tmp_path / "driver-3.log")
-    counts = check_exactly_once(log, producer)
+    counts = check_exactly_once(log, producer, GROUP)
     print(f"\nseaweedfs local[2]: {counts}, {next_batch(chk)} batches, first kill after {seen} output rows")
 
 
@@ -178,6 +160,6 @@ def test_copy_with_executors_in_separate_processes_killed_in_a_commit_is_exactly
         f"executors' Python workers do not share the driver's working directory: {probe}"
     producer.produce(6)  # more input while the copier is down
     run_to_end(base, tmp_path / "driver-2.log")
-    counts = check_exactly_once(log, producer)
+    counts = check_exactly_once(log, producer, GROUP)
     print(f"\nseaweedfs local-cluster[2,1,1024]: {counts}, {next_batch(chk)} batches; executor JVMs {sorted(jvms)} "
           f"(driver JVM {probe['driver_jvm']})")

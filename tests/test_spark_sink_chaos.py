@@ -107,6 +107,26 @@ def next_batch(checkpoint: Path) -> int:
     return max(commits, default=-1) + 1
 
 
+def check_exactly_once(log: txn_core.Log, producer: InputProducer, group_id: str) -> dict[str, int]:
+    """The copy's output is exactly the committed input, in order per key, with the group at the input's end
+    and nothing left open or staged. Returns the row counts."""
+    out = read_topic(log, "out")
+    got = ids(out)
+    assert len(got) == len(set(got)), "zero duplicates"
+    assert set(got) & set(producer.aborted) == set(), "zero aborted rows"
+    assert got == sorted(producer.committed), "the output is exactly the committed input"
+    by_key: dict[str, list[int]] = {}
+    for key, i in zip(out.column("key").to_pylist(), out.column("id").to_pylist(), strict=True):
+        by_key.setdefault(key, []).append(i)
+    assert all(v == sorted(v) for v in by_key.values()), "input order is kept per key"
+    ends = {p.partition: p.last_stable_offset for p in log.describe_topic("in").partitions}
+    group = {tp.partition: o.offset for tp, o in log.groups.committed(group_id).items()}
+    assert group == ends, "the group's offsets are at the input's end"
+    assert open_transactions(log, "out") == []
+    assert garbage(log, "out") == [], "every staged object left is referenced by the output"
+    return {"committed": len(producer.committed), "aborted": len(producer.aborted), "output": len(got)}
+
+
 def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_input_exactly_once(
         log: txn_core.Log, tmp_path: Path) -> None:
     seed = int(os.environ.get("TXNLOG_CHAOS_SEED", "20240611"))
@@ -156,22 +176,10 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
     reader.stop_event.set()
     reader.join(timeout=120)
 
-    out = read_topic(log, "out")
-    got = ids(out)
-    assert len(got) == len(set(got)), "zero duplicates"
-    assert set(got) & set(producer.aborted) == set(), "zero aborted rows"
-    assert got == sorted(producer.committed), "the output is exactly the committed input"
-    by_key: dict[str, list[int]] = {}
-    for key, i in zip(out.column("key").to_pylist(), out.column("id").to_pylist(), strict=True):
-        by_key.setdefault(key, []).append(i)
-    assert all(v == sorted(v) for v in by_key.values()), "input order is kept per key"
+    got = ids(read_topic(log, "out"))
+    check_exactly_once(log, producer, "copier")
     assert reader.violations == []
     assert sorted(reader.seen) == got and max(reader.seen.values()) == 1
-    ends = {p.partition: p.last_stable_offset for p in log.describe_topic("in").partitions}
-    group = {tp.partition: o.offset for tp, o in log.groups.committed("copier").items()}
-    assert group == ends, "the group's offsets are at the input's end"
-    assert open_transactions(log, "out") == []
-    assert garbage(log, "out") == [], "every staged object left is referenced by the output"
     print(f"\nchaos seed {seed}: {len(outcomes)} kills ({', '.join(m for m, _ in outcomes)}), "
           f"{len(producer.committed):,} committed and {len(producer.aborted):,} aborted input rows, "
           f"{len(got):,} output rows, the reader saw {sum(reader.seen.values()):,}")
