@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from txn_core import ConfigurationError
 from txn_core.ids import validate_name
+from txn_core.storage.options import nest_storage_options
 from txn_core.topics import MAX_PARTITIONS
 
 #: Columns a txnlog source adds; the sink drops them so that a copy pipeline works as written.
@@ -146,19 +147,8 @@ def _int(opts: dict[str, str], name: str, low: int, high: int) -> int | None:
 
 
 def _storage_options(opts: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in sorted(k for k in opts if k.startswith("storage.")):
-        path = key[len("storage."):].split(".")
-        if not all(path):
-            raise ConfigurationError(f"bad storage option name {key!r}: use storage.<name>[.<sub-name>]")
-        node = out
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigurationError(f"storage option {key!r} conflicts with storage.{part}")
-            node = child
-        node[path[-1]] = _decode(key, opts[key])
-    return out
+    items = [(k[len("storage."):], _decode(k, opts[k])) for k in opts if k.startswith("storage.")]
+    return nest_storage_options(items, prefix="storage.")
 
 
 def _decode(key: str, value: str) -> Any:

@@ -36,6 +36,7 @@ from typing import Any
 from txn_core.errors import ConfigurationError, InvalidNameError
 from txn_core.ids import validate_name
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED
+from txn_core.storage.options import nest_storage_options
 
 #: Canonical spelling of every option, keyed by the lower-cased name Spark passes.
 OPTIONS = {name.lower(): name for name in (
@@ -95,7 +96,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
             opts[low] = value
         else:
             raise SourceOptionError(_unknown(key))
-    storage = _storage_options(storage_items)
+    storage = nest_storage_options(((k, _storage_value(v)) for k, v in storage_items.items()),
+                                   prefix=STORAGE_PREFIX, error=SourceOptionError)
     path = opts.get("path", "").strip()
     if not path:
         raise SourceOptionError(
@@ -137,24 +139,6 @@ def _unknown(key: str) -> str:
     hint = f" Did you mean '{OPTIONS[close[0]]}'?" if close else ""
     return (f"unknown option '{key}' for format txnlog.{hint} Accepted options (case-insensitive): "
             f"{', '.join(accepted)}, and 'storage.<key>' for fsspec storage options.")
-
-
-def _storage_options(items: dict[str, str]) -> dict[str, Any]:
-    """``storage.<key>`` options as fsspec ``storage_options``; a dotted key nests, as in the sink:
-    ``storage.client_kwargs.endpoint_url=URL`` -> ``{"client_kwargs": {"endpoint_url": URL}}``."""
-    out: dict[str, Any] = {}
-    for name in sorted(items):
-        path = name.split(".")
-        if not all(path):
-            raise SourceOptionError(f"bad storage option name 'storage.{name}': use storage.<name>[.<sub-name>]")
-        node = out
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise SourceOptionError(f"storage option 'storage.{name}' conflicts with 'storage.{part}'")
-            node = child
-        node[path[-1]] = _storage_value(items[name])
-    return out
 
 
 def _storage_value(value: str) -> Any:

@@ -501,6 +501,10 @@ def test_storage_options_nest_and_parse_values() -> None:
                                       "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000",
                                                         "region_name": "eu-west-1"}}
     assert storage_options([]) is None
+    with pytest.raises(txn_core.ConfigurationError, match=r"'anon\.x' conflicts with 'anon'"):
+        storage_options([("anon", True), ("anon.x", 1)])
+    with pytest.raises(txn_core.ConfigurationError, match=r"bad storage option name 'a\.\.b'"):
+        storage_options([("a..b", 1)])
 
 
 # --- output helpers ------------------------------------------------------------------------------

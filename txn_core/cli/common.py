@@ -20,6 +20,7 @@ from txn_core.cli.schemaspec import SchemaSpecError, parse_schema
 from txn_core.errors import ConfigurationError, TopicNotFoundError
 from txn_core.log import Log
 from txn_core.storage import open_storage, self_test_storage
+from txn_core.storage.options import nest_storage_options
 from txn_core.topics import TopicMeta
 
 PROG = "txnlog"
@@ -91,19 +92,7 @@ def _is_number(text: str) -> bool:
 
 def storage_options(pairs: list[tuple[str, Any]] | None) -> dict[str, Any] | None:
     """Nest dotted keys into a dict for fsspec (None when no option was given)."""
-    if not pairs:
-        return None
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            child = node.setdefault(p, {})
-            if not isinstance(child, dict):
-                raise ConfigurationError(f"storage option {key!r} nests under {p!r}, which is already a value")
-            node = child
-        node[leaf] = value
-    return out
+    return nest_storage_options(pairs) if pairs else None
 
 
 def schema_spec(text: str) -> pa.Schema:
