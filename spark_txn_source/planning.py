@@ -146,11 +146,9 @@ class LogView:
     def checked_start(self, tp: TopicPartition, start: int | None) -> int:
         """``start`` (None: a partition new to the query, read from its beginning), moved to the log start
         if retention removed it and ``failOnDataLoss=false``; :class:`SourceDataLossError` otherwise."""
-        first = self.log_start(tp)
         if start is None:
-            return first
-        if start < first:
-            first = self.plog(tp).log_start(refresh=True).offset  # confirm before declaring data lost
+            return self.log_start(tp)
+        first = self.plog(tp).log_start_for(start).offset
         if start < first:
             message = (f"{tp}: offsets [{start}, {first}) were removed by retention before the query read "
                        f"them; the partition now starts at offset {first}")

@@ -150,6 +150,14 @@ class PartitionLog:
             self._start_checked = now
         return self.log_start()
 
+    def log_start_for(self, offset: int) -> LogStart:
+        """The recent log start (:meth:`recent_log_start`), re-read at once when ``offset`` lies below it:
+        an offset is reported removed by retention only against a fresh log start."""
+        start = self.recent_log_start()
+        if offset < start.offset:
+            start = self.log_start(refresh=True)
+        return start
+
     # --- tail -----------------------------------------------------------------------------------
 
     def tail(self, refresh: bool = False) -> tuple[int, int]:

@@ -42,7 +42,7 @@ from txn_core.errors import (
     OffsetOutOfRangeError,
     TxnLogError,
 )
-from txn_core.partition import Entry, LogStart, PartitionLog
+from txn_core.partition import Entry, PartitionLog
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED, PartitionState
 from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
 
@@ -101,11 +101,10 @@ def plan_range(state: PartitionState, topic: str, partition: int, start: int, en
     if not 0 <= start <= end:
         raise OffsetOutOfRangeError(f"{state.log.path}: invalid offset range [{start}, {end})")
     plog = state.log
-    _check_not_removed(plog, start, plog.recent_log_start())
+    _check_not_removed(plog, start)
     if state.buffer.position < end:
         state.scan_to_end()
-    # The scan may have found entries deleted that the cached log start did not know about.
-    _check_not_removed(plog, start, plog.log_start())
+    _check_not_removed(plog, start)  # the scan may have met deletions the cached log start did not know
     if state.buffer.position < end:
         raise OffsetOutOfRangeError(
             f"{plog.path}: offset {end} is beyond the log end {state.buffer.position}; the offsets do not "
@@ -125,10 +124,9 @@ def plan_range(state: PartitionState, topic: str, partition: int, start: int, en
                        min_timestamp_ms, max_timestamp_ms)
 
 
-def _check_not_removed(plog: PartitionLog, start: int, first: LogStart) -> None:
+def _check_not_removed(plog: PartitionLog, start: int) -> None:
     """Raise :class:`DataLossError` if ``start`` lies below the log start (re-read to confirm)."""
-    if start < first.offset:
-        first = plog.log_start(refresh=True)
+    first = plog.log_start_for(start)
     if start < first.offset:
         raise DataLossError(
             f"{plog.path}: offsets [{start}, {first.offset}) were removed by retention; the log now starts "

@@ -256,9 +256,7 @@ class PartitionReader:
 
     def seek(self, offset: int) -> None:
         """Deliver from ``offset`` on. Below the log start raises :class:`DataLossError`."""
-        start = self.log.recent_log_start()
-        if offset < start.offset:
-            start = self.log.log_start(refresh=True)  # confirm before reporting data loss
+        start = self.log.log_start_for(offset)
         if offset < start.offset:
             raise DataLossError(
                 f"{self.log.path}: offset {offset} was removed by retention; the log starts at {start.offset}")
