@@ -57,28 +57,54 @@ class TopicTarget:
 
 
 def align_timestamps(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """Relabel time-zone-aware timestamp columns with the topic's zone (``UTC`` for a naive topic column).
+    """Relabel time-zone-aware timestamps with the topic's zone (``UTC`` for a naive topic column), at any
+    depth: top-level columns and timestamps inside structs, lists and maps.
 
-    Spark labels instants with the session time zone (``Etc/UTC``, ``Europe/Paris``...); the values are
-    UTC instants either way, so this changes metadata only.
+    Spark labels instants with the session time zone (``Etc/UTC``, ``Europe/Paris``...), nested ones
+    included (a ``window()`` column is ``struct<start, end>``); the values are UTC instants either way, so
+    this changes metadata only. Columns whose shape differs from the topic's are left for
+    :func:`txn_core.schema.conform` to report.
     """
     fixes = {}
     for i, field in enumerate(batch.schema):
-        t = field.type
-        if not pa.types.is_timestamp(t) or t.tz is None or field.name not in schema.names:
+        if field.name not in schema.names:
             continue
-        target = schema.field(field.name).type
-        if not pa.types.is_timestamp(target) or target.unit != t.unit:
-            continue
-        tz = target.tz or "UTC"
-        if tz != t.tz:
-            fixes[i] = pa.timestamp(t.unit, tz)
+        aligned = _aligned_type(field.type, schema.field(field.name).type)
+        if aligned != field.type:
+            fixes[i] = aligned
     if not fixes:
         return batch
     arrays = [batch.column(i).cast(fixes[i]) if i in fixes else batch.column(i)
               for i in range(batch.num_columns)]
     fields = [pa.field(f.name, fixes[i], f.nullable) if i in fixes else f for i, f in enumerate(batch.schema)]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _aligned_type(given: pa.DataType, target: pa.DataType) -> pa.DataType:
+    """``given`` with every aware timestamp relabelled to the zone of its counterpart in ``target``."""
+    if pa.types.is_timestamp(given):
+        if given.tz is None or not pa.types.is_timestamp(target) or target.unit != given.unit:
+            return given
+        tz = target.tz or "UTC"
+        return given if tz == given.tz else pa.timestamp(given.unit, tz)
+    if pa.types.is_struct(given) and pa.types.is_struct(target):
+        names = {target.field(j).name: target.field(j) for j in range(target.num_fields)}
+        children = []
+        for j in range(given.num_fields):
+            g = given.field(j)
+            t = names.get(g.name)
+            children.append(g if t is None else g.with_type(_aligned_type(g.type, t.type)))
+        return pa.struct(children)
+    if pa.types.is_map(given) and pa.types.is_map(target):
+        key = _aligned_type(given.key_type, target.key_type)
+        item = given.item_field.with_type(_aligned_type(given.item_type, target.item_type))
+        return pa.map_(key, item, keys_sorted=given.keys_sorted)
+    for is_list, make in ((pa.types.is_list, pa.list_), (pa.types.is_large_list, pa.large_list)):
+        if is_list(given) and (pa.types.is_list(target) or pa.types.is_large_list(target)
+                               or pa.types.is_fixed_size_list(target)):
+            value = given.value_field.with_type(_aligned_type(given.value_type, target.value_type))
+            return make(value)  # type: ignore[no-any-return]
+    return given
 
 
 class PartitionStager:

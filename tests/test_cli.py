@@ -573,3 +573,22 @@ def test_transactions_abort_one_partitions_hanging_transaction(tmp_path: Path, h
     assert "no hanging transactions" in here("transactions", "find-hanging", url).out
     bad = here("transactions", "abort", url, "--topic", "t", "--txn", txn, code=1)
     one_error_line(bad, "--topic, --partition and --txn")
+
+
+def test_json_output_is_strict_json_for_nan_and_infinities(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"file://{tmp_path}/log"
+    with txn_core.open_log(url) as log:
+        log.create_topic("floats", 1, pa.schema([("x", pa.float64()), ("y", pa.float32())]))
+        with log.producer() as producer:
+            producer.send("floats", pa.table({"x": [float("nan"), float("inf"), -float("inf"), 1.5],
+                                              "y": pa.array([float("-inf"), None, 0.0, float("nan")],
+                                                            pa.float32())}))
+    out = txnlog_inprocess(capsys, "dump", url, "floats", "--json").out
+
+    def strict(token: str) -> None:
+        raise ValueError(f"not RFC 8259 JSON: {token}")
+
+    rows = [json.loads(line, parse_constant=strict) for line in out.splitlines()]
+    assert [(r["x"], r["y"]) for r in rows] == [("NaN", "-Infinity"), ("Infinity", None),
+                                                 ("-Infinity", 0.0), (1.5, "NaN")]

@@ -2,7 +2,8 @@
 
 Accepted input: ``pyarrow.RecordBatch``, ``pyarrow.Table`` or a list of dicts. Columns are matched by
 name and reordered to the topic's order. A type may differ only by a lossless widening (``string`` ->
-``large_string`` and back, ``int32`` -> ``int64``, ``float32`` -> ``float64``, ...). Anything else raises
+``large_string`` and back, ``int32`` -> ``int64``, ``float32`` -> ``float64``, ...), also inside structs,
+lists and maps (children matched by name and position). Anything else raises
 :class:`SchemaMismatchError` listing every difference, before any byte is written.
 """
 
@@ -43,7 +44,37 @@ def castable(source: pa.DataType, target: pa.DataType) -> bool:
         return castable(source.value_type, target)
     if pa.types.is_timestamp(source) and pa.types.is_timestamp(target):
         return source.tz == target.tz or (source.tz in (None, "UTC") and target.tz in (None, "UTC"))
+    return _nested_castable(source, target)
+
+
+def _nested_castable(source: pa.DataType, target: pa.DataType) -> bool:
+    """Struct, list and map types convert when their children do (same field names, in order).
+
+    A child that may hold nulls does not fit a child declared non-nullable: the nulls could not be checked
+    column by column as top-level ones are.
+    """
+    if pa.types.is_struct(source) and pa.types.is_struct(target):
+        if source.num_fields != target.num_fields:
+            return False
+        pairs = [(source.field(i), target.field(i)) for i in range(source.num_fields)]
+        return all(s.name == t.name and _child_fits(s, t) for s, t in pairs)
+    if _is_list(source) and _is_list(target):
+        if pa.types.is_fixed_size_list(target) and not (
+            pa.types.is_fixed_size_list(source) and source.list_size == target.list_size
+        ):
+            return False
+        return _child_fits(source.value_field, target.value_field)
+    if pa.types.is_map(source) and pa.types.is_map(target):
+        return castable(source.key_type, target.key_type) and _child_fits(source.item_field, target.item_field)
     return False
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+
+
+def _child_fits(source: pa.Field, target: pa.Field) -> bool:
+    return (target.nullable or not source.nullable) and castable(source.type, target.type)
 
 
 def conform(data: object, schema: pa.Schema, *, topic: str, ignore: tuple[str, ...] = ()) -> pa.Table:

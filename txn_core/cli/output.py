@@ -12,6 +12,7 @@ import base64
 import datetime as dt
 import decimal
 import json
+import math
 import sys
 import threading
 import time
@@ -26,7 +27,11 @@ MAX_CELL = 48
 
 
 def to_jsonable(value: Any) -> Any:
-    """``value`` as a JSON value: datetimes as ISO-8601, bytes as base64, decimals as strings."""
+    """``value`` as a JSON value: datetimes as ISO-8601, bytes as base64, decimals as strings, and the
+    floats JSON cannot hold (RFC 8259 has no NaN or infinity) as the strings ``"NaN"``, ``"Infinity"`` and
+    ``"-Infinity"``, the spelling of Spark's and Jackson's JSON readers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, dt.datetime):
@@ -49,12 +54,12 @@ def to_jsonable(value: Any) -> Any:
 def print_json(value: Any, *, stream: IO[str] | None = None) -> None:
     """One indented JSON document."""
     out = stream or sys.stdout
-    out.write(json.dumps(to_jsonable(value), indent=2, sort_keys=False) + "\n")
+    out.write(json.dumps(to_jsonable(value), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def json_line(value: Any) -> str:
     """One compact JSON line (for streams of records)."""
-    return json.dumps(to_jsonable(value), separators=(",", ":"))
+    return json.dumps(to_jsonable(value), separators=(",", ":"), allow_nan=False)
 
 
 def format_duration(ms: int | float | None) -> str:
@@ -108,7 +113,7 @@ def format_cell(value: Any, max_width: int | None = MAX_CELL) -> str:
     elif isinstance(value, float):
         text = f"{value:g}"
     elif isinstance(value, dict | list):
-        text = json.dumps(to_jsonable(value), separators=(",", ":"))
+        text = json.dumps(to_jsonable(value), separators=(",", ":"), allow_nan=False)
     else:
         text = str(value)
     text = text.replace("\n", "\\n")
