@@ -36,11 +36,19 @@ _KNOWN = {
     "transactionalid": "the transactional id (default: derived from the streaming query id)",
     "consumergroup": "commit the consumed txnlog source offsets to this group in each batch's transaction",
     "transactiontimeoutms": "timeout of the sink's transactions in ms (default 60000)",
+    "txnappid": "batch writes: an application id; with txnVersion, a write whose (txnAppId, txnVersion) "
+                "already committed commits nothing (idempotent writes from foreachBatch)",
+    "txnversion": "batch writes: the version of this write under txnAppId (e.g. foreachBatch's batch id); "
+                  "versions at or below the last committed one are no-ops",
     "checkpointlocation": "set by Spark for streaming queries",
     "queryname": "set by Spark for named streaming queries",
     "testing.fault": "test-only fault injection (see spark_txn_sink.faults)",
     "testing.stats": "test-only: a local directory for per-commit storage request counts",
 }
+#: Options of the txnlog source, accepted and ignored by the sink, so that one set of options (a view or a
+#: catalog table used for reading and writing) serves both sides.
+SOURCE_ONLY_OPTIONS = frozenset({"startingoffsets", "startingtimestamp", "endingoffsets", "maxoffsetspertrigger",
+                                 "isolationlevel", "includemetadata", "failondataloss", "minpartitions"})
 _HIDDEN = ("checkpointlocation", "queryname", "testing.fault", "testing.stats")
 
 
@@ -60,6 +68,8 @@ class SinkOptions:
     query_name: str | None
     fault: str | None
     stats_dir: str | None
+    app_id: str | None = None
+    app_version: int | None = None
 
     @property
     def storage_options(self) -> dict[str, Any] | None:
@@ -70,12 +80,20 @@ class SinkOptions:
 def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
     """Validate Spark's writer options (keys lower-cased by Spark) into :class:`SinkOptions`."""
     opts = {str(k).lower(): v for k, v in options.items()}
+    opts = {k: v for k, v in opts.items() if k not in SOURCE_ONLY_OPTIONS}
     unknown = sorted(k for k in opts if k not in _KNOWN and not k.startswith("storage."))
     if unknown:
         accepted = "; ".join(f"{k} ({v})" for k, v in _KNOWN.items() if k not in _HIDDEN)
         raise ConfigurationError(
             f"unknown txnlog sink option(s) {unknown}. Accepted: {accepted}; storage.<key> (fsspec storage "
             "options). Option names are case-insensitive.")
+    if not opts:
+        raise ConfigurationError(
+            "the txnlog sink was opened with no options at all. PySpark's Python data source API (4.3) "
+            "passes no options when it writes to a catalog table it did not learn them for (a table made "
+            "with saveAsTable). Write with df.write.format('txnlog').option('topic', T).mode('append')"
+            ".save(URL), or make the table with CREATE TABLE name USING txnlog OPTIONS (path 'URL', topic "
+            "'T'), which remembers them, and INSERT INTO it")
     url = _required(opts, "path", "the log URL: .option('path', URL) or .save(URL) / .start(URL)")
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
@@ -96,6 +114,7 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
                 "option consumerGroup applies to streaming writes (each micro-batch commits its source "
                 "offsets); a batch df.write has no source offsets. Remove the option.")
     timeout = _int(opts, "transactiontimeoutms", 1, MAX_TRANSACTION_TIMEOUT_MS)
+    app_id, app_version = _app_version(opts, streaming)
     checkpoint = opts.get("checkpointlocation") or None
     if streaming and checkpoint is None:
         raise ConfigurationError(
@@ -114,7 +133,28 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         query_name=opts.get("queryname") or None,
         fault=_fault(opts.get("testing.fault")),
         stats_dir=opts.get("testing.stats") or None,
+        app_id=app_id,
+        app_version=app_version,
     )
+
+
+def _app_version(opts: dict[str, str], streaming: bool) -> tuple[str | None, int | None]:
+    """``txnAppId`` and ``txnVersion``: both or neither, batch writes only (Delta's idempotent writes)."""
+    app_id = (opts.get("txnappid") or "").strip() or None
+    raw = (opts.get("txnversion") or "").strip() or None
+    if app_id is None and raw is None:
+        return None, None
+    if streaming:
+        raise ConfigurationError(
+            "options txnAppId and txnVersion apply to batch writes (df.write, e.g. inside foreachBatch); a "
+            "streaming txnlog sink is exactly-once by itself. Remove them.")
+    if app_id is None or raw is None:
+        raise ConfigurationError(
+            "options txnAppId and txnVersion go together: txnAppId names the application, txnVersion the "
+            "write (e.g. foreachBatch's batch id); give both or neither")
+    validate_name("txnAppId", app_id)
+    version = _int({"txnversion": raw}, "txnversion", 0, 2**62)
+    return app_id, version
 
 
 def _fault(spec: str | None) -> str | None:

@@ -70,8 +70,11 @@ def make_stream_writer(options: Mapping[str, str], schema: Any, overwrite: bool)
     """``streamWriter``: validate everything, create the topic if asked, and fix the batch identity."""
     if overwrite:
         raise ConfigurationError(
-            "the txnlog sink supports outputMode('append') only: a topic is an append-only log, so "
-            "'complete' (rewrite the whole result every batch) cannot be honoured. Use outputMode('append').")
+            "the txnlog sink does not take outputMode('complete'): a topic is an append-only log, so "
+            "rewriting the whole result every batch cannot be honoured. Use outputMode('append') (with a "
+            "watermark for aggregations), or for 'update' semantics foreachBatch with "
+            "spark_txn_sink.idempotent_batch_writer(url, topic, app_id), which appends each batch's updated "
+            "rows exactly once.")
     opts, target = _plan(options, schema, streaming=True)
     location = opts.checkpoint_location or ""
     query_id = read_query_id(location, opts.url, opts.storage_options)
@@ -83,9 +86,13 @@ def make_batch_writer(options: Mapping[str, str], schema: Any, overwrite: bool) 
     """``writer``: a batch ``df.write.mode("append")``, committed as one transaction."""
     if overwrite:
         raise ConfigurationError(
-            "the txnlog sink supports mode('append') only: a topic is an append-only log and cannot be "
-            "overwritten. Use df.write.format('txnlog').mode('append').")
+            "the txnlog sink takes mode('append') only: a topic is an append-only log and cannot be "
+            "overwritten (Spark's error for the default mode names Overwrite as an option, but a txnlog "
+            "topic refuses it). Use df.write.format('txnlog').mode('append').")
     opts, target = _plan(options, schema, streaming=False)
+    if opts.app_id is not None and opts.app_version is not None:  # idempotent: (app, version) commits once
+        tid = opts.transactional_id or f"spark-app-{opts.app_id}"
+        return TxnLogBatchWriter(opts, target, BatchIdentity(tid, query_id=opts.app_id, batch_id=opts.app_version))
     write_id = uuid.uuid4().hex
     tid = opts.transactional_id or f"spark-write-{write_id}"
     return TxnLogBatchWriter(opts, target, BatchIdentity(tid, write_id=write_id))

@@ -19,6 +19,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from spark_txn_source import catalog
+
 FORMAT_NAME = "txnlog"
 
 
@@ -32,27 +34,30 @@ class TxnLogDataSource(DataSource):
     def schema(self) -> StructType | str:
         from spark_txn_source.reader import source_schema
 
-        return source_schema(dict(self.options))
+        schema = source_schema(catalog.normalise(self.options))
+        if catalog.is_catalog_create(self.options):  # CREATE TABLE: the table must remember its options
+            return catalog.embed(schema, self.options)  # type: ignore[no-any-return]
+        return schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from spark_txn_source.reader import make_batch_reader
 
-        return make_batch_reader(dict(self.options), schema)
+        return make_batch_reader(catalog.recover(self.options, schema), catalog.strip(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 - Spark API
         from spark_txn_source.reader import make_stream_reader
 
-        return make_stream_reader(dict(self.options), schema)
+        return make_stream_reader(catalog.recover(self.options, schema), catalog.strip(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from spark_txn_sink.writer import make_batch_writer
 
-        return make_batch_writer(dict(self.options), schema, overwrite)
+        return make_batch_writer(catalog.recover(self.options, schema), catalog.strip(schema), overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
         from spark_txn_sink.writer import make_stream_writer
 
-        return make_stream_writer(dict(self.options), schema, overwrite)
+        return make_stream_writer(catalog.recover(self.options, schema), catalog.strip(schema), overwrite)
 
 
 def register(spark: Any) -> None:

@@ -43,6 +43,10 @@ OPTIONS = {name.lower(): name for name in (
     "path", "topic", "startingOffsets", "startingTimestamp", "endingOffsets", "maxOffsetsPerTrigger",
     "isolationLevel", "consumerGroup", "includeMetadata", "failOnDataLoss", "minPartitions",
 )}
+#: Options of the txnlog sink, accepted and ignored by the source, so that one set of options (a view or a
+#: catalog table used for reading and writing) serves both sides.
+SINK_ONLY_OPTIONS = frozenset({"partitions", "keycolumn", "transactionalid", "transactiontimeoutms",
+                               "txnappid", "txnversion", "checkpointlocation", "queryname"})
 STORAGE_PREFIX = "storage."
 EARLIEST, LATEST, GROUP = "earliest", "latest", "group"
 #: In JSON offsets: -2 means the partition's earliest offset, -1 its latest.
@@ -94,11 +98,20 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
             storage_items[key[len(STORAGE_PREFIX):]] = value
         elif low in OPTIONS:
             opts[low] = value
+        elif low in SINK_ONLY_OPTIONS:
+            continue
         else:
             raise SourceOptionError(_unknown(key))
     storage = nest_storage_options(((k, _storage_value(v)) for k, v in storage_items.items()),
                                    prefix=STORAGE_PREFIX, error=SourceOptionError)
     path = opts.get("path", "").strip()
+    if not path and not options:
+        raise SourceOptionError(
+            "the txnlog source was opened with no options at all. PySpark's Python data source API (4.3) "
+            "passes no options when it reads a catalog table it did not learn them for: a table made with "
+            "saveAsTable. Give the options again (spark.read.format('txnlog').option('topic', T).load(URL)), "
+            "or make the table with CREATE TABLE name USING txnlog OPTIONS (path 'URL', topic 'T') (or "
+            "CREATE TEMPORARY VIEW), which remembers them")
     if not path:
         raise SourceOptionError(
             "option 'path' is missing: give the log URL with .option('path', URL) or .load(URL), e.g. "

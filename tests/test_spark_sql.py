@@ -1,0 +1,143 @@
+"""txnlog from Spark SQL and the catalog, and update-mode aggregations, the way Spark users write them.
+
+PySpark's Python data source API (4.3) hands a catalog table's reader and writer no options at all; a
+table made with ``CREATE TABLE ... USING txnlog`` keeps them in its stored schema
+(:mod:`spark_txn_source.catalog`), so it reads and streams. What the API makes impossible fails with an
+error that says so and names the alternative.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from sink_helpers import ids, read_topic
+
+import txn_core
+from spark_txn_sink import idempotent_batch_writer
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def orders(tmp_path: Path) -> str:
+    """A log with topic ``orders`` (id, k) holding ids 0..4."""
+    url = f"file://{tmp_path}/log"
+    with txn_core.open_log(url) as log:
+        log.create_topic("orders", 1, pa.schema([("id", pa.int64()), ("k", pa.string())]))
+        with log.producer() as producer:
+            producer.send("orders", pa.table({"id": list(range(5)), "k": [str(i) for i in range(5)]}))
+    return url
+
+
+def name() -> str:
+    return f"t_{uuid.uuid4().hex[:8]}"
+
+
+def topic_ids(url: str, topic: str = "orders") -> list[int]:
+    with txn_core.open_log(url) as log:
+        return ids(read_topic(log, topic))
+
+
+def test_create_table_with_options_reads_streams_and_takes_inserts_by_name(spark: Any, orders: str,
+                                                                          tmp_path: Path) -> None:
+    table = name()
+    spark.sql(f"CREATE TABLE {table} USING txnlog OPTIONS (path '{orders}', topic 'orders')")
+    assert sorted(r.id for r in spark.sql(f"SELECT id FROM {table}").collect()) == [0, 1, 2, 3, 4]
+    assert spark.table(table).columns == ["id", "k", "_topic", "_partition", "_offset", "_timestamp"]
+
+    spark.sql(f"INSERT INTO {table} (id, k) VALUES (5, 'five')")  # no metadata columns needed
+    assert topic_ids(orders) == [0, 1, 2, 3, 4, 5]
+
+    stream = spark.readStream.option("startingOffsets", "earliest").table(table)
+    query = stream.writeStream.format("memory").queryName(f"{table}_m").trigger(availableNow=True).start()
+    query.awaitTermination()
+    assert sorted(r.id for r in spark.table(f"{table}_m").collect()) == [0, 1, 2, 3, 4, 5]
+
+
+def test_create_table_with_location_and_without_metadata_takes_positional_inserts(spark: Any, orders: str) -> None:
+    table = name()
+    path = orders.removeprefix("file://")
+    spark.sql(f"CREATE TABLE {table} USING txnlog OPTIONS (topic 'orders', includeMetadata 'false') "
+              f"LOCATION '{path}'")
+    assert spark.table(table).columns == ["id", "k"]
+    spark.sql(f"INSERT INTO {table} VALUES (7, 'seven')")
+    assert sorted(r.id for r in spark.table(table).collect()) == [0, 1, 2, 3, 4, 7]
+
+
+def test_a_view_with_source_options_takes_inserts(spark: Any, orders: str) -> None:
+    view = name()
+    spark.sql(f"CREATE TEMPORARY VIEW {view} USING txnlog OPTIONS (path '{orders}', topic 'orders', "
+              "includeMetadata 'false', startingOffsets 'earliest', failOnDataLoss 'true')")
+    spark.sql(f"INSERT INTO {view} SELECT 8 AS id, 'eight' AS k")  # source-only options are ignored by the sink
+    assert topic_ids(orders) == [0, 1, 2, 3, 4, 8]
+
+
+def test_sink_options_are_accepted_and_ignored_by_the_source(spark: Any, orders: str) -> None:
+    df = (spark.read.format("txnlog").option("topic", "orders").option("partitions", "3")
+          .option("keyColumn", "k").option("transactionTimeoutMs", "1000").load(orders))
+    assert df.count() == 5
+
+
+def test_save_as_table_tables_say_what_to_do_instead(spark: Any, orders: str) -> None:
+    table = name()
+    (spark.createDataFrame([(9, "nine")], "id long, k string").write.format("txnlog").option("topic", "orders")
+     .option("path", orders).mode("append").saveAsTable(table))
+    with pytest.raises(Exception, match="CREATE TABLE name USING txnlog OPTIONS") as info:
+        spark.table(table).collect()
+    assert "no options at all" in str(info.value)
+
+
+def test_overwrite_and_complete_are_refused_with_the_alternative(spark: Any, orders: str, tmp_path: Path) -> None:
+    df = spark.createDataFrame([(1, "a")], "id long, k string")
+    with pytest.raises(Exception, match="takes mode\\('append'\\) only") as info:
+        df.write.format("txnlog").option("topic", "orders").mode("overwrite").save(orders)
+    assert "Overwrite" in str(info.value)
+    assert topic_ids(orders) == [0, 1, 2, 3, 4], "nothing was written"
+
+    df.write.parquet(str(tmp_path / "in"))
+    counts = spark.readStream.schema("id long, k string").parquet(str(tmp_path / "in")).groupBy("k").count()
+    query = (counts.writeStream.format("txnlog").outputMode("complete").option("topic", "c")
+             .option("partitions", "1").option("checkpointLocation", str(tmp_path / "chk")).start(orders))
+    with pytest.raises(Exception, match="idempotent_batch_writer"):
+        query.awaitTermination(120)
+
+
+def test_update_mode_aggregation_appends_each_batch_exactly_once(spark: Any, orders: str, tmp_path: Path) -> None:
+    """``outputMode("update")`` through ``foreachBatch``: each batch's updated rows, one transaction each;
+    a batch Spark replays commits nothing."""
+    source = tmp_path / "in"
+    frame = spark.createDataFrame([(i, f"k{i % 3}") for i in range(9)], "id long, k string")
+    frame.write.parquet(str(source))
+    counts = (spark.readStream.schema("id long, k string").option("maxFilesPerTrigger", 1).parquet(str(source))
+              .groupBy("k").count())
+    write = idempotent_batch_writer(orders, "counts", "counts-job", partitions="1")
+    query = (counts.writeStream.outputMode("update").foreachBatch(write)
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    query.awaitTermination()
+    with txn_core.open_log(orders) as log:
+        first = read_topic(log, "counts")
+    final: dict[str, int] = {}
+    for k, n in zip(first.column("k").to_pylist(), first.column("count").to_pylist(), strict=True):
+        final[k] = max(final.get(k, 0), n)
+    assert final == {"k0": 3, "k1": 3, "k2": 3}
+    with txn_core.open_log(orders) as log:
+        transactions = log.describe_topic("counts").partitions[0].committed_transactions
+    assert transactions == query.lastProgress["batchId"] + 1 > 1, "one transaction per micro-batch"
+
+    write(spark.createDataFrame([("k0", 99)], "k string, count long"), 0)  # Spark replaying batch 0
+    with txn_core.open_log(orders) as log:
+        again = read_topic(log, "counts")
+        progress = log.transaction_metadata("spark-app-counts-job")
+    assert again.num_rows == first.num_rows, "a replayed version commits nothing"
+    assert progress is not None and progress["query_id"] == "counts-job"
+
+
+def test_idempotent_batch_write_options_are_checked(spark: Any, orders: str) -> None:
+    df = spark.createDataFrame([(1, "a")], "id long, k string")
+    with pytest.raises(Exception, match="txnAppId and txnVersion go together"):
+        df.write.format("txnlog").option("topic", "orders").option("txnAppId", "a").mode("append").save(orders)
+    assert topic_ids(orders) == [0, 1, 2, 3, 4]
