@@ -30,7 +30,6 @@ manifest (a batch write is never replayed).
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 import uuid
@@ -42,11 +41,12 @@ from spark_txn_sink.faults import CountingStorage, Faults
 from spark_txn_sink.options import SinkOptions
 from txn_core import ObjectNotFoundError, StorageError, TopicPartition, open_log
 from txn_core.log import Log
+from txn_core.logs import get_logger
 from txn_core.staging import StagedRef, delete_keys, delete_unreferenced, staging_prefix
 from txn_core.storage import open_storage
 from txn_core.storage.base import Storage, create_resolving
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 SINK_MARK = "txnlog-spark-sink"
 PROGRESS_VERSION = 1
@@ -170,6 +170,9 @@ def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
                 result = CommitResult("committed", sum(r.rows for r in refs), len(refs), deleted)
         finally:
             producer.close()
+        logger.info("batch %s of %s %s: %d rows in %d objects to %s (%.0f ms)", ident.staging_batch,
+                    ident.transactional_id, result.outcome, result.rows, result.objects, opts.topic,
+                    (time.perf_counter() - started) * 1000)
         if counting is not None and opts.stats_dir:
             counting.write_stats(opts.stats_dir, ident.staging_batch,
                                  {"outcome": result.outcome, "objects": result.objects, "rows": result.rows,

@@ -9,7 +9,6 @@ offset ranges (:meth:`~spark_txn_source.planning.LogView.plan`).
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -23,9 +22,10 @@ from spark_txn_source.options import SourceOptions
 from spark_txn_source.planning import LogView
 from spark_txn_source.reader import RangePartition, read_partition
 from txn_core.ids import TopicPartition
+from txn_core.logs import get_logger
 from txn_core.timeindex import MAX_CLOCK_SKEW_MS, offset_for_timestamp
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class TxnLogBatchReader(DataSourceReader):

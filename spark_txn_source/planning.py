@@ -15,7 +15,6 @@ Nothing here is pickled to executors; only the ``OffsetRange`` values are.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 
@@ -33,6 +32,7 @@ from txn_core import paths
 from txn_core.errors import ConfigurationError, DataLossError
 from txn_core.ids import TopicPartition
 from txn_core.log import Log
+from txn_core.logs import get_logger
 from txn_core.partition import PartitionLog
 from txn_core.ranges import OffsetRange, available_end, plan_range, split_range
 from txn_core.reader import PartitionState
@@ -40,7 +40,7 @@ from txn_core.storage import open_storage
 from txn_core.timeindex import offset_for_timestamp
 from txn_core.topics import TopicMeta
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: A task reads at most this many offsets; longer ranges are split (parallelism, bounded task time).
 MAX_OFFSETS_PER_TASK = 1_000_000
@@ -190,6 +190,7 @@ class LogView:
             if min_partitions and total:
                 pieces = max(pieces, math.ceil(min_partitions * rng.size / total))
             out.extend(split_range(plog, rng, pieces))
+        log.info("planned %d offsets of %d partitions as %d tasks", total, len(ranges), len(out))
         return out
 
 

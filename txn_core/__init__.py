@@ -40,6 +40,7 @@ from txn_core.errors import (
 )
 from txn_core.ids import TopicPartition, TxnId
 from txn_core.log import Log, OngoingTransaction, PartitionDescription, TopicDescription, open_log
+from txn_core.logs import configure_from_env
 from txn_core.producer import Producer, RecordMetadata
 from txn_core.reader import READ_COMMITTED, READ_UNCOMMITTED
 from txn_core.records import METADATA_FIELDS
@@ -103,3 +104,5 @@ __all__ = [
     "UnstableOffsetsError",
     "open_log",
 ]
+
+configure_from_env()  # TXNLOG_LOG_LEVEL: logging in every process that imports txnlog (txn_core.logs)

@@ -28,7 +28,6 @@ when the caller accepts loss, the read continues at the new log start.
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -42,11 +41,12 @@ from txn_core.errors import (
     OffsetOutOfRangeError,
     TxnLogError,
 )
+from txn_core.logs import get_logger
 from txn_core.partition import Entry, PartitionLog
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED, PartitionState
 from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Record batches yielded by :func:`read_range` hold at most this many rows (zero-copy slices).
 MAX_BATCH_ROWS = 1 << 16

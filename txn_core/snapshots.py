@@ -19,7 +19,6 @@ valid. Rebuilding costs the parts plus the log tail after ``position``, never th
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +31,11 @@ from txn_core.buffer import OngoingTxn, TxnBuffer
 from txn_core.checksum import crc32c
 from txn_core.entry import encode_arrow
 from txn_core.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError
+from txn_core.logs import get_logger
 from txn_core.producer_state import ProducerStates
 from txn_core.storage.base import Storage, create_resolving
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 FORMAT_VERSION = 1
 #: Rows per sealed part.
@@ -145,6 +145,7 @@ class SnapshotStore:
         }
         key = self.prefix + paths.slot_name(buffer.position)
         envelope.create_json(self.storage, key, envelope.ObjectKind.BUFFER_SNAPSHOT, final)
+        log.info("snapshot %s written", key)
         self.parts = parts
         self.last_position = buffer.position
         self.last_time_ms = int(str(final["time_ms"]))

@@ -27,6 +27,7 @@ from txn_core.coordinator.txnlog import CoordinatorPartition, CoordinatorViews, 
 from txn_core.entry import EntryKind, crc32, encode_json
 from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
 from txn_core.ids import TxnId, validate_name
+from txn_core.logs import get_logger
 from txn_core.partition import PartitionLog
 from txn_core.pidalloc import allocate_producer_id
 from txn_core.storage.base import Storage
@@ -36,6 +37,8 @@ MAX_EPOCH = 2**31 - 16
 #: How long a transaction may stay prepared before another participant completes it (ms).
 MIN_COMPLETION_GRACE_MS = 5_000
 MAX_TIMEOUT_MS = 15 * 60 * 1000
+
+logger = get_logger("txnlog.coordinator")
 
 
 def coordinator_for(tid: str, partitions: int) -> int:
@@ -102,6 +105,7 @@ class TransactionCoordinator:
             return self.init_producer(tid, timeout_ms)
         if state is None:  # pragma: no cover - build always returns actions or raises
             raise InvalidTxnStateError(f"transactional id {tid!r}: init produced no state")
+        logger.info("init %s: producer id %d epoch %d (older instances fenced)", tid, state.producer_id, state.epoch)
         return state
 
     def begin(self, tid: str, producer_id: int, epoch: int, timeout_ms: int,
@@ -176,6 +180,7 @@ class TransactionCoordinator:
         state = view.append(tid, build)
         if state is None:  # pragma: no cover
             raise InvalidTxnStateError(f"transactional id {tid!r}: no state")
+        logger.info("%s %s: transaction %s decided %s", outcome.lower(), tid, txn, state.state.name)
         if state.state.is_prepared and complete:
             state = self.complete(state)
         return state
@@ -257,6 +262,8 @@ class TransactionCoordinator:
 
         state = view.append(current.tid, build)
         if state is not None and state.state.is_prepared and state.txn == txn:
+            logger.info("abort %s: transaction %s aborted (%s); epoch %d fenced", current.tid, txn, reason,
+                        current.epoch)
             return self.complete(state)
         return state
 

@@ -46,6 +46,7 @@ from txn_core.errors import (
     TxnLogError,
 )
 from txn_core.ids import TxnId
+from txn_core.logs import get_logger
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
 
@@ -323,6 +324,7 @@ class CoordinatorPartition:
         prefix = paths.coordinator_snapshots(self.coordinator)
         key = prefix + paths.slot_name(self.next_slot)
         envelope.create_json(self.storage, key, envelope.ObjectKind.COORDINATOR_SNAPSHOT, snap)
+        get_logger("txnlog.snapshots").info("coordinator snapshot %s written", key)
         self._snapshot_slot = self.next_slot
         names = sorted(n for n in self.storage.list(prefix) if not n.endswith("/"))
         for name in names[:-SNAPSHOTS_KEPT]:

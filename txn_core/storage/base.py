@@ -24,6 +24,7 @@ txnlog object carries in its first bytes.
 from __future__ import annotations
 
 import abc
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from txn_core.errors import (
 )
 
 Chunks = Sequence[bytes | bytearray | memoryview]
+_log = logging.getLogger("txnlog.storage")
 
 
 class Storage(abc.ABC):
@@ -128,10 +130,12 @@ def create_resolving(
             raise ObjectExistsError(f"{key} was created by another writer") from exc
         except RetryableStorageError as exc:
             last = exc
+            _log.info("create of %s: the store asked to retry (attempt %d of %d)", key, attempt + 1, attempts)
             _backoff(attempt)
             continue
         except UnknownOutcomeError as exc:
             last = exc
+            _log.info("create of %s: outcome unknown, reading it back (attempt %d of %d)", key, attempt + 1, attempts)
             _backoff(attempt)
             try:
                 if _is_mine(storage, key, identity):

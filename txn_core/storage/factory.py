@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from txn_core.errors import ConfigurationError, ObjectExistsError, StorageContractError, StorageError
+from txn_core.storage import requests_log
 from txn_core.storage.base import Storage, create_resolving
 from txn_core.storage.local import LocalStorage
 from txn_core.storage.memory import MemoryStorage
@@ -65,6 +66,8 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
             f"log URL {redact_url(url)!r} has an unsupported scheme {scheme!r}: use a local path, file://, "
             "memory://, s3://, gs:// or abfs:// (any fsspec filesystem with conditional create)"
         )
+    if requests_log.wanted():
+        storage = requests_log.RequestLoggingStorage(storage)
     if self_test:
         with _verified_lock:
             done = storage.url in _verified
