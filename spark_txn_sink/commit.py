@@ -140,8 +140,10 @@ def _forget(opts: SinkOptions) -> None:
 
 
 def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
-                 group_offsets: Callable[[str], dict[tuple[str, int], int]] | None = None) -> CommitResult:
-    """Commit one batch exactly once (module doc, steps 1-6). ``group_offsets(log_url)`` gives step 1."""
+                 group_offsets: Callable[[str], dict[tuple[str, int], int]] | None = None, *,
+                 before_begin: Callable[[Log], None] | None = None) -> CommitResult:
+    """Commit one batch exactly once (module doc, steps 1-6). ``group_offsets(log_url)`` gives step 1;
+    ``before_begin(log)`` runs right before a new transaction begins (the sink creates a planned topic)."""
     faults = Faults(opts.fault, ident.batch_id)
     started = time.perf_counter()
     log, storage, counting = _open(opts)
@@ -156,6 +158,8 @@ def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
                 deleted = _cleanup_replay(storage, ident, previous, refs)
                 result = CommitResult("replayed", 0, 0, deleted)
             else:
+                if before_begin is not None:
+                    before_begin(log)
                 manifest = _write_manifest(storage, ident, refs) if ident.write_id is None else None
                 producer.begin_transaction()
                 producer.send_staged(refs)

@@ -1,11 +1,18 @@
-"""Planning checks on the driver: the target topic exists (or is created) and accepts the frame's schema.
+"""Planning checks on the driver: the target topic exists (or will be created) and accepts the frame.
 
 Runs before any task starts, so a mismatch fails the query with nothing written. The frame's columns
 ``_topic``, ``_partition``, ``_offset`` and ``_timestamp`` (added by a txnlog source) are ignored.
+
+A missing topic is **not** created while Spark plans: it is created by the commit, right before the
+batch's transaction begins (:func:`create_planned_topic`), so a write that fails (a task error, a
+refused value) leaves no topic and no schema behind, and a corrected retry starts afresh. A topic made
+from a frame has every column nullable, at every depth: Spark does not enforce a frame's non-null
+declarations on the rows it hands a Python sink.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -14,7 +21,7 @@ from spark_txn_sink.options import SOURCE_METADATA_COLUMNS, SinkOptions
 from txn_core import ConfigurationError, SchemaMismatchError, TopicExistsError, TopicNotFoundError
 from txn_core.log import Log
 from txn_core.schema import conform
-from txn_core.topics import TopicMeta
+from txn_core.topics import TopicMeta, normalize_schema
 
 
 def frame_arrow_schema(spark_schema: Any) -> pa.Schema:
@@ -25,15 +32,40 @@ def frame_arrow_schema(spark_schema: Any) -> pa.Schema:
         arrow = to_arrow_schema(spark_schema, timezone="UTC")
     except Exception as exc:  # pyspark raises its own error types for unsupported types
         raise SchemaMismatchError(f"the frame has a column type Arrow cannot represent: {exc}") from exc
-    fields = [pa.field(f.name, f.type, f.nullable) for f in arrow if f.name not in SOURCE_METADATA_COLUMNS]
+    fields = [pa.field(f.name, _nullable(f.type), True) for f in arrow if f.name not in SOURCE_METADATA_COLUMNS]
     if not fields:
         raise SchemaMismatchError(
             f"the frame has no data columns (only {[f.name for f in arrow]}); nothing to write")
     return pa.schema(fields)
 
 
-def ensure_topic(log: Log, opts: SinkOptions, frame: pa.Schema) -> TopicMeta:
-    """The target topic, created from ``frame`` when missing and ``partitions`` is set; checks the schema."""
+def _nullable(t: pa.DataType) -> pa.DataType:
+    """``t`` with every child field nullable (map keys stay non-null, as Arrow requires)."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(t.field(i).name, _nullable(t.field(i).type), True) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_type, pa.field(t.item_field.name, _nullable(t.item_type), True))
+    if pa.types.is_large_list(t):
+        return pa.large_list(pa.field(t.value_field.name, _nullable(t.value_type), True))
+    if pa.types.is_list(t):
+        return pa.list_(pa.field(t.value_field.name, _nullable(t.value_type), True))
+    return t
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedTopic:
+    """The topic a write targets: its schema and partitions, and whether the commit must create it."""
+
+    name: str
+    schema: pa.Schema
+    partitions: int
+    create: bool
+
+
+def plan_topic(log: Log, opts: SinkOptions, frame: pa.Schema) -> PlannedTopic:
+    """The target topic as it is, or as the commit will create it from ``frame`` (``partitions`` set);
+    checks the schema. Writes nothing."""
+    meta: TopicMeta | None
     try:
         meta = log.topics.get(opts.topic)
     except TopicNotFoundError as exc:
@@ -41,12 +73,40 @@ def ensure_topic(log: Log, opts: SinkOptions, frame: pa.Schema) -> TopicMeta:
             raise TopicNotFoundError(
                 f"{exc} Or let the sink create it from the frame's schema: .option('partitions', N)."
             ) from exc
-        try:
-            meta = log.create_topic(opts.topic, opts.partitions, frame)
-        except TopicExistsError:  # a concurrent creator won: fine if its schema accepts ours (checked below)
-            meta = log.topics.get(opts.topic)
+        meta = None
+    if meta is None:
+        if opts.partitions is None:  # pragma: no cover - refused above
+            raise TopicNotFoundError(f"unknown topic {opts.topic!r}")
+        normalize_schema(frame)  # reserved, duplicate or missing column names fail now, not at commit
+        if opts.key_column is not None and opts.key_column not in frame.names:
+            raise ConfigurationError(
+                f"keyColumn {opts.key_column!r} is not a column of the frame; its columns are {frame.names}")
+        return PlannedTopic(opts.topic, frame, opts.partitions, create=True)
     check_schema(meta, frame, opts)
-    return meta
+    return PlannedTopic(meta.name, meta.schema, meta.partitions, create=False)
+
+
+def create_planned_topic(log: Log, planned: PlannedTopic) -> None:
+    """Create a topic the plan found missing (the commit's first step); a no-op for an existing one.
+
+    Another writer may have created it meanwhile: that is fine only with the same schema and partition
+    count, which the batch's staged data and routing were made for; otherwise the commit fails, nothing is
+    committed, and the retry plans against the topic as it now is.
+    """
+    if not planned.create:
+        return
+    try:
+        log.create_topic(planned.name, planned.partitions, planned.schema)
+        return
+    except TopicExistsError:
+        meta = log.topics.get(planned.name)
+    if meta.schema != planned.schema or meta.partitions != planned.partitions:
+        raise SchemaMismatchError(
+            f"topic {planned.name!r} was created by another writer while this batch was written, with schema "
+            f"({meta.schema.to_string(show_schema_metadata=False)}) and {meta.partitions} partition(s); this "
+            f"batch was staged for ({planned.schema.to_string(show_schema_metadata=False)}) and "
+            f"{planned.partitions}. Nothing of it was committed; the query's retry writes to the topic as it "
+            "is now.")
 
 
 def check_schema(meta: TopicMeta, frame: pa.Schema, opts: SinkOptions) -> None:

@@ -29,7 +29,7 @@ from spark_txn_sink.messages import SinkCommitMessage, staged_refs
 from spark_txn_sink.options import SinkOptions, parse_sink_options
 from spark_txn_sink.pairing import group_offsets
 from spark_txn_sink.stager import PartitionStager, TopicTarget
-from spark_txn_sink.topic import ensure_topic, frame_arrow_schema
+from spark_txn_sink.topic import PlannedTopic, create_planned_topic, frame_arrow_schema, plan_topic
 from txn_core import ConfigurationError, open_log
 
 TRANSACTIONAL_ID_PREFIX = "spark-sink-"
@@ -53,33 +53,34 @@ def default_transactional_id(query_id: str, consumer_group: str | None = None) -
     return tid
 
 
-def _plan(options: Mapping[str, str], schema: Any, *, streaming: bool) -> tuple[SinkOptions, TopicTarget]:
+def _plan(options: Mapping[str, str], schema: Any, *,
+          streaming: bool) -> tuple[SinkOptions, TopicTarget, PlannedTopic]:
     opts = parse_sink_options(options, streaming=streaming)
     frame = frame_arrow_schema(schema)
     log = open_log(opts.url, opts.storage_options)
     try:
-        meta = ensure_topic(log, opts, frame)
+        planned = plan_topic(log, opts, frame)
     finally:
         log.close()
-    target = TopicTarget(opts.url, opts.storage_items, meta.name, meta.schema, meta.partitions,
+    target = TopicTarget(opts.url, opts.storage_items, planned.name, planned.schema, planned.partitions,
                          opts.key_column)
-    return opts, target
+    return opts, target, planned
 
 
 def make_stream_writer(options: Mapping[str, str], schema: Any, overwrite: bool) -> TxnLogStreamWriter:
     """``streamWriter``: validate everything, create the topic if asked, and fix the batch identity."""
     if overwrite:
         raise ConfigurationError(
-            "the txnlog sink does not take outputMode('complete'): a topic is an append-only log, so "
-            "rewriting the whole result every batch cannot be honoured. Use outputMode('append') (with a "
+            "the txnlog sink supports outputMode('append') only: a topic is an append-only log, so "
+            "'complete' (rewrite the whole result every batch) cannot be honoured. Use outputMode('append') (with a "
             "watermark for aggregations), or for 'update' semantics foreachBatch with "
             "spark_txn_sink.idempotent_batch_writer(url, topic, app_id), which appends each batch's updated "
             "rows exactly once.")
-    opts, target = _plan(options, schema, streaming=True)
+    opts, target, planned = _plan(options, schema, streaming=True)
     location = opts.checkpoint_location or ""
     query_id = read_query_id(location, opts.url, opts.storage_options)
     tid = opts.transactional_id or default_transactional_id(query_id, opts.consumer_group)
-    return TxnLogStreamWriter(opts, target, tid, query_id)
+    return TxnLogStreamWriter(opts, target, tid, query_id, planned)
 
 
 def make_batch_writer(options: Mapping[str, str], schema: Any, overwrite: bool) -> TxnLogBatchWriter:
@@ -89,13 +90,14 @@ def make_batch_writer(options: Mapping[str, str], schema: Any, overwrite: bool) 
             "the txnlog sink takes mode('append') only: a topic is an append-only log and cannot be "
             "overwritten (Spark's error for the default mode names Overwrite as an option, but a txnlog "
             "topic refuses it). Use df.write.format('txnlog').mode('append').")
-    opts, target = _plan(options, schema, streaming=False)
+    opts, target, planned = _plan(options, schema, streaming=False)
     if opts.app_id is not None and opts.app_version is not None:  # idempotent: (app, version) commits once
         tid = opts.transactional_id or f"spark-app-{opts.app_id}"
-        return TxnLogBatchWriter(opts, target, BatchIdentity(tid, query_id=opts.app_id, batch_id=opts.app_version))
+        ident = BatchIdentity(tid, query_id=opts.app_id, batch_id=opts.app_version)
+        return TxnLogBatchWriter(opts, target, ident, planned)
     write_id = uuid.uuid4().hex
     tid = opts.transactional_id or f"spark-write-{write_id}"
-    return TxnLogBatchWriter(opts, target, BatchIdentity(tid, write_id=write_id))
+    return TxnLogBatchWriter(opts, target, BatchIdentity(tid, write_id=write_id), planned)
 
 
 def _task_context() -> Any:
@@ -123,11 +125,13 @@ def _stage(opts: SinkOptions, target: TopicTarget, ident: BatchIdentity,
 class TxnLogStreamWriter(DataSourceStreamArrowWriter):
     """One micro-batch epoch = one txnlog transaction, exactly once (see :mod:`spark_txn_sink.commit`)."""
 
-    def __init__(self, opts: SinkOptions, target: TopicTarget, transactional_id: str, query_id: str) -> None:
+    def __init__(self, opts: SinkOptions, target: TopicTarget, transactional_id: str, query_id: str,
+                 planned: PlannedTopic) -> None:
         self.opts = opts
         self.target = target
         self.transactional_id = transactional_id
         self.query_id = query_id
+        self.planned = planned
 
     def _ident(self, batch_id: int) -> BatchIdentity:
         return BatchIdentity(self.transactional_id, query_id=self.query_id, batch_id=int(batch_id))
@@ -154,7 +158,8 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
             return group_offsets(batch.sources, log_url, batch_id=int(batchId),
                                  group=opts.consumer_group or "")
 
-        commit_batch(opts, ident, refs, offsets if opts.consumer_group else None)
+        commit_batch(opts, ident, refs, offsets if opts.consumer_group else None,
+                     before_begin=lambda log: create_planned_topic(log, self.planned))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         ident = self._ident(batchId)
@@ -164,16 +169,18 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
 class TxnLogBatchWriter(DataSourceArrowWriter):
     """A batch ``df.write``: every task stages, the driver commits everything as one transaction."""
 
-    def __init__(self, opts: SinkOptions, target: TopicTarget, ident: BatchIdentity) -> None:
+    def __init__(self, opts: SinkOptions, target: TopicTarget, ident: BatchIdentity, planned: PlannedTopic) -> None:
         self.opts = opts
         self.target = target
         self.ident = ident
+        self.planned = planned
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         return _stage(self.opts, self.target, self.ident, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        commit_batch(self.opts, self.ident, staged_refs(messages, self.ident.staging_batch, strict=True))
+        commit_batch(self.opts, self.ident, staged_refs(messages, self.ident.staging_batch, strict=True),
+                     before_begin=lambda log: create_planned_topic(log, self.planned))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         abort_batch(self.opts, self.ident, staged_refs(messages, self.ident.staging_batch, strict=False))
