@@ -38,7 +38,8 @@ def execute(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     return "".join(texts), kinds
 
 
-@pytest.mark.parametrize("name", ["01_transactions.ipynb", "02_spark_exactly_once.ipynb", "03_operations.ipynb"])
+@pytest.mark.parametrize("name", ["01_transactions.ipynb", "02_spark_exactly_once.ipynb", "03_operations.ipynb",
+                                  "04_spark_sql_and_aggregations.ipynb"])
 def test_notebooks_are_committed_without_outputs(name: str) -> None:
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nbformat.validate(nb)
@@ -110,3 +111,14 @@ def test_03_operations(tmp_path: Path) -> None:
     assert "billing polled 4 new orders; importer's orders among them: False" in printed
     # consumer-group lag against the last stable offset
     assert "total lag: 0" in printed
+
+
+@pytest.mark.spark
+def test_04_spark_sql_and_aggregations(tmp_path: Path) -> None:
+    printed, kinds = execute("04_spark_sql_and_aggregations.ipynb", tmp_path)
+    assert re.search(r"\d+ committed clicks in minutes 0-5 \(minute 3 aborted\)", printed)
+    assert re.search(r"run 2: \d+ micro-batches so far", printed)
+    assert re.search(r"windows written: \d+, each once; counts equal the committed clicks: True", printed)
+    assert "minute 3 (aborted) counted: False" in printed
+    assert "minute 20 (still open) written: False" in printed
+    assert "image/png" in kinds
