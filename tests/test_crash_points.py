@@ -168,3 +168,59 @@ def test_every_commit_crash_point_recovers_on_a_real_s3_server(seaweed_s3: Any) 
             with pytest.raises(SimulatedCrash):
                 _commit_txn(txn_core.Log(FaultyStorage(inner, crash_at=k, landed=landed), clock=clock))
             _check_recovered(inner, clock, expect_commit=_commit_decided(inner, clock), recover="reinit")
+
+
+# --- the offsets fence (PROTOCOL.md "Offsets fence") ----------------------------------------------
+
+FENCE_START = {("t", 0): 0}
+
+
+def _fenced_commit_txn(log: txn_core.Log) -> None:
+    """The commit above, with its offsets fenced by a claim on their start position."""
+    p = log.producer(TID, transaction_timeout_ms=10_000)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": TXN}), key_column="id")
+    p.flush()
+    p.send_offsets_to_transaction({("t", 0): 7}, "grp", start_offsets=dict(FENCE_START))
+    p.commit_transaction()
+    p.close()
+
+
+def _rival_claims(inner: Storage, clock: FakeClock) -> bool:
+    """Whether another transactional id can still commit the group's input from the same start."""
+    p = txn_core.Log(inner, clock=clock).producer("rival", transaction_timeout_ms=10_000)
+    p.init_transactions()
+    p.begin_transaction()
+    try:
+        p.send_offsets_to_transaction({("t", 0): 7}, "grp", start_offsets=dict(FENCE_START))
+    except txn_core.GroupFencedError:
+        p.abort_transaction()
+        return False
+    p.abort_transaction()  # only the claim matters here; aborting releases it
+    return True
+
+
+FENCED_COMMIT_OPS = _count_ops(_fenced_commit_txn)
+
+
+@pytest.mark.parametrize("recover", ["reinit", "timeout"])
+@pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
+@pytest.mark.parametrize("k", range(FENCED_COMMIT_OPS))
+def test_crash_during_fenced_commit_keeps_the_claim_iff_it_committed(k: int, landed: bool, recover: str) -> None:
+    """At every storage step of a fenced commit (the claim included): all-or-nothing as above, and the
+    start position stays claimed exactly when the transaction committed (else the claim is released)."""
+    inner, clock = _setup()
+    with pytest.raises(SimulatedCrash):
+        _fenced_commit_txn(txn_core.Log(FaultyStorage(inner, crash_at=k, landed=landed), clock=clock))
+    decided = _commit_decided(inner, clock)
+    _check_recovered(inner, clock, expect_commit=decided, recover=recover)
+    assert _rival_claims(inner, clock) == (not decided)
+
+
+@pytest.mark.parametrize("k", range(FENCED_COMMIT_OPS))
+def test_ambiguous_write_in_a_fenced_commit_keeps_its_own_claim(k: int) -> None:
+    inner, clock = _setup()
+    _fenced_commit_txn(txn_core.Log(FaultyStorage(inner, ambiguous_at=k, only_writes=True), clock=clock))
+    assert sorted(_read_all(txn_core.Log(inner, clock=clock))) == sorted(BASE + TXN)
+    assert not _rival_claims(inner, clock)

@@ -50,6 +50,7 @@ class ObjectKind(enum.IntEnum):
     SEGMENT_INDEX = 9
     SUBSCRIPTION = 10
     GROUP_SNAPSHOT = 11
+    OFFSETS_CLAIM = 12
 
 
 @dataclass(frozen=True, slots=True)

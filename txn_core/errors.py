@@ -116,6 +116,15 @@ class TransactionConflictError(TxnLogError):
     """Another open transaction holds a conflicting pending acknowledgement."""
 
 
+class GroupFencedError(TxnLogError):
+    """Another transaction already committed (or holds) a consumer group's input from the same start
+    position (PROTOCOL.md "Offsets fence"); this transaction must abort and commits nothing."""
+
+    def __init__(self, message: str, group: str = "") -> None:
+        super().__init__(message)
+        self.group = group
+
+
 class ConcurrentTransactionsError(RetryableStorageError):
     """The previous transaction of this transactional id is still completing; retry shortly."""
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from txn_core import paths
+from txn_core import offsets_fence, paths
 from txn_core.coordinator.states import ClientState, CoordinatorState, check_client_transition
 from txn_core.coordinator.txnlog import TidState
 from txn_core.entry import EntryKind, crc32, encode_arrow
@@ -43,6 +43,7 @@ from txn_core.errors import (
     TxnLogError,
 )
 from txn_core.ids import TopicPartition, TxnId, validate_name
+from txn_core.parallel import submit
 from txn_core.partition import AppendResult
 from txn_core.routing import split_by_key
 from txn_core.schema import conform
@@ -183,8 +184,16 @@ class Producer:
             self._pending.clear()
 
     def send_offsets_to_transaction(self, offsets: dict[tuple[str, int] | TopicPartition, int],
-                                    group_id: str) -> None:
-        """Commit consumer-group offsets atomically with this transaction (visible only if it commits)."""
+                                    group_id: str, *,
+                                    start_offsets: dict[tuple[str, int] | TopicPartition, int] | None = None
+                                    ) -> None:
+        """Commit consumer-group offsets atomically with this transaction (visible only if it commits).
+
+        ``start_offsets`` (where this transaction's input for the group started: the group's committed
+        offsets the consumer resumed from, or the previous transaction's ``offsets``) fences every other
+        writer from the same start (PROTOCOL.md "Offsets fence"): if another transaction claimed it and did
+        not abort, this raises :class:`GroupFencedError` and the transaction can only be aborted.
+        """
         with self._lock:
             self._require_transactional("send_offsets_to_transaction")
             self._require_open()
@@ -196,7 +205,24 @@ class Producer:
             table = self.log.groups.offsets_table(offsets)
             path = paths.group_log_path(group_id)
             self._ensure_registered([path])
-            self._append_data(path, table, sequence=False)
+            if start_offsets is None:
+                self._append_data(path, table, sequence=False)
+                return
+            txn = self._txn
+            if txn is None:  # pragma: no cover - registration above always yields a transaction id
+                raise InvalidTxnStateError(f"transactional id {self.transactional_id!r}: no transaction id")
+            tid, pid, epoch = self.transactional_id or "", self.producer_id, self.epoch
+            fence = submit(lambda: offsets_fence.claim(self.log, group_id, start_offsets, offsets, tid=tid,
+                                                       producer_id=pid, epoch=epoch, txn=txn))
+            try:
+                self._append_data(path, table, sequence=False)
+            finally:
+                try:
+                    fence.result()
+                except TxnLogError as exc:
+                    self._state = _S.ABORTABLE_ERROR
+                    self._error = exc
+                    raise
 
     def append_to_transaction(self, path: str, payload: bytes, *, record_count: int = 1,
                               check: Callable[[TxnId | None, AppendResult], None] | None = None) -> AppendResult:
