@@ -39,7 +39,15 @@ from typing import Any
 
 from spark_txn_sink.faults import CountingStorage, Faults
 from spark_txn_sink.options import SinkOptions
-from txn_core import ObjectNotFoundError, StorageError, TopicPartition, open_log
+from txn_core import (
+    GroupFencedError,
+    ObjectNotFoundError,
+    Producer,
+    ProducerFencedError,
+    StorageError,
+    TopicPartition,
+    open_log,
+)
 from txn_core.log import Log
 from txn_core.logs import get_logger
 from txn_core.staging import StagedRef, delete_keys, delete_unreferenced, staging_prefix
@@ -94,6 +102,15 @@ class BatchIdentity:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupPosition:
+    """A batch's input for its consumer group: ``end`` offsets to commit, and the ``start`` the input began
+    at (the offsets fence claims it; None: the query's first batch did not start from the group)."""
+
+    end: dict[tuple[str, int], int]
+    start: dict[tuple[str, int], int] | None
+
+
+@dataclass(frozen=True, slots=True)
 class CommitResult:
     """What a commit did: ``committed`` (a new transaction) or ``replayed`` (already committed: no-op)."""
 
@@ -140,10 +157,12 @@ def _forget(opts: SinkOptions) -> None:
 
 
 def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
-                 group_offsets: Callable[[str], dict[tuple[str, int], int]] | None = None, *,
+                 group_offsets: Callable[[str], GroupPosition | dict[tuple[str, int], int]] | None = None, *,
                  before_begin: Callable[[Log], None] | None = None) -> CommitResult:
-    """Commit one batch exactly once (module doc, steps 1-6). ``group_offsets(log_url)`` gives step 1;
-    ``before_begin(log)`` runs right before a new transaction begins (the sink creates a planned topic)."""
+    """Commit one batch exactly once (module doc, steps 1-6). ``group_offsets(log_url)`` gives step 1: a
+    :class:`GroupPosition` (fenced), or bare end offsets (committed unfenced, for callers that own the
+    group alone); ``before_begin(log)`` runs right before a new transaction begins (the sink creates a
+    planned topic)."""
     faults = Faults(opts.fault, ident.batch_id)
     started = time.perf_counter()
     log, storage, counting = _open(opts)
@@ -164,7 +183,7 @@ def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
                 producer.begin_transaction()
                 producer.send_staged(refs)
                 if offsets is not None and opts.consumer_group is not None:
-                    producer.send_offsets_to_transaction(_as_offsets(offsets), opts.consumer_group)
+                    _send_offsets(log, producer, opts.consumer_group, offsets)
                 faults.hit("before_commit")
                 producer.commit_transaction(metadata=ident.progress(opts.topic, refs, manifest))
                 faults.hit("after_prepare")
@@ -182,9 +201,41 @@ def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
                                  {"outcome": result.outcome, "objects": result.objects, "rows": result.rows,
                                   "seconds": round(time.perf_counter() - started, 4)})
         return result
+    except ProducerFencedError as exc:
+        _forget(opts)
+        if opts.consumer_group is None:
+            raise
+        raise ProducerFencedError(
+            f"consumer group {opts.consumer_group!r}: batch {ident.batch_id} was not committed: {exc}. Its "
+            f"transactional id {ident.transactional_id!r} was taken over by another committer (a second "
+            "query on this group, or a newer run of this one); one query may commit to a group at a time. "
+            "Stop the other query, or give each query its own consumerGroup.") from exc
     except BaseException:
         _forget(opts)
         raise
+
+
+def _send_offsets(log: Log, producer: Producer, group: str,
+                  position: GroupPosition | dict[tuple[str, int], int]) -> None:
+    """Send the batch's group offsets, fenced by the position its input started at (PROTOCOL.md here,
+    "Offsets fence"). A first batch that did not start from the group may commit only to a group that
+    has no offsets for its partitions yet (its start is then the group's origin, -1)."""
+    if not isinstance(position, GroupPosition):
+        producer.send_offsets_to_transaction(_as_offsets(position), group)
+        return
+    start = position.start
+    if start is None:
+        committed = log.groups.committed(group, require_stable=True)
+        held = sorted(str(tp) for tp in committed if (tp.topic, tp.partition) in position.end)
+        if held:
+            raise GroupFencedError(
+                f"consumer group {group!r} already has committed offsets for {', '.join(held[:4])}"
+                f"{' ...' if len(held) > 4 else ''}, but this query's first batch did not start from them "
+                "(startingOffsets is not 'group'), so committing its offsets could commit input twice. Start "
+                "the query with startingOffsets=group (and consumerGroup on the reader), or use a new "
+                "consumerGroup.", group)
+        start = {tp: -1 for tp in position.end}
+    producer.send_offsets_to_transaction(_as_offsets(position.end), group, start_offsets=_as_offsets(start))
 
 
 def _as_offsets(offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int] | TopicPartition, int]:

@@ -103,3 +103,30 @@ def group_offsets(sources: Iterable[Any], sink_log_url: str, *, batch_id: int,
             "checkpoint: the option commits the offsets of txnlog sources read by this query. Read from "
             "spark.readStream.format('txnlog'), or drop consumerGroup.")
     return out
+
+
+def group_start(sources: tuple[Any, ...], previous: tuple[Any, ...] | None,
+                ends: dict[tuple[str, int], int]) -> dict[tuple[str, int], int] | None:
+    """Where batch ``N``'s input for the group started, for the offsets fence (txn_core PROTOCOL.md
+    "Offsets fence"): the ``start`` a txnlog source recorded in its end offset (the first batch of a query
+    started from the group), else the end offsets of batch ``N - 1`` (``previous``; None for a first batch).
+
+    Returns None when a source's first batch recorded no start (a query that did not start from the
+    group). Partitions without a known start (added to a topic since) get -1, as a group without offsets.
+    """
+    out: dict[tuple[str, int], int] = {}
+    for i, value in enumerate(sources):
+        if not is_txnlog_offset(value):
+            continue
+        recorded = value.get("start")
+        if not isinstance(recorded, dict):
+            prev = previous[i] if previous is not None and i < len(previous) else None
+            if prev is None or not is_txnlog_offset(prev):
+                return None
+            recorded = prev["topics"]
+        for topic, parts in recorded.items():
+            if isinstance(parts, dict):
+                for p, offset in parts.items():
+                    out[(str(topic), int(p))] = int(offset)
+    return {tp: out.get(tp, -1) for tp in ends}
+

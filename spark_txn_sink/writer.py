@@ -23,11 +23,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from spark_txn_sink.checkpoint import read_batch_offsets, read_query_id
-from spark_txn_sink.commit import BatchIdentity, abort_batch, commit_batch
+from spark_txn_sink.commit import BatchIdentity, GroupPosition, abort_batch, commit_batch
 from spark_txn_sink.faults import Faults
 from spark_txn_sink.messages import SinkCommitMessage, staged_refs
 from spark_txn_sink.options import SinkOptions, parse_sink_options
-from spark_txn_sink.pairing import group_offsets
+from spark_txn_sink.pairing import group_offsets, group_start
 from spark_txn_sink.stager import PartitionStager, TopicTarget
 from spark_txn_sink.topic import PlannedTopic, create_planned_topic, frame_arrow_schema, plan_topic
 from txn_core import ConfigurationError, open_log
@@ -152,11 +152,15 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
         refs = staged_refs(messages, ident.staging_batch, strict=True)
         opts = self.opts
 
-        def offsets(log_url: str) -> dict[tuple[str, int], int]:
-            batch = read_batch_offsets(opts.checkpoint_location or "", int(batchId), opts.url,
-                                       opts.storage_options)
-            return group_offsets(batch.sources, log_url, batch_id=int(batchId),
-                                 group=opts.consumer_group or "")
+        def offsets(log_url: str) -> GroupPosition:
+            location, n = opts.checkpoint_location or "", int(batchId)
+            batch = read_batch_offsets(location, n, opts.url, opts.storage_options)
+            ends = group_offsets(batch.sources, log_url, batch_id=n, group=opts.consumer_group or "")
+            start = group_start(batch.sources, None, ends)
+            if start is None and n > 0:  # the batch starts where batch n - 1 ended
+                previous = read_batch_offsets(location, n - 1, opts.url, opts.storage_options)
+                start = group_start(batch.sources, previous.sources, ends)
+            return GroupPosition(ends, start)
 
         commit_batch(opts, ident, refs, offsets if opts.consumer_group else None,
                      before_begin=lambda log: create_planned_topic(log, self.planned))

@@ -4,6 +4,11 @@ This exact shape is a contract: Spark writes it to the checkpoint's ``offsets/<b
 txnlog sink reads it back from there. ``log`` is the log URL without credentials. Offsets are encoded
 canonically (topics sorted by name, partitions by number) so that "no new data" gives a dict equal to the
 start, which is how Spark decides to run no batch.
+
+With ``startingOffsets=group``, the end offset of the query's first batch also carries ``"start"``: the
+group's committed offsets that batch started from (``{topic: {"partition": offset}}``, -1 where the group
+had none). The txnlog sink claims that position for its offsets fence (txn_core PROTOCOL.md "Offsets
+fence"): Spark records no start for a first batch, and later batches start at the previous batch's end.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from txn_core.errors import ConfigurationError
 from txn_core.ids import TopicPartition
 
 Positions = dict[TopicPartition, int]
+START = "start"
 
 
 def encode(log_url: str, positions: Mapping[TopicPartition, int]) -> dict[str, Any]:

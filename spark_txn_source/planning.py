@@ -75,6 +75,9 @@ class LogView:
         self.url = self.log.url
         self.metas: dict[str, TopicMeta] = {t: self.log.topics.get(t) for t in opts.topics}
         self._states: dict[TopicPartition, PartitionState] = {}
+        #: startingOffsets=group: the group's committed offset each partition started from (-1: none), as
+        #: recorded in the first batch's end offset for the sink's offsets fence (offsets.py)
+        self.group_start: dict[TopicPartition, int] | None = None
 
     # --- topology -------------------------------------------------------------------------------
 
@@ -114,6 +117,7 @@ class LogView:
         if opts.starting == GROUP:
             # Stable offsets only: an open transaction of the group's sink may be about to commit more.
             committed = self.log.groups.committed(opts.consumer_group or "", require_stable=True)
+            self.group_start = {tp: committed[tp].offset if tp in committed else -1 for tp in tps}
             return {tp: committed[tp].offset if tp in committed else self.log_start(tp) for tp in tps}
         if opts.starting == "timestamp":
             ts = opts.starting_timestamp or 0

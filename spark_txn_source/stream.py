@@ -54,6 +54,7 @@ class TxnLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: dict[str, Any] | None = None
         self._target: dict[TopicPartition, int] | None = None
         self._latest: dict[TopicPartition, int] | None = None
+        self._start_recorded = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {"opts": self.opts, "schema": self.schema}
@@ -104,7 +105,13 @@ class TxnLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ConfigurationError(
                 f"the txnlog source cannot honour Spark's read limit {limit!r}; it supports "
                 "ReadAllAvailable, ReadMaxRows (maxOffsetsPerTrigger) and ReadMinRows")
-        return offsets.encode(view.url, {tp: s + take[tp] for tp, s in starts.items()})
+        end = offsets.encode(view.url, {tp: s + take[tp] for tp, s in starts.items()})
+        if view.group_start is not None and not self._start_recorded and start == self._initial:
+            self._start_recorded = True  # the query's first batch: record where the group was
+            end[offsets.START] = offsets.encode(view.url, view.group_start)["topics"]
+        elif end["topics"] == start.get("topics"):
+            return start  # no new data: Spark's own start (it may carry the first batch's "start")
+        return end
 
     def reportLatestOffset(self) -> dict[str, Any] | None:  # noqa: N802 - Spark API
         if self._latest is None:

@@ -138,3 +138,17 @@ def test_a_writer_that_restarts_from_an_old_position_is_refused(log: txn_core.Lo
     late.abort_transaction()
     late.close()
     assert _output(log) == list(range(20))
+
+
+def test_a_transaction_that_consumed_nothing_claims_nothing(log: txn_core.Log) -> None:
+    a = log.producer("copier-a")
+    a.init_transactions()
+    _copy(a, log, 0, 10)
+    a.commit_transaction()
+    _copy(a, log, 10, 10)  # an empty batch: offsets stay where they started
+    a.commit_transaction()
+    _copy(a, log, 10, 20)  # the next batch from the same start still gets its claim
+    a.commit_transaction()
+    a.close()
+    assert _output(log) == list(range(20))
+    assert log.storage.list(claims_prefix("cg", {("in", 0): 10})) == ["00000000000000000000"]

@@ -55,11 +55,14 @@ def _describe(start: Position, limit: int = 4) -> str:
 
 def claim(log: Log, group: str, start: Position, end: Position, *, tid: str, producer_id: int, epoch: int,
           txn: TxnId) -> int:
-    """Claim ``start`` for transaction ``txn`` of ``tid``; returns the generation won.
+    """Claim ``start`` for transaction ``txn`` of ``tid``; returns the generation won (-1: nothing to
+    claim, the transaction consumed no input: ``end`` equals ``start``).
 
     Raises :class:`GroupFencedError` if another transaction from ``start`` committed, is still open, or
     may have committed (its outcome is no longer kept). Costs one create when uncontended.
     """
+    if _rows(start) == _rows(end):
+        return -1  # no input: committing offsets equal to the start commits nothing twice (no claim)
     prefix = claims_prefix(group, start)
     value = {"group": group, "start": _rows(start), "end": _rows(end), "tid": tid,
              "producer_id": producer_id, "epoch": epoch, "txn": str(txn)}
