@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from txn_core import paths
-from txn_core.errors import ConfigurationError, InvalidOffsetError, ProducerClosedError
+from txn_core.errors import ConfigurationError, InvalidOffsetError, ProducerClosedError, TxnLogError
 from txn_core.ids import TopicPartition, validate_name
 from txn_core.reader import ISOLATION_LEVELS, PartitionReader
 from txn_core.records import with_metadata_schema
@@ -59,6 +59,7 @@ class Consumer:
         self._next = 0
         self._schema: pa.Schema | None = None
         self._closed = False
+        self._deferred: TxnLogError | None = None  # an error to raise at the next poll (see poll)
         self._lock = threading.RLock()
 
     def _check_open(self) -> None:
@@ -70,6 +71,7 @@ class Consumer:
         ``auto_offset_reset``. Replaces any previous assignment."""
         with self._lock:
             self._check_open()
+            self._deferred = None
             tps = [_tp(t) for t in partitions]
             schemas = []
             for tp in tps:
@@ -115,14 +117,17 @@ class Consumer:
             if not isinstance(offset, int) or offset < 0:
                 raise InvalidOffsetError(f"offset must be a non-negative int, got {offset!r}")
             self._reader(_tp(tp)).seek(offset)
+            self._deferred = None
 
     def seek_to_beginning(self, tp: tuple[str, int] | TopicPartition) -> None:
         r = self._reader(_tp(tp))
         r.seek(r.log.log_start(refresh=True).offset)
+        self._deferred = None
 
     def seek_to_end(self, tp: tuple[str, int] | TopicPartition) -> None:
         r = self._reader(_tp(tp))
         r.seek(r.log.end_offset())
+        self._deferred = None
 
     def _reader(self, tp: TopicPartition) -> PartitionReader:
         try:
@@ -142,12 +147,23 @@ class Consumer:
                 raise ConfigurationError("no partitions assigned; call assign() first")
             if max_records is not None and max_records <= 0:
                 raise ConfigurationError(f"max_records must be positive, got {max_records}")
+            if self._deferred is not None:  # met by the previous poll, after records it returned
+                error, self._deferred = self._deferred, None
+                raise error
             batches: list[pa.RecordBatch] = []
             remaining = max_records
             n = len(self._order)
             for i in range(n):
                 tp = self._order[(self._next + i) % n]
-                got = self._readers[tp].poll(remaining)
+                try:
+                    got = self._readers[tp].poll(remaining)
+                except TxnLogError as exc:
+                    if not batches:
+                        raise
+                    # Other partitions' records are already taken from their readers: return them, and
+                    # raise this partition's error (its reader did not move) at the next poll.
+                    self._deferred = exc
+                    break
                 batches.extend(got)
                 if remaining is not None:
                     remaining -= sum(b.num_rows for b in got)

@@ -25,7 +25,13 @@ from txn_core.buffer import Disposition, TxnBuffer
 from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.txnlog import TxnStatus
 from txn_core.entry import HEADER_SIZE, EntryHeader
-from txn_core.errors import CorruptDataError, DataLossError, ObjectNotFoundError, OffsetOutOfRangeError
+from txn_core.errors import (
+    CorruptDataError,
+    DataLossError,
+    ObjectNotFoundError,
+    OffsetOutOfRangeError,
+    TxnLogError,
+)
 from txn_core.ids import TxnId
 from txn_core.partition import Entry, PartitionLog
 from txn_core.producer_state import gap_error
@@ -318,7 +324,13 @@ class PartitionReader:
         return read
 
     def poll(self, max_records: int | None = None) -> list[pa.RecordBatch]:
-        """Deliverable records from ``position`` on (at most ``max_records``), as record batches."""
+        """Deliverable records from ``position`` on (at most ``max_records``), as record batches.
+
+        An error (a sequence gap, corrupt or missing data, data loss) is raised only by a poll that has
+        nothing before it to deliver: records ahead of the problem are returned first, and ``position``
+        stays on the first record not returned, so a caller that handles the error and polls again
+        misses nothing (PROTOCOL.md "Reading").
+        """
         self._fill()
         out: list[pa.RecordBatch] = []
         budget = max_records if max_records is not None else 1 << 62
@@ -348,20 +360,26 @@ class PartitionReader:
                 self.position = header.next_offset
                 self._pop()
                 continue
-            gap = self.state.buffer.gaps.get(header.base_offset)
-            if gap is not None:
-                raise gap_error(self.log.path, header.base_offset, *gap)
             try:
+                gap = self.state.buffer.gaps.get(header.base_offset)
+                if gap is not None:
+                    raise gap_error(self.log.path, header.base_offset, *gap)
                 table = entry_table(self.log.storage, item.entry)
             except StagedDataMissingError:
                 aborted = d is Disposition.ABORTED or (
                     header.txn is not None and self.state.visible(header.txn) is False)
                 if not aborted:
+                    if out:
+                        break  # deliver what precedes the problem; the next poll raises it
                     raise
                 # read_uncommitted: an aborted transaction's staged rows were cleaned up; nothing to show
                 self.position = header.next_offset
                 self._pop()
                 continue
+            except TxnLogError:
+                if out:
+                    break  # deliver what precedes the problem; the next poll raises it
+                raise  # the position stays on the first undelivered record
             skip = self.position - header.base_offset
             take = min(table.num_rows - skip, budget)
             part = table.slice(skip, take)
