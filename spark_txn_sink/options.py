@@ -36,6 +36,7 @@ _KNOWN = {
     "transactionalid": "the transactional id (default: derived from the streaming query id)",
     "consumergroup": "commit the consumed txnlog source offsets to this group in each batch's transaction",
     "transactiontimeoutms": "timeout of the sink's transactions in ms (default 60000)",
+    "allownonemptypath": "true: create the log in a directory or prefix that holds other files (default: refuse)",
     "txnappid": "batch writes: an application id; with txnVersion, a write whose (txnAppId, txnVersion) "
                 "already committed commits nothing (idempotent writes from foreachBatch)",
     "txnversion": "batch writes: the version of this write under txnAppId (e.g. foreachBatch's batch id); "
@@ -70,6 +71,7 @@ class SinkOptions:
     stats_dir: str | None
     app_id: str | None = None
     app_version: int | None = None
+    allow_non_empty: bool = False
 
     @property
     def storage_options(self) -> dict[str, Any] | None:
@@ -135,7 +137,15 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         stats_dir=opts.get("testing.stats") or None,
         app_id=app_id,
         app_version=app_version,
+        allow_non_empty=_flag(opts, "allownonemptypath"),
     )
+
+
+def _flag(opts: dict[str, str], name: str) -> bool:
+    raw = str(opts.get(name, "false")).strip().lower()
+    if raw not in ("true", "false"):
+        raise ConfigurationError(f"txnlog sink option {name!r} must be true or false, got {opts.get(name)!r}")
+    return raw == "true"
 
 
 def _app_version(opts: dict[str, str], streaming: bool) -> tuple[str | None, int | None]:

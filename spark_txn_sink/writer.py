@@ -57,7 +57,7 @@ def _plan(options: Mapping[str, str], schema: Any, *,
           streaming: bool) -> tuple[SinkOptions, TopicTarget, PlannedTopic]:
     opts = parse_sink_options(options, streaming=streaming)
     frame = frame_arrow_schema(schema)
-    log = open_log(opts.url, opts.storage_options)
+    log = open_log(opts.url, opts.storage_options, allow_non_empty=opts.allow_non_empty)
     try:
         planned = plan_topic(log, opts, frame)
     finally:

@@ -46,7 +46,7 @@ OPTIONS = {name.lower(): name for name in (
 #: Options of the txnlog sink, accepted and ignored by the source, so that one set of options (a view or a
 #: catalog table used for reading and writing) serves both sides.
 SINK_ONLY_OPTIONS = frozenset({"partitions", "keycolumn", "transactionalid", "transactiontimeoutms",
-                               "txnappid", "txnversion", "checkpointlocation", "queryname"})
+                               "txnappid", "txnversion", "allownonemptypath", "checkpointlocation", "queryname"})
 STORAGE_PREFIX = "storage."
 EARLIEST, LATEST, GROUP = "earliest", "latest", "group"
 #: In JSON offsets: -2 means the partition's earliest offset, -1 its latest.

@@ -57,7 +57,7 @@ def open_existing_log(url: str, storage_options: Mapping[str, object]) -> Log:
         raise ConfigurationError(
             f"no txnlog at {storage.url!r} (option 'path'): check the URL; a log is created by its first "
             "producer or by txn_core.open_log")
-    return Log(storage)
+    return Log(storage, create=False)  # reading writes nothing: read-only access is enough
 
 
 def data_loss_hint(message: str) -> str:

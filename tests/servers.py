@@ -24,6 +24,9 @@ from typing import Any
 
 ACCESS_KEY = "txnlog-test"
 SECRET_KEY = "txnlog-test-secret"
+#: SeaweedFS only: credentials that may read and list, nothing else (an analyst's read-only access)
+READ_ONLY_KEY = "txnlog-reader"
+READ_ONLY_SECRET = "txnlog-reader-secret"
 
 
 def free_port() -> int:
@@ -107,7 +110,9 @@ class SeaweedS3(S3Server):
         config = Path(self.dir) / "s3.json"
         config.write_text(json.dumps({"identities": [{
             "name": "test", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}, {
+            "name": "reader", "credentials": [{"accessKey": READ_ONLY_KEY, "secretKey": READ_ONLY_SECRET}],
+            "actions": ["Read", "List"]}]}))
         ports = {name: free_port() for name in (
             "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
             "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")}

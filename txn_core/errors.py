@@ -50,6 +50,12 @@ class StorageError(TxnLogError, OSError):
     """A storage operation failed for a reason other than a lost race."""
 
 
+class StoragePermissionError(StorageError, PermissionError):
+    """The store refused a write for want of permission: a read-only mount (EROFS), read-only
+    credentials (HTTP 403 / AccessDenied), a directory the process may not write (EACCES). Reading is
+    unaffected: readers skip the writes they only make opportunistically (snapshots) on such a store."""
+
+
 class ObjectExistsError(StorageError):
     """Create-if-absent lost the race: the object exists (HTTP 412 / EEXIST)."""
 

@@ -36,6 +36,7 @@ from txn_core.errors import (
 )
 from txn_core.ids import TopicPartition, TxnId, validate_name
 from txn_core.reader import READ_COMMITTED, PartitionReader
+from txn_core.storage.guarded import opportunistic
 
 if TYPE_CHECKING:
     from txn_core.log import Log
@@ -111,7 +112,8 @@ class GroupView:
                         self.offsets[TopicPartition(t, p)] = GroupOffset(t, p, o, m, ts)
                     self._since_snapshot += batch.num_rows
             if self._since_snapshot >= GROUP_SNAPSHOT_EVERY:
-                self._write_snapshot(self._reader.position)
+                position = self._reader.position
+                opportunistic(self.log.storage, "group snapshot", lambda: self._write_snapshot(position))
             return dict(self.offsets)
 
     def pending(self) -> tuple[TxnId, str | None] | None:

@@ -76,27 +76,35 @@ class TopicDescription:
     config: TopicConfig = field(default_factory=TopicConfig)
 
 
+#: What the root of a log holds (PROTOCOL.md "Layout"); anything else there means it is someone else's.
+LOG_TOP_LEVEL = frozenset({"_txnlog/", "topics/", "groups/", "subscriptions/", "staging/", "segments/"})
+
+
 def open_log(url: str, storage_options: dict[str, Any] | None = None, *,
              coordinator_partitions: int = DEFAULT_COORDINATOR_PARTITIONS,
-             clock: Callable[[], int] | None = None) -> Log:
+             clock: Callable[[], int] | None = None, create: bool = True, allow_non_empty: bool = False) -> Log:
     """Open (creating if needed) the log at ``url``: a path, ``file://``, ``memory://``, ``s3://``, ...
 
     ``storage_options`` go to fsspec (credentials, endpoint); they are never logged or written.
     ``coordinator_partitions`` applies when the log is created; an existing log keeps its own.
+    ``create=False`` opens an existing log only (a reader: a mistyped URL is an error and creates nothing).
+    A new log is not created in a directory or prefix that holds other files unless ``allow_non_empty``.
+    Opening an existing log writes nothing: it works with read-only access.
     """
     storage = open_storage(url, storage_options)
-    return Log(storage, coordinator_partitions=coordinator_partitions, clock=clock)
+    return Log(storage, coordinator_partitions=coordinator_partitions, clock=clock, create=create,
+               allow_non_empty=allow_non_empty)
 
 
 class Log:
     """A client of one log URL (see module doc). Thread-safe; cheap to create."""
 
     def __init__(self, storage: Storage, *, coordinator_partitions: int = DEFAULT_COORDINATOR_PARTITIONS,
-                 clock: Callable[[], int] | None = None) -> None:
+                 clock: Callable[[], int] | None = None, create: bool = True, allow_non_empty: bool = False) -> None:
         self.storage = storage
         self.url = storage.url
         self.clock = clock or (lambda: int(time.time() * 1000))
-        self.coordinator_partitions = self._ensure_format(coordinator_partitions)
+        self.coordinator_partitions = self._ensure_format(coordinator_partitions, create, allow_non_empty)
         self.topics = TopicStore(storage)
         self._plogs: dict[str, PartitionLog] = {}
         self._states: dict[str, PartitionState] = {}
@@ -109,12 +117,24 @@ class Log:
     def __repr__(self) -> str:
         return f"Log({self.url!r})"
 
-    def _ensure_format(self, coordinator_partitions: int) -> int:
+    def _ensure_format(self, coordinator_partitions: int, create: bool, allow_non_empty: bool) -> int:
         if not 1 <= coordinator_partitions <= 4096:
             raise ConfigurationError(f"coordinator_partitions must be in [1, 4096], got {coordinator_partitions}")
         try:
             value = envelope.read_json(self.storage, paths.FORMAT_KEY, envelope.ObjectKind.FORMAT)
         except ObjectNotFoundError:
+            if not create:
+                raise ConfigurationError(
+                    f"no txnlog at {self.storage.url} (it has no {paths.FORMAT_KEY}): check the URL and the storage "
+                    "options; a reader never creates a log (producers and txn_core.open_log do)") from None
+            if not allow_non_empty:
+                foreign = [n for n in self.storage.list("") if n not in LOG_TOP_LEVEL]
+                if foreign:
+                    shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+                    raise ConfigurationError(
+                        f"{self.storage.url} is not a txnlog log but holds other files ({shown}); refusing to "
+                        "create a log beside them. Use an empty directory or prefix, or opt in with "
+                        "open_log(..., allow_non_empty=True) (Spark sink: option allowNonEmptyPath=true).") from None
             envelope.create_json(self.storage, paths.FORMAT_KEY, envelope.ObjectKind.FORMAT, {
                 "format": "txnlog", "version": FORMAT_VERSION, "coordinator_partitions": coordinator_partitions,
                 "created_ms": int(time.time() * 1000)})

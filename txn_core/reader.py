@@ -37,6 +37,7 @@ from txn_core.partition import Entry, PartitionLog
 from txn_core.producer_state import gap_error
 from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
 from txn_core.snapshots import SnapshotStore
+from txn_core.storage.guarded import opportunistic
 
 READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"
@@ -109,7 +110,9 @@ class PartitionState:
 
     def maybe_snapshot(self) -> None:
         if self.write_snapshots and self._buffer is not None and self.snapshots.due(self._buffer):
-            self.snapshots.write(self._buffer, self.log.log_start().offset)
+            buffer = self._buffer
+            opportunistic(self.log.storage, "buffer snapshot",
+                          lambda: self.snapshots.write(buffer, self.log.log_start().offset))
 
     # --- decisions ------------------------------------------------------------------------------
 

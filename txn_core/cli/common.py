@@ -19,7 +19,7 @@ from txn_core import paths
 from txn_core.cli.schemaspec import SchemaSpecError, parse_schema
 from txn_core.errors import ConfigurationError, TopicNotFoundError
 from txn_core.log import Log
-from txn_core.storage import open_storage, self_test_storage
+from txn_core.storage import open_storage
 from txn_core.storage.options import nest_storage_options
 from txn_core.topics import TopicMeta
 
@@ -173,15 +173,13 @@ def open_existing(args: argparse.Namespace) -> Log:
         raise ConfigurationError(
             f"no txnlog at {storage.url} (it has no {paths.FORMAT_KEY}): check the URL and storage options, or "
             f"create a log with '{PROG} topics create {args.url} TOPIC --partitions N --schema SPEC'")
-    self_test_storage(storage)
-    return Log(storage)
+    return Log(storage, create=False)  # reading writes nothing: read-only access is enough
 
 
 def open_or_create(args: argparse.Namespace) -> Log:
     """The log at ``args.url``, created if absent (``topics create``)."""
     options = storage_options(args.storage_options)
-    storage = open_storage(args.url, options, self_test=False)
-    self_test_storage(storage)
+    storage = open_storage(args.url, options)  # the self-test runs before the first write
     return Log(storage)
 
 

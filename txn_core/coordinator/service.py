@@ -25,7 +25,12 @@ from typing import Any
 from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.txnlog import CoordinatorPartition, CoordinatorViews, TidState, TxnStatus
 from txn_core.entry import EntryKind, crc32, encode_json
-from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
+from txn_core.errors import (
+    InvalidTxnStateError,
+    ProducerFencedError,
+    StoragePermissionError,
+    TransactionTimedOutError,
+)
 from txn_core.ids import TxnId, validate_name
 from txn_core.logs import get_logger
 from txn_core.partition import PartitionLog
@@ -308,14 +313,20 @@ class TransactionCoordinator:
         if status.state == _C.ONGOING and status.tid is not None and self.clock() > status.start_ms + \
                 status.timeout_ms:
             st = view.state(status.tid)
-            if st is not None and st.txn == txn:
-                self._prepare_abort(view, st, reason="timeout")
+            if st is not None and st.txn == txn and not getattr(self.storage, "read_only", False):
+                try:
+                    self._prepare_abort(view, st, reason="timeout")
+                except StoragePermissionError:  # a read-only reader cannot abort it: it waits for a writer
+                    self.storage.read_only = True  # type: ignore[attr-defined]
             status = view.status(txn) or TxnStatus(txn, None)
         elif status.state is not None and status.state.is_prepared and status.tid is not None:
             st = view.state(status.tid)
-            if st is not None and st.txn == txn and \
+            if st is not None and st.txn == txn and not getattr(self.storage, "read_only", False) and \
                     self.clock() - st.updated_ms > max(MIN_COMPLETION_GRACE_MS, st.timeout_ms):
-                self.complete(st)
+                try:
+                    self.complete(st)
+                except StoragePermissionError:  # decided already: readers treat it as such anyway
+                    self.storage.read_only = True  # type: ignore[attr-defined]
         return status
 
 

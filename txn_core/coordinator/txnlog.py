@@ -42,6 +42,7 @@ from txn_core.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     ProducerFencedError,
+    StorageError,
     TransactionTimedOutError,
     TxnLogError,
 )
@@ -49,6 +50,7 @@ from txn_core.ids import TxnId
 from txn_core.logs import get_logger
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
+from txn_core.storage.guarded import opportunistic
 
 _C = CoordinatorState
 #: Completed transactions whose outcome each coordinator keeps for readers (beyond the low watermark).
@@ -266,7 +268,7 @@ class CoordinatorPartition:
                 self._apply_record(self.next_slot, data)
                 self.next_slot += 1
             if self.next_slot - self._snapshot_slot >= SNAPSHOT_EVERY:
-                self._write_snapshot()
+                opportunistic(self.storage, "coordinator snapshot", self._write_snapshot)
 
     def _compacted_past_us(self) -> bool:
         """Whether compaction deleted slots this view has not applied yet (only possible when the view
@@ -329,6 +331,15 @@ class CoordinatorPartition:
         names = sorted(n for n in self.storage.list(prefix) if not n.endswith("/"))
         for name in names[:-SNAPSHOTS_KEPT]:
             self.storage.delete(prefix + name)
+
+    def _snapshot_after_append(self) -> None:
+        """Snapshot maintenance after a record landed: it never turns the committed append into a failure."""
+        try:
+            self._write_snapshot()
+        except StorageError as exc:
+            get_logger("txnlog.snapshots").warning(
+                "coordinator %d: snapshot at slot %d not written (%s); the next writer tries again",
+                self.coordinator, self.next_slot, exc)
 
     def snapshot_now(self) -> int:
         """Write a snapshot at the current tail (maintenance); returns its slot."""
@@ -424,7 +435,7 @@ class CoordinatorPartition:
                 self.tids[tid] = after
                 self.next_slot += 1
                 if self.next_slot - self._snapshot_slot >= SNAPSHOT_EVERY:
-                    self._write_snapshot()
+                    self._snapshot_after_append()
                 return after
 
 

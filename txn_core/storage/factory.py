@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
-from txn_core.errors import ConfigurationError, ObjectExistsError, StorageContractError, StorageError
+from txn_core.errors import (
+    ConfigurationError,
+    ObjectExistsError,
+    StorageContractError,
+    StorageError,
+    StoragePermissionError,
+)
 from txn_core.storage import requests_log
 from txn_core.storage.base import Storage, create_resolving
+from txn_core.storage.guarded import WriteCheckedStorage
 from txn_core.storage.local import LocalStorage
 from txn_core.storage.memory import MemoryStorage
 from txn_core.storage.objectstore import ObjectStoreStorage
 
 SELFTEST_PREFIX = "_txnlog/selftest/"
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl"}
-_verified: set[str] = set()
-_verified_lock = threading.Lock()
 
 
 def redact_url(url: str) -> str:
@@ -35,7 +39,8 @@ def redact_url(url: str) -> str:
 def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, self_test: bool = True) -> Storage:
     """Open the storage for a log URL: ``file://`` or a path, ``memory://``, ``s3://``, ``gs://``, ``abfs://``.
 
-    Runs the self-test once per URL per process (see :func:`self_test`).
+    The self-test (:func:`self_test_storage`) runs before the process's first write to the URL, once per URL
+    per process; opening and reading write nothing (:mod:`txn_core.storage.guarded`).
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError("log URL is empty: pass a path, file://DIR, memory://NAME or s3://BUCKET/PREFIX")
@@ -68,13 +73,8 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
         )
     if requests_log.wanted():
         storage = requests_log.RequestLoggingStorage(storage)
-    if self_test:
-        with _verified_lock:
-            done = storage.url in _verified
-        if not done:
-            self_test_storage(storage)
-            with _verified_lock:
-                _verified.add(storage.url)
+    if self_test:  # before this process's first write, never on open: reading never writes
+        storage = WriteCheckedStorage(storage, self_test_storage)
     return storage
 
 
@@ -88,6 +88,11 @@ def self_test_storage(storage: Storage) -> None:
     first, second = b"txnlog-selftest-first-" + uuid.uuid4().bytes, b"txnlog-selftest-second"
     try:
         create_resolving(storage, key, [first], first)  # retries "please retry" answers
+    except StoragePermissionError as exc:
+        raise StoragePermissionError(
+            f"cannot write to {storage.describe()}: the store refuses writes for want of permission ({exc}). "
+            "Reading needs no write access; writing needs write permission on the path or bucket."
+        ) from exc
     except StorageError as exc:
         raise StorageError(
             f"cannot write to {storage.describe()}: {exc}. Check the URL, the bucket and the credentials "

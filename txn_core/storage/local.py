@@ -16,10 +16,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from txn_core.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from txn_core.errors import ObjectExistsError, ObjectNotFoundError, StorageError, StoragePermissionError
 from txn_core.storage.base import Chunks, Storage
 
 TMP_PREFIX = ".tmp-"
+#: errno values that mean "you may not write here" (a read-only mount, a directory without write permission)
+_PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 class LocalStorage(Storage):
@@ -59,6 +61,18 @@ class LocalStorage(Storage):
         self._known_dirs.add(directory)
 
     def create(self, key: str, chunks: Chunks) -> None:
+        try:
+            self._create(key, chunks)
+        except OSError as exc:
+            if exc.errno in _PERMISSION and not isinstance(exc, StorageError):
+                raise StoragePermissionError(f"cannot write {key} under {self.root}: {exc.strerror}") from exc
+            if isinstance(exc, StorageError) and isinstance(exc.__cause__, OSError) and \
+                    exc.__cause__.errno in _PERMISSION:
+                raise StoragePermissionError(f"cannot write {key} under {self.root}: {exc.__cause__.strerror}") \
+                    from exc.__cause__
+            raise
+
+    def _create(self, key: str, chunks: Chunks) -> None:
         path = self._path(key)
         directory = os.path.dirname(path)
         self._ensure_dir(directory)
@@ -180,6 +194,10 @@ class LocalStorage(Storage):
             return
         except IsADirectoryError:
             return
+        except OSError as exc:
+            if exc.errno in _PERMISSION:
+                raise StoragePermissionError(f"cannot delete {key} under {self.root}: {exc.strerror}") from exc
+            raise
 
     def sweep_temp(self, prefix: str = "") -> int:
         """Remove temp files left by crashed creates under ``prefix``; returns how many."""

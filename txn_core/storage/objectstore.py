@@ -22,6 +22,7 @@ from txn_core.errors import (
     ObjectNotFoundError,
     RetryableStorageError,
     StorageError,
+    StoragePermissionError,
     UnknownOutcomeError,
 )
 from txn_core.storage.base import Chunks, Storage
@@ -62,7 +63,11 @@ def classify_write_error(exc: BaseException) -> type[StorageError]:
     """Map an exception from a conditional put to lost / retry / unknown (see module doc)."""
     if isinstance(exc, FileExistsError):
         return ObjectExistsError
+    if isinstance(exc, PermissionError):
+        return StoragePermissionError
     codes = _status_codes(exc)
+    if "403" in codes or "AccessDenied" in codes:
+        return StoragePermissionError
     if "412" in codes or "PreconditionFailed" in codes:
         return ObjectExistsError
     if codes & _RETRY_CODES:
@@ -115,6 +120,9 @@ class ObjectStoreStorage(Storage):
                 raise ObjectExistsError(f"{key} already exists") from exc
             if kind is RetryableStorageError:
                 raise RetryableStorageError(f"store asked to retry the create of {key}: {exc}") from exc
+            if kind is StoragePermissionError:
+                raise StoragePermissionError(
+                    f"the store refused to create {key}: no permission (read-only credentials?)") from exc
             if isinstance(exc, OSError) and exc.errno == errno.EINVAL and "412" not in str(exc):
                 # s3fs maps an unnamed 412 to EINVAL; treat as unknown and read back.
                 pass
@@ -212,4 +220,7 @@ class ObjectStoreStorage(Storage):
             codes = _status_codes(exc)
             if "404" in codes or "NoSuchKey" in codes:
                 return
+            if isinstance(exc, PermissionError) or "403" in codes or "AccessDenied" in codes:
+                raise StoragePermissionError(
+                    f"the store refused to delete {key}: no permission (read-only credentials?)") from exc
             raise StorageError(f"delete of {key} failed: {exc!r}") from exc
