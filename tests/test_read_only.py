@@ -105,7 +105,7 @@ def test_a_log_is_not_created_beside_other_files_unless_asked(tmp_path: Path) ->
     data = tmp_path / "tables"
     data.mkdir()
     (data / "part-0000.parquet").write_bytes(b"PAR1")
-    with pytest.raises(ConfigurationError, match="holds other files \\(part-0000.parquet\\)"):
+    with pytest.raises(ConfigurationError, match=r"holds other files \(part-0000\.parquet\)"):
         txn_core.open_log(f"file://{data}")
     assert listing(data) == ["part-0000.parquet"], "nothing was written"
     with txn_core.open_log(f"file://{data}", allow_non_empty=True) as log:
