@@ -29,7 +29,7 @@ from sortedcontainers import SortedDict
 from txn_core.aborted import AbortedIndex, SkipRanges
 from txn_core.entry import EntryHeader, EntryKind
 from txn_core.ids import TxnId
-from txn_core.producer_state import ProducerStates, SequenceCheck
+from txn_core.producer_state import PRODUCER_EXPIRY_STEP_MS, ProducerStates, SequenceCheck
 
 ENDED_CACHE = 100_000
 
@@ -72,6 +72,8 @@ class TxnBuffer:
         self.committed_count = 0
         self.aborted_count = 0
         self.ended_since_snapshot = 0
+        #: log time: the newest entry timestamp applied; idle producer states expire by it (see _advance)
+        self.log_time_ms = 0
         self.where = ""
 
     # --- apply ----------------------------------------------------------------------------------
@@ -128,6 +130,14 @@ class TxnBuffer:
         self.position = header.next_offset
         self.slot = slot + 1
         self.size_bytes += size
+        if header.timestamp_ms > self.log_time_ms:
+            step = PRODUCER_EXPIRY_STEP_MS
+            crossed = header.timestamp_ms // step != self.log_time_ms // step
+            self.log_time_ms = header.timestamp_ms
+            if crossed:
+                # Idle producer states are dropped by log time, at fixed points of it, so the buffer stays
+                # a function of the log prefix: every participant drops the same ones at the same entry.
+                self.producers.expire(self.log_time_ms)
 
     def _end(self, txn: TxnId, committed: bool, marker: int) -> None:
         if txn in self.ended or txn in self.aborted:
@@ -209,6 +219,7 @@ class TxnBuffer:
         b.ended = OrderedDict(self.ended)
         b.gaps = dict(self.gaps)
         b.size_bytes, b.committed_count, b.aborted_count = self.size_bytes, self.committed_count, self.aborted_count
+        b.log_time_ms = self.log_time_ms
         b.where = self.where
         return b
 

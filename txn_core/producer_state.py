@@ -25,6 +25,8 @@ from txn_core.errors import OutOfOrderSequenceError
 
 #: Producers whose last entry is older than this are dropped from snapshots (Kafka: 1 day).
 PRODUCER_STATE_RETENTION_MS = 24 * 3600 * 1000
+#: Idle states are dropped whenever log time enters a new step of this length (PROTOCOL.md "Idempotence")
+PRODUCER_EXPIRY_STEP_MS = 3600 * 1000
 
 
 class SequenceCheck(enum.Enum):

@@ -138,6 +138,7 @@ class SnapshotStore:
             "skips": buffer.skips.to_list(),
             "gaps": [[o, *g] for o, g in sorted(buffer.gaps.items())],
             "producers": buffer.producers.to_list(),
+            "log_time_ms": buffer.log_time_ms,
             "size_bytes": buffer.size_bytes,
             "committed_count": buffer.committed_count,
             "aborted_count": buffer.aborted_count,
@@ -211,6 +212,7 @@ class SnapshotStore:
         buffer.skips = SkipRanges.from_list(value["skips"])
         buffer.gaps = {int(o): (int(a), int(b), int(c), int(d)) for o, a, b, c, d in value.get("gaps", [])}
         buffer.producers = ProducerStates.from_list(value["producers"])
+        buffer.log_time_ms = int(value.get("log_time_ms", max((r[3] for r in value["producers"]), default=0)))
         buffer.size_bytes = int(value["size_bytes"])
         buffer.committed_count = int(value["committed_count"])
         buffer.aborted_count = int(value["aborted_count"])
