@@ -23,17 +23,23 @@ guarded, every crash window listed in PROTOCOL.md "Crash windows"):
 if the batch is not committed, delete this run's staged objects. A committed batch is left alone: its
 objects are data.
 
+Steady state: the producer of this process's last committed batch is kept with its progress, so the next
+commit skips steps 2-3 (PROTOCOL.md here, "State in memory is only a cache"); a kept producer that another
+committer fenced fails at its begin, before anything is decided, and the commit starts over at step 2.
+
 Batch writes (``df.write``) use the same steps with a unique write id in place of ``(Q, N)`` and no
 manifest (a batch write is never replayed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +52,12 @@ from txn_core import (
     ProducerFencedError,
     StorageError,
     TopicPartition,
+    TxnLogError,
     open_log,
 )
 from txn_core.log import Log
 from txn_core.logs import get_logger
+from txn_core.parallel import parallel_map, submit
 from txn_core.staging import StagedRef, delete_keys, delete_unreferenced, staging_prefix
 from txn_core.storage import open_storage
 from txn_core.storage.base import Storage, create_resolving
@@ -151,9 +159,36 @@ def _log_key(opts: SinkOptions) -> tuple[str, str, bool]:
     return opts.url, json.dumps(opts.storage_options, sort_keys=True, default=str), bool(opts.stats_dir)
 
 
-def _forget(opts: SinkOptions) -> None:
+#: Producers of this process's last committed batch per (log, transactional id), with the progress that
+#: batch committed. A kept producer skips ``init_transactions`` and the progress read: as long as no other
+#: committer initialised the id, nothing else was committed for it, so its progress is the one kept; if
+#: one did, the kept producer is fenced, its first coordinator request (the begin) fails before anything
+#: of the batch is decided, and the commit starts again from storage alone.
+_PRODUCERS: dict[tuple[tuple[str, str, bool], str], tuple[Producer, dict[str, Any]]] = {}
+
+
+def _take_producer(opts: SinkOptions, tid: str) -> tuple[Producer, dict[str, Any]] | None:
     with _LOGS_LOCK:
-        _LOGS.pop(_log_key(opts), None)
+        return _PRODUCERS.pop((_log_key(opts), tid), None)
+
+
+def _keep_producer(opts: SinkOptions, tid: str, producer: Producer, progress: dict[str, Any]) -> None:
+    with _LOGS_LOCK:
+        old = _PRODUCERS.pop((_log_key(opts), tid), None)
+        _PRODUCERS[(_log_key(opts), tid)] = (producer, progress)
+    if old is not None:
+        old[0].close()
+
+
+def _forget(opts: SinkOptions) -> None:
+    key = _log_key(opts)
+    with _LOGS_LOCK:
+        _LOGS.pop(key, None)
+        dropped = [k for k in _PRODUCERS if k[0] == key]
+        producers = [_PRODUCERS.pop(k)[0] for k in dropped]
+    for producer in producers:
+        with contextlib.suppress(TxnLogError):
+            producer.close()
 
 
 def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
@@ -169,30 +204,22 @@ def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
     try:
         offsets = group_offsets(log.url) if group_offsets is not None and opts.consumer_group else None
         faults.hit("before_init")
-        producer = log.producer(ident.transactional_id, transaction_timeout_ms=opts.transaction_timeout_ms)
-        try:
-            producer.init_transactions()
-            previous = log.transaction_metadata(ident.transactional_id)
-            if ident.committed_by(previous):
-                deleted = _cleanup_replay(storage, ident, previous, refs)
-                result = CommitResult("replayed", 0, 0, deleted)
-            else:
-                if before_begin is not None:
-                    before_begin(log)
-                manifest = _write_manifest(storage, ident, refs) if ident.write_id is None else None
-                producer.begin_transaction()
-                producer.send_staged(refs)
-                if offsets is not None and opts.consumer_group is not None:
-                    _send_offsets(log, producer, opts.consumer_group, offsets)
-                faults.hit("before_commit")
-                producer.commit_transaction(metadata=ident.progress(opts.topic, refs, manifest))
-                faults.hit("after_prepare")
-                producer.wait_for_completion()  # markers + Complete: readers need not wait out a grace period
-                faults.hit("after_commit")
-                deleted = _cleanup_committed(storage, ident, refs, manifest)
-                result = CommitResult("committed", sum(r.rows for r in refs), len(refs), deleted)
-        finally:
-            producer.close()
+        kept = _take_producer(opts, ident.transactional_id)
+        result: CommitResult | None = None
+        if kept is not None:
+            try:
+                result = _commit(opts, ident, refs, offsets, before_begin, log, storage, faults, *kept)
+            except ProducerFencedError:  # another committer of the id ran since: start from storage alone
+                result = None
+        if result is None:
+            producer = log.producer(ident.transactional_id, transaction_timeout_ms=opts.transaction_timeout_ms)
+            try:
+                producer.init_transactions()
+                previous = log.transaction_metadata(ident.transactional_id)
+            except BaseException:
+                producer.close()
+                raise
+            result = _commit(opts, ident, refs, offsets, before_begin, log, storage, faults, producer, previous)
         logger.info("batch %s of %s %s: %d rows in %d objects to %s (%.0f ms)", ident.staging_batch,
                     ident.transactional_id, result.outcome, result.rows, result.objects, opts.topic,
                     (time.perf_counter() - started) * 1000)
@@ -213,6 +240,49 @@ def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
     except BaseException:
         _forget(opts)
         raise
+
+
+def _commit(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
+            offsets: GroupPosition | dict[tuple[str, int], int] | None,
+            before_begin: Callable[[Log], None] | None, log: Log, storage: Storage, faults: Faults,
+            producer: Producer, previous: dict[str, Any] | None) -> CommitResult:
+    """Steps 3-6 with ``producer`` (initialised for ``T``, or kept from this process's last commit of ``T``,
+    see :data:`_PRODUCERS`) and ``previous``, ``T``'s progress. Keeps the producer when the batch commits;
+    closes it otherwise. Raises :class:`ProducerFencedError` before anything of the batch is durable but
+    its manifest when a kept producer was fenced meanwhile."""
+    keep = False
+    try:
+        if ident.committed_by(previous):
+            deleted = _cleanup_replay(storage, ident, previous, refs)
+            return CommitResult("replayed", 0, 0, deleted)
+        if before_begin is not None:
+            before_begin(log)
+        manifest_key = _manifest_key(ident) if ident.write_id is None else None
+        # the manifest's create overlaps the transaction's first requests; it is durable before the commit point
+        written = submit(_write_manifest, storage, ident, refs, manifest_key) if manifest_key else None
+        try:
+            producer.begin_transaction()
+            producer.send_staged(refs)
+            if offsets is not None and opts.consumer_group is not None:
+                _send_offsets(log, producer, opts.consumer_group, offsets)
+        finally:
+            if written is not None:
+                written.result()
+        faults.hit("before_commit")
+        progress = ident.progress(opts.topic, refs, manifest_key)
+        producer.commit_transaction(metadata=progress)
+        faults.hit("after_prepare")
+        listing = submit(storage.list, ident.prefix)  # for the cleanup, overlapping the second phase
+        producer.wait_for_completion()  # markers + Complete: readers need not wait out a grace period
+        faults.hit("after_commit")
+        deleted = _cleanup_committed(storage, ident, refs, manifest_key, listing)
+        keep = ident.write_id is None
+        if keep:
+            _keep_producer(opts, ident.transactional_id, producer, progress)
+        return CommitResult("committed", sum(r.rows for r in refs), len(refs), deleted)
+    finally:
+        if not keep:
+            producer.close()
 
 
 def _send_offsets(log: Log, producer: Producer, group: str,
@@ -251,6 +321,9 @@ def abort_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef]) 
     Faults(opts.fault, ident.batch_id).hit("abort")
     log, storage, _ = _open(opts)
     try:
+        kept = _take_producer(opts, ident.transactional_id)
+        if kept is not None:
+            kept[0].close()
         producer = log.producer(ident.transactional_id, transaction_timeout_ms=opts.transaction_timeout_ms)
         try:
             producer.init_transactions()
@@ -267,13 +340,16 @@ def abort_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef]) 
 # --- staged object cleanup ---------------------------------------------------------------------
 
 
-def _write_manifest(storage: Storage, ident: BatchIdentity, refs: list[StagedRef]) -> str:
+def _manifest_key(ident: BatchIdentity) -> str:
+    return f"{ident.prefix}{MANIFEST_PREFIX}{uuid.uuid4().hex}.json"
+
+
+def _write_manifest(storage: Storage, ident: BatchIdentity, refs: list[StagedRef], key: str) -> str:
     """Record the keys this batch is about to commit, so that a replay can finish an interrupted cleanup.
 
     Written before the commit point; its key is part of the committed progress, so a manifest named by
     committed progress lists exactly the committed keys of that batch.
     """
-    key = f"{ident.prefix}{MANIFEST_PREFIX}{uuid.uuid4().hex}.json"
     body = json.dumps({"transactional_id": ident.transactional_id, "query_id": ident.query_id,
                        "batch_id": ident.batch_id, "keys": [r.key for r in refs]}).encode()
     create_resolving(storage, key, [body], body)
@@ -298,13 +374,22 @@ def _read_manifest(storage: Storage, key: str) -> list[str] | None:
 
 
 def _cleanup_committed(storage: Storage, ident: BatchIdentity, refs: list[StagedRef],
-                       manifest: str | None) -> int:
-    """After this process's commit of the batch: delete every unreferenced object of its prefix."""
+                       manifest: str | None, listing: Future[list[str]] | None = None) -> int:
+    """After this process's commit of the batch: delete every unreferenced object of its prefix.
+
+    ``listing`` is the prefix's listing taken after the commit point (overlapping the markers); the
+    objects it shows that the batch did not commit are failed or duplicate attempts, deleted in parallel,
+    then the manifest. Without it the prefix is listed here.
+    """
     keep = {r.key for r in refs}
     if manifest is not None:
         keep.add(manifest)
     try:
-        n = delete_unreferenced(storage, ident.prefix, keep)
+        if listing is None:
+            n = delete_unreferenced(storage, ident.prefix, keep)
+        else:
+            names = [ident.prefix + name for name in listing.result() if not name.endswith("/")]
+            n = len(parallel_map(storage.delete, [k for k in names if k not in keep]))
         if manifest is not None:
             storage.delete(manifest)
         return n

@@ -33,6 +33,7 @@ from txn_core.errors import ConfigurationError, DataLossError
 from txn_core.ids import TopicPartition
 from txn_core.log import Log
 from txn_core.logs import get_logger
+from txn_core.parallel import parallel_map, submit
 from txn_core.partition import PartitionLog
 from txn_core.ranges import OffsetRange, available_end, plan_range, split_range
 from txn_core.reader import PartitionState
@@ -104,6 +105,22 @@ class LogView:
         """The last stable offset (read_committed) or the log end (read_uncommitted) of ``tp`` now."""
         return available_end(self.state(tp), self.opts.isolation)
 
+    def bounds(self, begin: Mapping[TopicPartition, int | None]
+               ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+        """``(checked start, available end)`` of every partition read (``begin`` as for
+        :meth:`checked_start`). The partitions' requests overlap (:mod:`txn_core.parallel`), and the topic
+        metadata refresh overlaps them; partitions it discovers are looked at right after."""
+        known = self.topic_partitions(refresh=False)
+        refreshed = submit(self.topic_partitions)
+
+        def one(tp: TopicPartition) -> tuple[TopicPartition, int, int]:
+            return tp, self.checked_start(tp, begin.get(tp)), self.available_end(tp)
+
+        rows = parallel_map(one, known)
+        seen = set(known)
+        rows += parallel_map(one, [tp for tp in refreshed.result() if tp not in seen])
+        return {tp: s for tp, s, _ in rows}, {tp: e for tp, _, e in rows}
+
     # --- where reads start ----------------------------------------------------------------------
 
     def starting_positions(self) -> Positions:
@@ -168,12 +185,11 @@ class LogView:
              min_partitions: int | None = None, min_timestamp_ms: int | None = None,
              max_timestamp_ms: int | None = None) -> list[OffsetRange]:
         """The tasks reading ``[start[tp], end[tp])`` of every partition in ``end``."""
-        ranges: list[tuple[PartitionLog, OffsetRange]] = []
-        for tp in sorted(end):
+        def one(tp: TopicPartition) -> tuple[PartitionLog, OffsetRange] | None:
             lo = self.checked_start(tp, start.get(tp))
             hi = end[tp]
             if hi <= lo:
-                continue
+                return None
             state = self.state(tp)
             try:
                 rng = plan_range(state, tp.topic, tp.partition, lo, hi, self.opts.isolation,
@@ -183,10 +199,13 @@ class LogView:
                     raise SourceDataLossError(data_loss_hint(str(exc))) from exc
                 lo = self.checked_start(tp, lo)
                 if hi <= lo:
-                    continue
+                    return None
                 rng = plan_range(state, tp.topic, tp.partition, lo, hi, self.opts.isolation,
                                  min_timestamp_ms=min_timestamp_ms, max_timestamp_ms=max_timestamp_ms)
-            ranges.append((state.log, rng))
+            return state.log, rng
+
+        # one partition's requests never wait for another's (txn_core.parallel); results in partition order
+        ranges = [r for r in parallel_map(one, sorted(end)) if r is not None]
         total = sum(r.size for _, r in ranges)
         out: list[OffsetRange] = []
         for plog, rng in ranges:

@@ -42,6 +42,7 @@ from spark_txn_source.planning import LogView, fair_split
 from spark_txn_source.reader import RangePartition, read_partition
 from txn_core.errors import ConfigurationError
 from txn_core.ids import TopicPartition
+from txn_core.parallel import parallel_map
 
 
 class TxnLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -81,13 +82,14 @@ class TxnLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark API
         view = self.view()
-        self._target = {tp: view.available_end(tp) for tp in view.topic_partitions()}
+        tps = view.topic_partitions()
+        self._target = dict(zip(tps, parallel_map(view.available_end, tps), strict=True))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 - Spark API
         view = self.view()
         begin = offsets.decode(start, view.url)
-        starts = {tp: view.checked_start(tp, begin.get(tp)) for tp in view.topic_partitions()}
-        latest = {tp: max(s, view.available_end(tp)) for tp, s in starts.items()}
+        starts, ends = view.bounds(begin)  # every partition's requests at once
+        latest = {tp: max(s, ends[tp]) for tp, s in starts.items()}
         self._latest = latest
         cap = latest
         if self._target is not None:  # AvailableNow: nothing beyond the end fixed at start

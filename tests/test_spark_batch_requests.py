@@ -1,0 +1,67 @@
+"""Storage requests of a steady-state micro-batch of a txnlog -> txnlog stream copy with consumerGroup
+(8,000 rows over 4 partitions), counted without Spark by ``spark_batch_rtt`` (the driver's calls Spark
+makes, the tasks in between). Counts only, never time: the round trips are reported by running
+``tests/spark_batch_rtt.py`` with ``--rtt-ms``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sink_helpers import ids, read_topic
+from spark_batch_rtt import run
+from test_spark_sink_protocol import SCHEMA, ident, options, stage
+
+import txn_core
+from spark_txn_sink import commit as commit_module
+from spark_txn_sink.commit import commit_batch
+
+PARTITIONS = 4
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, int]]:
+    phases = run(batches=4, rows=8000, partitions=PARTITIONS, root=str(tmp_path_factory.mktemp("rtt")))
+    return [{name: p.total for name, p in b.items()} for b in phases]
+
+
+def test_a_steady_state_batch_costs_the_same_requests_as_the_last(batches: list[dict[str, int]]) -> None:
+    steady = batches[1:]
+    assert all(b == steady[0] for b in steady), steady
+
+
+def test_latest_offset_reads_only_each_partitions_new_entries(batches: list[dict[str, int]]) -> None:
+    # per partition: the input transaction's data entry and marker, and the next slot (not there yet);
+    # plus the topic metadata refresh (2 existence checks) and at most one log-start re-read per partition
+    assert batches[-1]["latestOffset"] <= 3 * PARTITIONS + 2 + PARTITIONS
+
+
+def test_planning_reads_one_header_per_partition(batches: list[dict[str, int]]) -> None:
+    assert batches[-1]["partitions"] <= PARTITIONS
+
+
+def test_a_steady_state_commit_reuses_its_producer(batches: list[dict[str, int]]) -> None:
+    # no init_transactions, progress read or topic metadata refresh: begin, add (group), prepare and
+    # complete (a read and a create each), 4 DATA_REFs, manifest, offsets entry, claim, 5 markers, list,
+    # manifest delete
+    assert batches[-1]["commit"] <= 22
+    assert batches[0]["commit"] > batches[-1]["commit"]
+
+
+def test_a_kept_producer_fenced_by_another_committer_turns_the_batch_into_a_replay(
+        log: txn_core.Log, tmp_path: Path) -> None:
+    log.create_topic("out", 3, SCHEMA)
+    opts = options(log)
+    assert commit_batch(opts, ident(0), stage(log, ident(0), 0, 10)).outcome == "committed"
+    first_process = (dict(commit_module._PRODUCERS), dict(commit_module._LOGS))
+    assert first_process[0], "the committed batch's producer is kept"
+    commit_module._PRODUCERS.clear()  # another driver process commits batch 1 of the same query
+    commit_module._LOGS.clear()
+    assert commit_batch(opts, ident(1), stage(log, ident(1), 10, 20)).outcome == "committed"
+    commit_module._PRODUCERS.clear()
+    commit_module._LOGS.clear()
+    commit_module._PRODUCERS.update(first_process[0])  # back in the first process, its producer kept
+    commit_module._LOGS.update(first_process[1])
+    replay = commit_batch(opts, ident(1), stage(log, ident(1), 10, 20, attempt=1))
+    assert replay.outcome == "replayed"
+    assert ids(read_topic(log, "out")) == list(range(20))
