@@ -104,6 +104,7 @@ class BatchIdentity:
                                  "rows": sum(r.rows for r in refs), "objects": len(refs)}
         if self.write_id is not None:
             value["write_id"] = self.write_id
+            value["ephemeral"] = True  # a batch write is never replayed: its id may expire (PROTOCOL.md)
         else:
             value.update(query_id=self.query_id, batch_id=self.batch_id, manifest=manifest)
         return value

@@ -46,3 +46,55 @@ def test_idle_producer_states_are_dropped_after_a_day_of_log_time(tmp_path: Path
         reloaded = log.partition_state("topics/t/00000", shared=False)
         assert sorted(reloaded.buffer.producers.producers) == [7, 100]
         assert reloaded.buffer.log_time_ms == state.buffer.log_time_ms
+
+
+def test_finished_transactional_ids_expire_but_application_progress_is_kept() -> None:
+    """10,000 one-shot producers over 28 days of a fake clock: the coordinator's state and snapshots hold
+    the last week's ids only (the snapshots stop growing), while an id whose commit metadata is an
+    application's progress (the Spark sink's streaming queries) is kept however long it is idle."""
+    import uuid
+
+    from fakeclock import FakeClock
+
+    from txn_core.coordinator.txnlog import TID_EXPIRATION_MS
+
+    clock = FakeClock(1_800_000_000_000)
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url, clock=clock, coordinator_partitions=1)
+    log.create_topic("t", 1, SCHEMA)
+    keeper = log.producer("stream-query", transaction_timeout_ms=60_000)
+    keeper.init_transactions()
+    keeper.begin_transaction()
+    keeper.send("t", pa.table({"x": [1]}, schema=SCHEMA))
+    keeper.commit_transaction(metadata={"query_id": "q", "batch_id": 41})
+    keeper.close()
+    once = log.producer("batch-write-1")
+    once.init_transactions()
+    once.begin_transaction()
+    once.send("t", pa.table({"x": [2]}, schema=SCHEMA))
+    once.commit_transaction(metadata={"write_id": "w1", "ephemeral": True})
+    once.close()
+
+    view = log.views.get(0)
+    sizes = []
+    for i in range(10_000):
+        clock.now += 4 * 60 * 1000  # 28 days in all
+        log.coordinator.init_producer(f"spark-write-{i}", 60_000)
+        if i % 2_500 == 2_499:
+            view.snapshot_now()
+            sizes.append(len(view.tids))
+    week = TID_EXPIRATION_MS // (4 * 60 * 1000)
+    assert sizes[0] == 2_500 + 2 and max(sizes[1:]) <= week + 16, sizes  # bounded by a week of ids
+    assert sizes[-1] <= sizes[1] + 16, f"the state stopped growing: {sizes}"
+    assert view.state("stream-query") is not None, "application progress is never expired"
+    assert log.transaction_metadata("stream-query") == {"query_id": "q", "batch_id": 41}
+    assert view.state("batch-write-1") is None and view.state("spark-write-0") is None
+
+    fresh = txn_core.open_log(url, clock=clock)  # replay from the snapshot: the same state
+    fresh_view = fresh.views.get(0)
+    fresh_view.refresh()
+    assert sorted(fresh_view.tids) == sorted(view.tids)
+
+    again = fresh.producer("spark-write-0")  # an expired id starts afresh
+    again.init_transactions()
+    again.close()

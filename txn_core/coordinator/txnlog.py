@@ -212,6 +212,26 @@ def _check_txn(current: TidState, action: dict[str, Any]) -> None:
             f"is {current.txn} ({current.state.value})")
 
 
+#: A finished transactional id idle this long (coordinator log time) expires (Kafka's
+#: transactional.id.expiration.ms default) unless its last committed metadata is kept (see _expired).
+TID_EXPIRATION_MS = 7 * 24 * 3600 * 1000
+#: Expiry runs whenever log time enters a new step of this length.
+TID_EXPIRY_STEP_MS = 3600 * 1000
+#: Commit metadata with this key set to true marks a one-shot id (a batch write): it may expire.
+EPHEMERAL_KEY = "ephemeral"
+_FINISHED = frozenset({CoordinatorState.EMPTY, CoordinatorState.COMPLETE_COMMIT, CoordinatorState.COMPLETE_ABORT,
+                       CoordinatorState.DEAD})
+
+
+def _expired(st: TidState, now: int) -> bool:
+    """Whether ``st`` expires at log time ``now``: finished, idle past the expiration, and holding no
+    progress an application relies on (no last committed metadata, or metadata marked ephemeral)."""
+    if st.state not in _FINISHED or now - st.updated_ms <= TID_EXPIRATION_MS:
+        return False
+    kept = st.last_committed
+    return kept is None or kept.get(EPHEMERAL_KEY) is True
+
+
 class CoordinatorPartition:
     """Replayed state of one coordinator partition; appends validated records. Thread-safe."""
 
@@ -227,6 +247,8 @@ class CoordinatorPartition:
         self.outcomes: OrderedDict[int, CoordinatorState] = OrderedDict()  # sequence -> final state
         self._snapshot_slot = 0
         self._last_refresh = time.monotonic()
+        #: coordinator log time: the newest record timestamp applied; finished ids expire by it
+        self.log_time_ms = 0
 
     # --- replay ---------------------------------------------------------------------------------
 
@@ -251,6 +273,7 @@ class CoordinatorPartition:
             if st.txn is not None and not st.state.is_complete:
                 self.open_txns[st.txn.sequence] = st.tid
         self.outcomes = OrderedDict((int(s), CoordinatorState(v)) for s, v in snap["outcomes"])
+        self.log_time_ms = int(snap.get("log_time_ms", max((t.updated_ms for t in self.tids.values()), default=0)))
 
     def refresh(self) -> None:
         """Apply every record written since the last refresh (one GET per new slot, plus one miss)."""
@@ -297,6 +320,20 @@ class CoordinatorPartition:
             after = apply_action(before, action, self.coordinator, slot, ts)
             self._index(before, after)
             self.tids[tid] = after
+        self._advance_time(ts)
+
+    def _advance_time(self, ts: int) -> None:
+        """Move log time to ``ts``; entering a new step of it, drop expired transactional ids (PROTOCOL.md
+        "Transaction log", expiry). Applied after every record, by replay and by the writer alike, so the
+        state stays a function of the log."""
+        if ts <= self.log_time_ms:
+            return
+        crossed = ts // TID_EXPIRY_STEP_MS != self.log_time_ms // TID_EXPIRY_STEP_MS
+        self.log_time_ms = ts
+        if not crossed:
+            return
+        for tid in [t for t, st in self.tids.items() if _expired(st, ts)]:
+            del self.tids[tid]
 
     def _index(self, before: TidState | None, after: TidState) -> None:
         if before is not None and before.txn is not None and before.txn != after.txn:
@@ -321,6 +358,7 @@ class CoordinatorPartition:
             "low_watermark": self.low_watermark(),
             "tids": [t.to_json() for t in self.tids.values()],
             "outcomes": [[s, v.value] for s, v in self.outcomes.items()],
+            "log_time_ms": self.log_time_ms,
             "time_ms": self.clock(),
         }
         prefix = paths.coordinator_snapshots(self.coordinator)
@@ -433,6 +471,7 @@ class CoordinatorPartition:
                     raise InvalidTxnStateError(f"transactional id {tid!r}: no state after {actions}")
                 self._index(current, after)
                 self.tids[tid] = after
+                self._advance_time(ts)
                 self.next_slot += 1
                 if self.next_slot - self._snapshot_slot >= SNAPSHOT_EVERY:
                     self._snapshot_after_append()
