@@ -262,6 +262,8 @@ def _commit(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
         # the manifest's create overlaps the transaction's first requests; it is durable before the commit point
         written = submit(_write_manifest, storage, ident, refs, manifest_key) if manifest_key else None
         try:
+            if refs and max(r.partition for r in refs) >= log.topics.get(opts.topic, refresh=False).partitions:
+                log.topics.get(opts.topic)  # the tasks saw partitions added since this process last looked
             producer.begin_transaction()
             producer.send_staged(refs)
             if offsets is not None and opts.consumer_group is not None:

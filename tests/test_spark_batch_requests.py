@@ -65,3 +65,13 @@ def test_a_kept_producer_fenced_by_another_committer_turns_the_batch_into_a_repl
     replay = commit_batch(opts, ident(1), stage(log, ident(1), 10, 20, attempt=1))
     assert replay.outcome == "replayed"
     assert ids(read_topic(log, "out")) == list(range(20))
+
+
+def test_a_kept_producer_commits_to_partitions_added_since_its_last_batch(log: txn_core.Log) -> None:
+    log.create_topic("out", 1, SCHEMA)
+    opts = options(log)
+    assert commit_batch(opts, ident(0), stage(log, ident(0), 0, 10)).outcome == "committed"
+    txn_core.open_log(log.url).add_partitions("out", 3)  # another process grows the topic
+    grown = txn_core.open_log(log.url)  # the tasks plan with the new partition count
+    assert commit_batch(opts, ident(1), stage(grown, ident(1), 10, 40)).outcome == "committed"
+    assert ids(read_topic(log, "out")) == list(range(40))
