@@ -21,18 +21,19 @@ import txn_core
 from txn_core.errors import StorageError, TxnLogError
 from txn_core.ranges import available_end, plan_range, read_range
 from txn_core.reader import READ_COMMITTED
-from txn_core.storage.base import Chunks, Storage
+from txn_core.storage.base import DelegatingStorage, Storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
 PATH = "topics/t/00000"
 FAULTS = ["corrupt", "slow", "fail_once"]
 
 
-class ReadFaults(Storage):
+class ReadFaults(DelegatingStorage):
     """Read number ``at`` (counting ``read`` and ``read_buffer``) is corrupted, slowed, or fails once."""
 
     def __init__(self, inner: Storage, fault: str | None = None, at: int = -1) -> None:
-        self.inner, self.url, self.fault, self.at = inner, inner.url, fault, at
+        super().__init__(inner)
+        self.fault, self.at = fault, at
         self.reads = 0
         self._lock = threading.Lock()
 
@@ -40,9 +41,6 @@ class ReadFaults(Storage):
         with self._lock:
             i, self.reads = self.reads, self.reads + 1
         return i == self.at
-
-    def _read(self, data: bytes) -> bytes:
-        return data
 
     def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         hit = self._hit()
@@ -59,18 +57,6 @@ class ReadFaults(Storage):
 
     def read_buffer(self, key: str) -> Any:
         return pa.py_buffer(self.read(key))
-
-    def create(self, key: str, chunks: Chunks) -> None:
-        self.inner.create(key, chunks)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def list(self, prefix: str) -> list[str]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from txn_core.errors import (
     UnknownOutcomeError,
 )
 from txn_core.storage import MemoryStorage, Storage, create_resolving, open_storage, redact_url, self_test_storage
-from txn_core.storage.base import Chunks
+from txn_core.storage.base import Chunks, DelegatingStorage
 from txn_core.storage.objectstore import classify_write_error
 
 
@@ -112,11 +112,12 @@ def test_multiprocess_race_has_exactly_one_winner_per_key(shared_location: Any) 
 # --- resolving unknown outcomes -----------------------------------------------------------------
 
 
-class Flaky(Storage):
+class Flaky(DelegatingStorage):
     """Wraps a storage; the n-th create fails in a chosen way (landed or not)."""
 
     def __init__(self, inner: Storage, fail: list[tuple[str, bool]]) -> None:
-        self.inner, self.fail, self.url = inner, list(fail), inner.url
+        super().__init__(inner)
+        self.fail = list(fail)
 
     def create(self, key: str, chunks: Chunks) -> None:
         if self.fail:
@@ -125,18 +126,6 @@ class Flaky(Storage):
                 self.inner.create(key, chunks)
             raise {"unknown": UnknownOutcomeError, "retry": RetryableStorageError}[kind](f"injected {kind}")
         self.inner.create(key, chunks)
-
-    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        return self.inner.read(key, start, end)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def list(self, prefix: str) -> list[str]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
 
 
 def test_unknown_outcome_that_landed_is_recognised_as_ours() -> None:

@@ -94,6 +94,45 @@ class Storage(abc.ABC):
         """Release resources (optional)."""
 
 
+class DelegatingStorage(Storage):
+    """Forwards every operation to ``inner``: the base of wrappers that change one or two of them (the
+    write check before a first write, request logging, fault injection in tests)."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    def create(self, key: str, chunks: Chunks) -> None:
+        self.inner.create(key, chunks)
+
+    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        return self.inner.read(key, start, end)
+
+    def read_buffer(self, key: str) -> Any:
+        return self.inner.read_buffer(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def list(self, prefix: str) -> list[str]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def size(self, key: str) -> int:
+        return self.inner.size(key)
+
+    def mtime_ms(self, key: str) -> int | None:
+        return self.inner.mtime_ms(key)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def _backoff(attempt: int) -> None:
     time.sleep(min(0.5, 0.005 * (2**attempt)) * (0.5 + random.random()))
 

@@ -19,19 +19,18 @@ from typing import Any
 
 from txn_core.errors import StoragePermissionError
 from txn_core.logs import get_logger
-from txn_core.storage.base import Chunks, Storage
+from txn_core.storage.base import Chunks, DelegatingStorage, Storage
 
 log = get_logger("txnlog.storage")
 _verified: set[str] = set()
 _verified_lock = threading.Lock()
 
 
-class WriteCheckedStorage(Storage):
+class WriteCheckedStorage(DelegatingStorage):
     """``inner`` with the self-test run before the first write of this process to its URL."""
 
     def __init__(self, inner: Storage, check: Callable[[Storage], None]) -> None:
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self._check = check
 
     def _before_write(self) -> None:
@@ -49,30 +48,6 @@ class WriteCheckedStorage(Storage):
     def delete(self, key: str) -> None:
         self._before_write()
         self.inner.delete(key)
-
-    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        return self.inner.read(key, start, end)
-
-    def read_buffer(self, key: str) -> Any:
-        return self.inner.read_buffer(key)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def list(self, prefix: str) -> list[str]:
-        return self.inner.list(prefix)
-
-    def size(self, key: str) -> int:
-        return self.inner.size(key)
-
-    def mtime_ms(self, key: str) -> int | None:
-        return self.inner.mtime_ms(key)
-
-    def describe(self) -> str:
-        return self.inner.describe()
-
-    def close(self) -> None:
-        self.inner.close()
 
     def __getattr__(self, name: str) -> Any:  # backend extras (e.g. LocalStorage.sweep_temp)
         if name == "inner":
