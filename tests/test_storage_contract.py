@@ -1,15 +1,18 @@
-"""The storage contract, proven the same way on every backend (local disk, memory, moto, SeaweedFS)."""
+"""The storage contract, proven the same way on every backend (local disk, memory, moto, SeaweedFS; S3 through
+obstore and through s3fs)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import workers
 
+from conftest import make_location
 from txn_core.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
@@ -22,9 +25,15 @@ from txn_core.storage.base import Chunks, DelegatingStorage
 from txn_core.storage.objectstore import classify_write_error
 
 
-@pytest.fixture
-def storage(location: Any) -> Storage:
-    return open_storage(location.url, location.storage_options)
+@pytest.fixture(params=["local", "memory", "moto", "moto-fsspec",
+                        pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
+                        pytest.param("seaweedfs-fsspec", marks=pytest.mark.seaweedfs)])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    """Every backend; S3 through both clients (obstore by default, s3fs with ``client='fsspec'``)."""
+    backend, _, client = str(request.param).partition("-")
+    location = make_location(backend, request, tmp_path)
+    options = {**location.storage_options, "client": client} if client else location.storage_options
+    return open_storage(location.url, options)
 
 
 def test_create_is_exclusive_and_keeps_the_first_content(storage: Storage) -> None:
@@ -193,6 +202,14 @@ class _BotoLikeError(Exception):
 ])
 def test_write_errors_are_normalised(exc: BaseException, kind: type) -> None:
     assert classify_write_error(exc) is kind
+
+
+@pytest.mark.parametrize("slot", ["00000000000000000412", "00000000000000000503", "00000000000000000409"])
+def test_a_timeout_on_a_slot_whose_number_looks_like_a_status_stays_unknown(slot: str) -> None:
+    """Keys end in zero-padded slot numbers: only a real status makes a lost race or a retry."""
+    exc = TimeoutError(f"timed out creating log/topics/t/00000/log/{slot}")
+    assert classify_write_error(exc) is UnknownOutcomeError
+    assert classify_write_error(OSError(5, f"Input/output error: bucket/log/{slot} (412)")) is ObjectExistsError
 
 
 def test_412_wrapped_as_oserror_is_a_lost_race() -> None:

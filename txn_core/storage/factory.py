@@ -20,6 +20,7 @@ from txn_core.storage.guarded import WriteCheckedStorage
 from txn_core.storage.local import LocalStorage
 from txn_core.storage.memory import MemoryStorage
 from txn_core.storage.objectstore import ObjectStoreStorage
+from txn_core.storage.obstore_s3 import ObstoreS3Storage, obstore_available, obstore_config
 
 SELFTEST_PREFIX = "_txnlog/selftest/"
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl"}
@@ -65,7 +66,7 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
         if not parts.netloc:
             raise ConfigurationError(f"log URL {redact_url(url)!r} has no bucket: use {scheme}://BUCKET/PREFIX")
         protocol = {"s3a": "s3", "gcs": "gs", "abfss": "abfs"}.get(scheme, scheme)
-        storage = ObjectStoreStorage(redact_url(url), protocol, root, storage_options)
+        storage = _object_store(redact_url(url), protocol, root, dict(storage_options or {}))
     else:
         raise ConfigurationError(
             f"log URL {redact_url(url)!r} has an unsupported scheme {scheme!r}: use a local path, file://, "
@@ -76,6 +77,35 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
     if self_test:  # before this process's first write, never on open: reading never writes
         storage = WriteCheckedStorage(storage, self_test_storage)
     return storage
+
+
+#: Values of the ``client`` storage option: which library talks to an object store.
+CLIENTS = ("auto", "obstore", "fsspec")
+
+
+def _object_store(url: str, protocol: str, root: str, options: dict[str, Any]) -> Storage:
+    """S3 through obstore when its options allow (one round trip per request), else fsspec; see
+    :mod:`txn_core.storage.obstore_s3`. ``client`` (``auto``/``obstore``/``fsspec``) forces a choice."""
+    client = str(options.pop("client", "auto")).lower()
+    if client not in CLIENTS:
+        raise ConfigurationError(
+            f"storage option client={client!r} is not one of {list(CLIENTS)}: 'obstore' (S3 only, one round "
+            "trip per request), 'fsspec' (s3fs, gcsfs, adlfs) or 'auto' (obstore where it applies)")
+    if protocol == "s3" and client != "fsspec":
+        kwargs = obstore_config(options)
+        if kwargs is not None and obstore_available():
+            bucket, _, prefix = root.partition("/")
+            return ObstoreS3Storage(url, bucket, prefix, kwargs)
+        if client == "obstore":
+            raise ConfigurationError(
+                f"storage option client='obstore' cannot be used with the options {sorted(options)} or with "
+                "credentials from an AWS profile (AWS_PROFILE, ~/.aws/credentials): obstore takes key, secret, "
+                "token, anon, endpoint_url and client_kwargs.endpoint_url/region_name (profiles and other s3fs "
+                "settings need client='fsspec')")
+    elif client == "obstore":
+        raise ConfigurationError(
+            f"storage option client='obstore' applies to s3:// URLs only; {url} is served by fsspec")
+    return ObjectStoreStorage(url, protocol, root, options)
 
 
 def self_test_storage(storage: Storage) -> None:

@@ -15,6 +15,7 @@ fsspec filesystem object; :meth:`describe` and every message use the URL without
 from __future__ import annotations
 
 import errno
+import re
 from typing import Any
 
 from txn_core.errors import (
@@ -29,6 +30,9 @@ from txn_core.storage.base import Chunks, Storage
 
 _RETRY_CODES = {"409", "429", "500", "502", "503", "504", "SlowDown", "ConditionalRequestConflict",
                 "RequestTimeout", "Throttling", "ThrottlingException", "InternalError"}
+
+
+_TEXT_CODES = re.compile(r"(?<![\w/.-])(412|409|503|PreconditionFailed|ConditionalRequestConflict|SlowDown)(?![\w/.-])")
 
 
 def _status_codes(exc: BaseException) -> set[str]:
@@ -51,10 +55,17 @@ def _status_codes(exc: BaseException) -> set[str]:
             value = getattr(cur, attr, None)
             if isinstance(value, int | str) and value:
                 codes.add(str(value))
-        text = str(cur)
-        for marker in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict", "SlowDown", "503"):
-            if marker in text:
-                codes.add(marker)
+        cur = cur.__cause__ or cur.__context__
+    if codes:
+        return codes
+    # No structured status anywhere on the chain (an error s3fs rebuilt from text): read the codes from the
+    # message, as whole words only. Object keys end in zero-padded slot numbers (``...00000412``), so a
+    # timeout on slot 412 or 503 is not mistaken for a lost race or a "retry, it did not land".
+    cur = exc
+    seen.clear()
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        codes.update(_TEXT_CODES.findall(str(cur)))
         cur = cur.__cause__ or cur.__context__
     return codes
 
