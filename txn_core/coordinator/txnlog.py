@@ -293,6 +293,14 @@ class CoordinatorPartition:
             if self.next_slot - self._snapshot_slot >= SNAPSHOT_EVERY:
                 opportunistic(self.storage, "coordinator snapshot", self._write_snapshot)
 
+    def _current_enough(self) -> bool:
+        """Whether an append may create at ``next_slot`` without first reading it (PROTOCOL.md "Transaction
+        log", appends): the view is loaded and learned within half the compaction age that ``next_slot``
+        was free. Then a record another writer put there since is younger than the compaction age, so
+        it still exists and the create itself reports the conflict (and the append replays and retries);
+        a slot reused after compaction cannot happen."""
+        return self.next_slot >= 0 and time.monotonic() - self._last_refresh < COMPACTION_MIN_AGE_MS / 2000
+
     def _compacted_past_us(self) -> bool:
         """Whether compaction deleted slots this view has not applied yet (only possible when the view
         was idle for longer than half the compaction age; see PROTOCOL.md "Compaction")."""
@@ -447,7 +455,8 @@ class CoordinatorPartition:
         the producer was fenced meanwhile) or return None (nothing to do any more). Returns the new state.
         """
         with self._lock:
-            self.refresh()
+            if not self._current_enough():
+                self.refresh()
             while True:
                 current = self.tids.get(tid)
                 actions = build(current)
@@ -458,8 +467,10 @@ class CoordinatorPartition:
                     return current
                 ts = self.clock()
                 after = current
+                steps: list[tuple[TidState | None, TidState]] = []
                 for action in actions:
-                    after = apply_action(after, action, self.coordinator, self.next_slot, ts)
+                    before, after = after, apply_action(after, action, self.coordinator, self.next_slot, ts)
+                    steps.append((before, after))
                 record = {"ts": ts, "actions": actions}
                 header, payload = envelope.encode_json(envelope.ObjectKind.COORDINATOR_RECORD, record)
                 try:
@@ -469,10 +480,12 @@ class CoordinatorPartition:
                     continue
                 if after is None:  # unreachable: at least one action was applied
                     raise InvalidTxnStateError(f"transactional id {tid!r}: no state after {actions}")
-                self._index(current, after)
+                for before, step in steps:  # per action, as replay does: a folded complete keeps its outcome
+                    self._index(before, step)
                 self.tids[tid] = after
                 self._advance_time(ts)
                 self.next_slot += 1
+                self._last_refresh = time.monotonic()  # the slot was free: nothing older was compacted away
                 if self.next_slot - self._snapshot_slot >= SNAPSHOT_EVERY:
                     self._snapshot_after_append()
                 return after
