@@ -72,6 +72,8 @@ class TxnBuffer:
         self.committed_count = 0
         self.aborted_count = 0
         self.ended_since_snapshot = 0
+        #: entries applied since the last snapshot (a partition without transactions needs snapshots too)
+        self.entries_since_snapshot = 0
         #: log time: the newest entry timestamp applied; idle producer states expire by it (see _advance)
         self.log_time_ms = 0
         self.where = ""
@@ -130,6 +132,7 @@ class TxnBuffer:
         self.position = header.next_offset
         self.slot = slot + 1
         self.size_bytes += size
+        self.entries_since_snapshot += 1
         if header.timestamp_ms > self.log_time_ms:
             step = PRODUCER_EXPIRY_STEP_MS
             crossed = header.timestamp_ms // step != self.log_time_ms // step

@@ -9,6 +9,7 @@ but control records. Memory is bounded by each partition reader's window and ``m
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -18,11 +19,13 @@ import pyarrow as pa
 from txn_core import paths
 from txn_core.errors import ConfigurationError, InvalidOffsetError, ProducerClosedError, TxnLogError
 from txn_core.ids import TopicPartition, validate_name
+from txn_core.parallel import parallel_map
 from txn_core.reader import ISOLATION_LEVELS, PartitionReader
 from txn_core.records import with_metadata_schema
 
 if TYPE_CHECKING:
     from txn_core.log import Log
+    from txn_core.topics import TopicMeta
 
 OFFSET_RESETS = ("earliest", "latest")
 
@@ -74,8 +77,9 @@ class Consumer:
             self._deferred = None
             tps = [_tp(t) for t in partitions]
             schemas = []
+            metas: dict[str, TopicMeta] = {}  # one metadata refresh per topic, not per partition
             for tp in tps:
-                meta = self.log.topics.get(tp.topic)
+                meta = metas.get(tp.topic) or metas.setdefault(tp.topic, self.log.topics.get(tp.topic))
                 if not 0 <= tp.partition < meta.partitions:
                     raise ConfigurationError(
                         f"partition {tp.partition} does not exist in topic {tp.topic!r} "
@@ -91,8 +95,8 @@ class Consumer:
                 raise ConfigurationError(
                     f"the assigned topics have incompatible schemas ({exc}); use one consumer per schema") from exc
             committed = self.log.groups.committed(self.group_id, require_stable=True) if self.group_id else {}
-            readers = {}
-            for tp in tps:
+
+            def open_reader(tp: TopicPartition) -> PartitionReader:
                 state = self.log.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
                 reader = PartitionReader(state, tp.topic, tp.partition, self.isolation_level, self.window_bytes)
                 c = committed.get(tp)
@@ -102,8 +106,10 @@ class Consumer:
                     reader.seek(reader.log.log_start(refresh=True).offset)
                 else:
                     reader.seek(reader.log.end_offset())
-                readers[tp] = reader
-            self._readers = readers
+                return reader
+
+            # Each partition's opening (log start, snapshot, tail) is independent: overlap them.
+            self._readers = dict(zip(tps, parallel_map(open_reader, tps), strict=True))
             self._order = tps
             self._next = 0
             self._schema = with_metadata_schema(unified) if unified is not None else None
@@ -153,6 +159,7 @@ class Consumer:
             batches: list[pa.RecordBatch] = []
             remaining = max_records
             n = len(self._order)
+            self._read_ahead()
             for i in range(n):
                 tp = self._order[(self._next + i) % n]
                 try:
@@ -173,6 +180,18 @@ class Consumer:
             else:
                 self._next = (self._next + 1) % n if n else 0
             return self._to_table(batches)
+
+    def _read_ahead(self) -> None:
+        """Fill every assigned partition's window at once, so that partitions catching up read together
+        rather than one after another. An error is left for that partition's own poll to meet (its
+        reader did not move past it), which keeps the order of delivery and errors of :meth:`poll`."""
+        idle = [r for r in self._readers.values() if r.wants_data()]
+        if len(idle) > 1:
+            def fill(reader: PartitionReader) -> None:
+                with contextlib.suppress(TxnLogError):
+                    reader.fill()
+
+            parallel_map(fill, idle)
 
     def _to_table(self, batches: list[pa.RecordBatch]) -> pa.Table:
         schema = self._schema

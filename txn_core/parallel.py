@@ -12,6 +12,11 @@ Invariants:
   reason about what landed); the exception raised is the first one in input order.
 * Work submitted from inside a pool thread runs inline in that thread, so nested use never deadlocks on
   a full pool.
+* **Leaf requests** (``leaf=True``: single storage requests that submit nothing themselves, such as the
+  probes of a tail search or the reads ahead of a reader) run on a second pool, also from inside a
+  thread of the first: a partition opened on the shared pool still overlaps its own requests. A leaf
+  never waits on other pool work, so neither pool can deadlock; a leaf submitted from a leaf thread runs
+  inline.
 * The pool is created lazily and re-created in a forked child (a fork copies no threads).
 """
 
@@ -28,15 +33,17 @@ R = TypeVar("R")
 
 #: Upper bound on requests in flight from one process through the shared pool.
 MAX_WORKERS = 32
+#: Upper bound on leaf requests in flight from one process.
+MAX_LEAF_WORKERS = 64
 
-_pool: ThreadPoolExecutor | None = None
+_pools: dict[str, ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
 _local = threading.local()
 
 
 def _reset_after_fork() -> None:
-    global _pool, _pool_lock
-    _pool = None
+    global _pool_lock
+    _pools.clear()
     _pool_lock = threading.Lock()
 
 
@@ -47,18 +54,32 @@ def _mark_worker() -> None:
     _local.in_pool = True
 
 
-def shared_pool() -> ThreadPoolExecutor:
-    """The process-wide pool (created on first use)."""
-    global _pool
-    pool = _pool
+def _mark_leaf_worker() -> None:
+    _local.in_leaf = True
+
+
+_KINDS = {"io": (MAX_WORKERS, _mark_worker), "leaf": (MAX_LEAF_WORKERS, _mark_leaf_worker)}
+
+
+def _get_pool(kind: str) -> ThreadPoolExecutor:
+    pool = _pools.get(kind)
     if pool is None:
         with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(
-                    max_workers=MAX_WORKERS, thread_name_prefix="txnlog-io", initializer=_mark_worker
-                )
-            pool = _pool
+            pool = _pools.get(kind)
+            if pool is None:
+                workers, mark = _KINDS[kind]
+                pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"txnlog-{kind}", initializer=mark)
+                _pools[kind] = pool
     return pool
+
+
+def _leaf() -> ThreadPoolExecutor:
+    return _get_pool("leaf")
+
+
+def shared_pool() -> ThreadPoolExecutor:
+    """The process-wide pool (created on first use)."""
+    return _get_pool("io")
 
 
 def in_pool_thread() -> bool:
@@ -66,9 +87,12 @@ def in_pool_thread() -> bool:
     return bool(getattr(_local, "in_pool", False))
 
 
-def submit(fn: Callable[..., R], *args: object) -> Future[R]:
-    """Run ``fn(*args)`` on the shared pool (inline, as a completed future, when already on it)."""
-    if in_pool_thread():
+def submit(fn: Callable[..., R], *args: object, leaf: bool = False) -> Future[R]:
+    """Run ``fn(*args)`` on the shared pool (inline, as a completed future, when already on it); with
+    ``leaf``, on the leaf pool (inline only from a leaf thread). See the module invariants."""
+    if leaf and not getattr(_local, "in_leaf", False):
+        return _leaf().submit(fn, *args)
+    if leaf or in_pool_thread():
         done: Future[R] = Future()
         try:
             done.set_result(fn(*args))
@@ -78,15 +102,21 @@ def submit(fn: Callable[..., R], *args: object) -> Future[R]:
     return shared_pool().submit(fn, *args)
 
 
-def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """``[fn(x) for x in items]`` with the calls overlapped on the shared pool (see module invariants).
+def parallel_map(fn: Callable[[T], R], items: Iterable[T], *, leaf: bool = False) -> list[R]:
+    """``[fn(x) for x in items]`` with the calls overlapped on the shared pool, or on the leaf pool with
+    ``leaf`` (see module invariants).
 
     A single item runs inline: no thread hop for the common one-partition case.
     """
     seq: Sequence[T] = items if isinstance(items, Sequence) else list(items)
-    if len(seq) <= 1 or in_pool_thread():
+    if leaf:
+        if len(seq) <= 1 or getattr(_local, "in_leaf", False):
+            return [fn(x) for x in seq]
+        futures = [_leaf().submit(fn, x) for x in seq]
+    elif len(seq) <= 1 or in_pool_thread():
         return [fn(x) for x in seq]
-    futures = [shared_pool().submit(fn, x) for x in seq]
+    else:
+        futures = [shared_pool().submit(fn, x) for x in seq]
     results: list[R] = []
     first: BaseException | None = None
     for fut in futures:

@@ -121,6 +121,7 @@ class PartitionLog:
                 start = LogStart(int(value["slot"]), int(value["offset"]), int(value.get("bytes_before", 0)))
                 break
             self._start = start
+            self._start_checked = time.monotonic()
         return self._start
 
     def deleted(self, slot: int, *, max_staleness_s: float | None = None) -> bool:
@@ -147,7 +148,6 @@ class PartitionLog:
         now = time.monotonic()
         if self._start is None or now - self._start_checked >= max_staleness_s:
             self.log_start(refresh=True)
-            self._start_checked = now
         return self.log_start()
 
     def log_start_for(self, offset: int) -> LogStart:
@@ -251,14 +251,25 @@ class PartitionLog:
     # --- read -----------------------------------------------------------------------------------
 
     def read_header(self, slot: int) -> EntryHeader:
-        key = self.entries.key(slot)
-        data = self.storage.read(key, 0, HEADER_SIZE)
-        header = decode_header(data, key)
-        self._remember(slot, header)
+        header = self.fetch_header(slot)
+        self.remember(slot, header)
         return header
 
     def read_entry(self, slot: int) -> Entry:
         """Read a whole entry (header verified; payload verified lazily by :meth:`Entry.payload`)."""
+        entry = self.fetch_entry(slot)
+        self.remember(slot, entry.header)
+        return entry
+
+    def fetch_header(self, slot: int) -> EntryHeader:
+        """The verified header of ``slot`` (one ranged read); no effect on this object's caches, so it
+        may run on any thread (:mod:`txn_core.readahead`)."""
+        key = self.entries.key(slot)
+        return decode_header(self.storage.read(key, 0, HEADER_SIZE), key)
+
+    def fetch_entry(self, slot: int) -> Entry:
+        """The whole entry at ``slot`` in one request, header verified and length checked; no effect on
+        this object's caches (see :meth:`fetch_header`)."""
         key = self.entries.key(slot)
         data = self.storage.read_buffer(key)
         header = decode_header(data, key)
@@ -266,8 +277,12 @@ class PartitionLog:
             raise CorruptDataError(
                 f"{key} is truncated: {len(data)} bytes, header says {HEADER_SIZE + header.payload_len}. "
                 "The object is damaged; nothing after it is read.", key)
-        self._remember(slot, header)
         return Entry(slot, header, data, key)
+
+    def remember(self, slot: int, header: EntryHeader) -> None:
+        """Learn from a header read at ``slot``: where its offsets are, and the tail if it lies past it.
+        Call on the thread that owns this object's use (not thread-safe against itself)."""
+        self._remember(slot, header)
 
     def _note(self, base_offset: int, slot: int, record_count: int) -> None:
         """Remember where an entry is; past :data:`INDEX_MAX_ENTRIES`, forget the older half."""

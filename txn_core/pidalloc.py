@@ -35,7 +35,7 @@ def allocate_producer_id(storage: Storage) -> int:
             _blocks[key] = (nxt + 1, end)
             return nxt
         slots = SlotLog(storage, paths.PRODUCER_IDS)
-        block = slots.find_tail(_hint.get(storage.url, 0))
+        block = slots.find_tail(_hint.get(storage.url, 0), near=True)
         while True:
             header, payload = envelope.encode_json(envelope.ObjectKind.PRODUCER_ID_BLOCK, {
                 "block": block, "size": BLOCK_SIZE, "host": socket.gethostname(), "pid": os.getpid(),

@@ -43,6 +43,7 @@ from txn_core.errors import (
 )
 from txn_core.logs import get_logger
 from txn_core.partition import Entry, PartitionLog
+from txn_core.readahead import ReadAhead
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED, PartitionState
 from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
 
@@ -158,9 +159,11 @@ def read_range(plog: PartitionLog, rng: OffsetRange, *, metadata: bool = True, f
     pos, end, slot = rng.start, rng.end, rng.start_slot
     expected: int | None = None  # base offset the next entry must have
     meta = MetadataColumns(rng.topic, rng.partition) if metadata else None
+    ahead = ReadAhead(plog, slot)
     while pos < end:
+        ahead.seek(slot)
         try:
-            entry = plog.read_entry(slot)
+            entry = ahead.next()
         except ObjectNotFoundError:
             slot, pos = _after_missing_entry(plog, slot, pos, end, fail_on_data_loss)
             expected = None

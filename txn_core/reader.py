@@ -35,6 +35,7 @@ from txn_core.errors import (
 from txn_core.ids import TxnId
 from txn_core.partition import Entry, PartitionLog
 from txn_core.producer_state import gap_error
+from txn_core.readahead import HeaderReadAhead, ReadAhead
 from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
 from txn_core.snapshots import SnapshotStore
 from txn_core.storage.guarded import opportunistic
@@ -59,6 +60,8 @@ class PartitionState:
         self._buffer: TxnBuffer | None = None
         self.decisions: dict[TxnId, bool] = {}
         self.snapshot_position = 0
+        #: header scans of the tail read ahead (a cold open with no snapshot reads every header)
+        self.headers = HeaderReadAhead(log)
 
     @property
     def buffer(self) -> TxnBuffer:
@@ -96,7 +99,7 @@ class PartitionState:
         n = 0
         while max_entries is None or n < max_entries:
             try:
-                header = self.log.read_header(buffer.slot)
+                header = self.headers.next(buffer.slot)
             except ObjectNotFoundError:
                 if self.log.deleted(buffer.slot):
                     # Retention removed entries this buffer had not applied: restart from its snapshot.
@@ -262,6 +265,10 @@ class PartitionReader:
         self._window_size = 0
         self._error: CorruptDataError | DataLossError | None = None
         self._meta = MetadataColumns(topic, partition)
+        # Entries are read ahead, the reads in flight holding at most half the window.
+        self._ahead = ReadAhead(self.log, max_bytes=max(window_bytes // 2, 1))
+        self._prefilled = False  # fill() ran since the last poll: the poll need not read again
+        self._at_end = False  # the last fill stopped at the log end
 
     def seek(self, offset: int) -> None:
         """Deliver from ``offset`` on. Below the log start raises :class:`DataLossError`."""
@@ -272,12 +279,15 @@ class PartitionReader:
         buffer = self.state.buffer
         if buffer.position < start.offset:  # retention passed this buffer: rebuild from its snapshot
             buffer = self.state.reload()
-        end = self.log.end_offset()
+        # An offset the buffer has passed exists: no need to find the log end (a cold open from the log
+        # start or a snapshot skips the tail search).
+        end = self.log.end_offset() if offset > buffer.position else buffer.position
         if offset > end:
             raise OffsetOutOfRangeError(f"{self.log.path}: offset {offset} is beyond the log end {end}")
         self._window.clear()
         self._window_size = 0
         self._error = None
+        self._prefilled = self._at_end = False
         self.position = offset
         if offset >= buffer.position:
             # Scan (headers only) up to the entry containing offset.
@@ -290,14 +300,28 @@ class PartitionReader:
         else:
             self._cursor = self.log.slot_for_offset(offset)
 
+    def wants_data(self) -> bool:
+        """Whether the window is empty and no error is pending (a :meth:`fill` would read)."""
+        return not self._window and self._error is None
+
+    def fill(self) -> bool:
+        """Read entries into the window up to its budget (what :meth:`poll` does first, so the next poll
+        does not read again); True if anything was read. May run on another thread than :meth:`poll`,
+        never at the same time."""
+        self._prefilled = True
+        return self._fill()
+
     def _fill(self) -> bool:
         """Read entries into the window up to its budget; True if anything was read."""
         buffer = self.state.buffer
         read = False
+        self._at_end = False
         while self._error is None and (self._window_size < self.window_bytes or not self._window):
+            self._ahead.seek(self._cursor)
             try:
-                entry = self.log.read_entry(self._cursor)
+                entry = self._ahead.next()
             except ObjectNotFoundError:
+                self._at_end = True
                 if self.log.deleted(self._cursor):
                     start = self.log.log_start()
                     self._error = DataLossError(
@@ -334,7 +358,9 @@ class PartitionReader:
         stays on the first record not returned, so a caller that handles the error and polls again
         misses nothing (PROTOCOL.md "Reading").
         """
-        self._fill()
+        if not self._prefilled:
+            self._fill()
+        self._prefilled = False
         out: list[pa.RecordBatch] = []
         budget = max_records if max_records is not None else 1 << 62
         committed = self.isolation == "read_committed"
@@ -392,8 +418,8 @@ class PartitionReader:
             self.position = first + take
             if self.position >= header.next_offset:
                 self._pop()
-        if not self._window and not out:
-            self._fill()
+        if not self._window and not out and not self._at_end:
+            self._fill()  # the window drained without a record to deliver: read on (not past the log end)
         if not out and self._error is not None and not self._window:
             raise self._error
         return out

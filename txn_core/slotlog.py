@@ -9,8 +9,15 @@ prefix. That lets :meth:`SlotLog.find_tail` find the first free slot with O(log 
 
 from __future__ import annotations
 
+from txn_core.parallel import parallel_map
 from txn_core.paths import slot_name
 from txn_core.storage.base import Storage
+
+#: Galloping probes overlapped in one round of :meth:`SlotLog.find_tail` (the first reaches ``lower + 2**5``,
+#: each further one 6 powers of 2 more).
+GALLOP = 6
+#: Probes per bisection round of :meth:`SlotLog.find_tail` (each round narrows the bracket 8-fold).
+SPLIT = 7
 
 
 class SlotLog:
@@ -31,28 +38,40 @@ class SlotLog:
     def exists(self, slot: int) -> bool:
         return self.storage.exists(self.key(slot))
 
-    def find_tail(self, lower: int) -> int:
+    def find_tail(self, lower: int, *, near: bool = False) -> int:
         """The first absent slot at or above ``lower``, given that slots ``[lower, tail)`` all exist.
 
-        O(log(tail - lower)) existence checks: gallop 1, 2, 4, ... then bisect.
+        Existence checks overlapped in rounds: the first round probes ``lower`` and ``lower + 2**i`` for
+        ``i < GALLOP`` together, further rounds the next ``GALLOP`` powers of 2 until one is absent; then
+        each round splits the bracket ``(present, absent)`` into ``SPLIT + 1`` parts. A tail ``n`` slots
+        above ``lower`` costs about ``log2(n)/6 + log8(n)`` round trips (5 for a thousand slots, 10 for a
+        million) instead of ``2 log2(n)`` one after another.
+
+        Concurrent appends only add slots at the tail, so a probe may see a slot that an earlier probe
+        of a higher slot missed; the bracket keeps the highest slot seen present and the lowest absent
+        slot above it, which is always a valid bracket (the present slots form a prefix at any instant).
+
+        ``near``: the caller expects the tail at ``lower`` or just above (a known version or a hint), so
+        the first round probes only ``lower`` and ``lower + 1``.
         """
-        if not self.exists(lower):
-            return lower
-        present, step = lower, 1
+        present, absent = lower - 1, None
+        reach = 1 if near else GALLOP
+        probes = [lower] + [lower + (1 << i) for i in range(reach)]
         while True:
-            probe = lower + step
-            if self.exists(probe):
-                present, step = probe, step * 2
-            else:
-                absent = probe
-                break
-        while absent - present > 1:
-            mid = (present + absent) // 2
-            if self.exists(mid):
-                present = mid
-            else:
-                absent = mid
-        return absent
+            if absent is not None:
+                span = absent - present
+                if span <= 1:
+                    return absent
+                step = max(1, span // (SPLIT + 1))
+                probes = list(range(present + step, absent, step))[:SPLIT]
+            results = list(zip(probes, parallel_map(self.exists, probes, leaf=True), strict=True))
+            present = max([present] + [slot for slot, found in results if found])
+            above = [slot for slot, found in results if not found and slot > present]
+            if above:
+                absent = min(above) if absent is None else min(absent, *above)
+            elif absent is None:  # the tail lies further: gallop on from where the last round reached
+                probes = [lower + (1 << i) for i in range(reach, reach + GALLOP)]
+                reach += GALLOP
 
     def list_slots(self) -> list[int]:
         """All slots present (a LIST; used by maintenance, never on a hot path)."""

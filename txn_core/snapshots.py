@@ -42,8 +42,12 @@ FORMAT_VERSION = 1
 PART_ROWS = 100_000
 #: Take a snapshot after this many transactions ended since the last one...
 SNAPSHOT_EVERY_TXNS = 500
-#: ...or after this long, if anything changed.
+#: ...or this many entries were applied (so opening a partition that sees no transactions reads at most
+#: this many headers past its newest snapshot)...
+SNAPSHOT_EVERY_ENTRIES = 1_000
+#: ...or after this long, if a transaction ended or ``SNAPSHOT_MIN_ENTRIES`` entries were applied.
 SNAPSHOT_EVERY_MS = 60_000
+SNAPSHOT_MIN_ENTRIES = 100
 #: Final objects kept per partition.
 SNAPSHOTS_KEPT = 3
 #: Ended-transaction outcomes kept in a snapshot (the zombie-write cache of TxnBuffer.ended).
@@ -96,10 +100,12 @@ class SnapshotStore:
     def due(self, buffer: TxnBuffer, now_ms: int | None = None) -> bool:
         if buffer.position <= self.last_position:
             return False
-        if buffer.ended_since_snapshot >= SNAPSHOT_EVERY_TXNS:
+        if (buffer.ended_since_snapshot >= SNAPSHOT_EVERY_TXNS
+                or buffer.entries_since_snapshot >= SNAPSHOT_EVERY_ENTRIES):
             return True
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        return bool(buffer.ended_since_snapshot) and now_ms - self.last_time_ms >= SNAPSHOT_EVERY_MS
+        changed = bool(buffer.ended_since_snapshot) or buffer.entries_since_snapshot >= SNAPSHOT_MIN_ENTRIES
+        return changed and now_ms - self.last_time_ms >= SNAPSHOT_EVERY_MS
 
     def write(self, buffer: TxnBuffer, log_start: int = 0) -> int:
         """Write a snapshot of ``buffer`` (parts first, final last); returns its position."""
@@ -151,6 +157,7 @@ class SnapshotStore:
         self.last_position = buffer.position
         self.last_time_ms = int(str(final["time_ms"]))
         buffer.ended_since_snapshot = 0
+        buffer.entries_since_snapshot = 0
         self._cleanup()
         return buffer.position
 

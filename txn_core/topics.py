@@ -117,7 +117,7 @@ class TopicStore:
         slots = self._slots(name)
         cached = self._cache.get(name)
         lower = cached.version if cached else 0
-        tail = slots.find_tail(lower)
+        tail = slots.find_tail(lower, near=True)
         if tail == 0:
             existing = self.list()
             raise TopicNotFoundError(

@@ -23,6 +23,7 @@ from txn_core.cli.output import Progress, json_line, print_table
 from txn_core.entry import decode_json
 from txn_core.errors import ConfigurationError
 from txn_core.log import Log
+from txn_core.readahead import HeaderReadAhead
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED
 
 DEFAULT_LIMIT = 100
@@ -181,8 +182,9 @@ def _annotate(log: Log, topic: str, got: _Partition, first: int) -> None:
     if got.reached > first:
         tail_slot, _end = plog.tail(refresh=True)
         slot = plog.slot_for_offset(first)
+        headers = HeaderReadAhead(plog, slot)
         while slot < tail_slot:
-            header = plog.read_header(slot)
+            header = headers.next(slot)
             if header.base_offset >= got.reached:
                 break
             txn = str(header.txn) if header.txn is not None else None

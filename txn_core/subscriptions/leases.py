@@ -79,7 +79,7 @@ class LeaseStore:
         """The newest lease generation of range ``k`` (O(log g) existence checks from the hint)."""
         slots = self._slots(k)
         for hint in (self._hint.get(k, 0), 0):
-            tail = slots.find_tail(hint)
+            tail = slots.find_tail(hint, near=True)
             if tail == 0:
                 return None
             try:
