@@ -265,9 +265,13 @@ def _commit(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
             if refs and max(r.partition for r in refs) >= log.topics.get(opts.topic, refresh=False).partitions:
                 log.topics.get(opts.topic)  # the tasks saw partitions added since this process last looked
             producer.begin_transaction()
-            producer.send_staged(refs)
             if offsets is not None and opts.consumer_group is not None:
-                _send_offsets(log, producer, opts.consumer_group, offsets)
+                # One begin record registers every partition and the group's log; the references, the
+                # offsets and the offsets fence's claim are then written at once.
+                end, start = _offsets_to_send(log, opts.consumer_group, offsets)
+                producer.send_staged(refs, offsets=end, group_id=opts.consumer_group, start_offsets=start)
+            else:
+                producer.send_staged(refs)
         finally:
             if written is not None:
                 written.result()
@@ -275,8 +279,10 @@ def _commit(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
         progress = ident.progress(opts.topic, refs, manifest_key)
         producer.commit_transaction(metadata=progress)
         faults.hit("after_prepare")
-        listing = submit(storage.list, ident.prefix)  # for the cleanup, overlapping the second phase
-        producer.wait_for_completion()  # markers + Complete: readers need not wait out a grace period
+        listing = submit(storage.list, ident.prefix)  # for the cleanup, overlapping the markers
+        # Markers in every partition before the batch returns (readers need not ask the transaction log);
+        # the Complete record rides on the next batch's begin record (or close() writes it).
+        producer.wait_for_markers()
         faults.hit("after_commit")
         deleted = _cleanup_committed(storage, ident, refs, manifest_key, listing)
         keep = ident.write_id is None
@@ -288,14 +294,14 @@ def _commit(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
             producer.close()
 
 
-def _send_offsets(log: Log, producer: Producer, group: str,
-                  position: GroupPosition | dict[tuple[str, int], int]) -> None:
-    """Send the batch's group offsets, fenced by the position its input started at (PROTOCOL.md here,
-    "Offsets fence"). A first batch that did not start from the group may commit only to a group that
+def _offsets_to_send(log: Log, group: str, position: GroupPosition | dict[tuple[str, int], int]
+                     ) -> tuple[dict[tuple[str, int] | TopicPartition, int],
+                                dict[tuple[str, int] | TopicPartition, int] | None]:
+    """The batch's group offsets and the start that fences them (PROTOCOL.md "Offsets fence"), or no start
+    for plain offsets. A first batch that did not start from the group may commit only to a group that
     has no offsets for its partitions yet (its start is then the group's origin, -1)."""
     if not isinstance(position, GroupPosition):
-        producer.send_offsets_to_transaction(_as_offsets(position), group)
-        return
+        return _as_offsets(position), None
     start = position.start
     if start is None:
         committed = log.groups.committed(group, require_stable=True)
@@ -308,7 +314,7 @@ def _send_offsets(log: Log, producer: Producer, group: str,
                 "the query with startingOffsets=group (and consumerGroup on the reader), or use a new "
                 "consumerGroup.", group)
         start = {tp: -1 for tp in position.end}
-    producer.send_offsets_to_transaction(_as_offsets(position.end), group, start_offsets=_as_offsets(start))
+    return _as_offsets(position.end), _as_offsets(start)
 
 
 def _as_offsets(offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int] | TopicPartition, int]:

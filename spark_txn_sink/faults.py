@@ -12,7 +12,7 @@ point              where it fires
 ``before_init``    commit: before ``init_transactions`` (nothing of this commit is durable)
 ``before_commit``  commit: staged refs and offsets sent, transaction still Ongoing
 ``after_prepare``  commit: PrepareCommit durable (the commit point), markers possibly still being written
-``after_commit``   commit: every marker and CompleteCommit written, staged garbage not yet cleaned
+``after_commit``   commit: every marker written (Complete comes with the next begin), garbage not cleaned
 ``abort``          at the start of ``abort``
 =================  ==============================================================================
 

@@ -20,6 +20,7 @@ transaction cannot touch the next one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 import uuid
@@ -79,6 +80,7 @@ class _PendingCompletion:
     prepared: TidState
     future: Future[None] | None = None
     claimed: threading.Event = field(default_factory=threading.Event)
+    markers_written: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     completed: TidState | None = None
     folded: bool = False
@@ -205,24 +207,31 @@ class Producer:
             table = self.log.groups.offsets_table(offsets)
             path = paths.group_log_path(group_id)
             self._ensure_registered([path])
-            if start_offsets is None:
-                self._append_data(path, table, sequence=False)
-                return
-            txn = self._txn
-            if txn is None:  # pragma: no cover - registration above always yields a transaction id
-                raise InvalidTxnStateError(f"transactional id {self.transactional_id!r}: no transaction id")
-            tid, pid, epoch = self.transactional_id or "", self.producer_id, self.epoch
-            fence = submit(lambda: offsets_fence.claim(self.log, group_id, start_offsets, offsets, tid=tid,
-                                                       producer_id=pid, epoch=epoch, txn=txn))
+            self._write_offsets(group_id, table, offsets, start_offsets)
+
+    def _write_offsets(self, group_id: str, table: pa.Table, offsets: dict[tuple[str, int] | TopicPartition, int],
+                       start_offsets: dict[tuple[str, int] | TopicPartition, int] | None) -> None:
+        """Append the group's offsets entry (its log registered already) and, with ``start_offsets``, claim
+        the start in parallel (PROTOCOL.md "Offsets fence"). May run on a pool thread: takes no lock."""
+        path = paths.group_log_path(group_id)
+        if start_offsets is None:
+            self._append_data(path, table, sequence=False)
+            return
+        txn = self._txn
+        if txn is None:  # pragma: no cover - registration always yields a transaction id
+            raise InvalidTxnStateError(f"transactional id {self.transactional_id!r}: no transaction id")
+        tid, pid, epoch = self.transactional_id or "", self.producer_id, self.epoch
+        fence = submit(lambda: offsets_fence.claim(self.log, group_id, start_offsets, offsets, tid=tid,
+                                                   producer_id=pid, epoch=epoch, txn=txn))
+        try:
+            self._append_data(path, table, sequence=False)
+        finally:
             try:
-                self._append_data(path, table, sequence=False)
-            finally:
-                try:
-                    fence.result()
-                except TxnLogError as exc:
-                    self._state = _S.ABORTABLE_ERROR
-                    self._error = exc
-                    raise
+                fence.result()
+            except TxnLogError as exc:
+                self._state = _S.ABORTABLE_ERROR
+                self._error = exc
+                raise
 
     def append_to_transaction(self, path: str, payload: bytes, *, record_count: int = 1,
                               check: Callable[[TxnId | None, AppendResult], None] | None = None) -> AppendResult:
@@ -327,6 +336,7 @@ class Producer:
 
     def _second_phase(self, pending: _PendingCompletion) -> None:
         self.log.coordinator.write_markers(pending.prepared)
+        pending.markers_written.set()
         if pending.claimed.wait(COMPLETE_LINGER_S):
             return  # the next begin (or close) completes it
         with pending.lock:
@@ -364,6 +374,19 @@ class Producer:
     def _await_completion(self) -> None:
         """Wait for the previous transaction's markers and Complete record; adopt the bumped epoch."""
         self._take_completion()
+
+    def wait_for_markers(self) -> None:
+        """Block until the last decided transaction's markers are in every partition it wrote. Its
+        Complete record may still be pending: the next ``begin`` carries it, or ``close()`` writes it."""
+        with self._lock:
+            pending = self._pending_completion
+            if pending is None or pending.future is None:
+                return
+            while not pending.markers_written.wait(0.05):
+                if pending.future.done():
+                    if pending.future.exception() is not None:
+                        self._take_completion()  # retries the whole second phase once, or raises
+                    return
 
     def wait_for_completion(self) -> None:
         """Block until every decided transaction of this producer has all its markers written."""
@@ -457,11 +480,19 @@ class Producer:
         if pending.nbytes >= self.batch_bytes:
             self._write_pending({path: pending})
 
-    def send_staged(self, refs: list[StagedRef]) -> list[RecordMetadata]:
+    def send_staged(self, refs: list[StagedRef], *,
+                    offsets: dict[tuple[str, int] | TopicPartition, int] | None = None, group_id: str | None = None,
+                    start_offsets: dict[tuple[str, int] | TopicPartition, int] | None = None
+                    ) -> list[RecordMetadata]:
         """Append one DATA_REF entry per staged object (see :mod:`txn_core.staging`), in this transaction.
 
         The staged rows become visible exactly when the transaction commits; nothing is re-read or copied.
         Refs are checked against the topics' partition counts; entries go to each partition in list order.
+
+        ``offsets`` for ``group_id`` (with ``start_offsets``, fenced) are what
+        :meth:`send_offsets_to_transaction` sends, written here together with the references: one
+        coordinator record registers every log the transaction writes, and the references, the offsets
+        entry and its fence claim are written at once (one round trip instead of three).
         """
         with self._lock:
             self._require_open()
@@ -469,6 +500,13 @@ class Producer:
                 raise InvalidTxnStateError(
                     f"transactional id {self.transactional_id!r}: send_staged() needs an open transaction "
                     f"(state {self._state.value}); call begin_transaction() first")
+            offsets_table: pa.Table | None = None
+            if offsets is not None:
+                self._require_transactional("send_staged(offsets=...)")
+                if group_id is None:
+                    raise ConfigurationError("send_staged(offsets=...) needs the group_id the offsets belong to")
+                validate_name("group", group_id)
+                offsets_table = self.log.groups.offsets_table(offsets)
             by_path: dict[str, list[StagedRef]] = {}
             for ref in refs:
                 meta = self.log.topics.get(ref.topic, refresh=ref.topic not in self._schemas)
@@ -477,9 +515,10 @@ class Producer:
                     raise ConfigurationError(f"staged data for partition {ref.partition} of topic {ref.topic!r}, "
                                              f"which has {meta.partitions} partitions")
                 by_path.setdefault(paths.partition_log_path(ref.topic, ref.partition), []).append(ref)
-            if not by_path:
+            group_path = paths.group_log_path(group_id) if offsets_table is not None and group_id else None
+            if not by_path and group_path is None:
                 return []
-            self._ensure_registered(list(by_path))
+            self._ensure_registered(list(by_path) + ([group_path] if group_path else []))
             results: list[RecordMetadata] = []
 
             def one(path: str, items: list[StagedRef]) -> list[RecordMetadata]:
@@ -495,15 +534,29 @@ class Producer:
                     out.append(RecordMetadata(ref.topic, ref.partition, r.base_offset, ref.rows, r.timestamp_ms))
                 return out
 
-            if len(by_path) == 1:
-                for path, items in by_path.items():
-                    results.extend(one(path, items))
-                return results
+            work: list[Callable[[], list[RecordMetadata]]] = [
+                functools.partial(one, path, items) for path, items in by_path.items()]
+            if offsets_table is not None and group_id is not None and offsets is not None:
+                table, group = offsets_table, group_id
+
+                def write_offsets() -> list[RecordMetadata]:
+                    self._write_offsets(group, table, offsets, start_offsets)
+                    return []
+
+                work.append(write_offsets)
+            if len(work) == 1:
+                return work[0]()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txnlog-producer")
-            futures = [self._pool.submit(one, path, items) for path, items in by_path.items()]
-            for f in futures:
-                results.extend(f.result())
+            futures = [self._pool.submit(w) for w in work]
+            first: BaseException | None = None
+            for f in futures:  # every write finishes before this returns or raises
+                try:
+                    results.extend(f.result())
+                except BaseException as exc:
+                    first = first or exc
+            if first is not None:
+                raise first
             return results
 
     def flush(self) -> list[RecordMetadata]:
