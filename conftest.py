@@ -1,7 +1,8 @@
 """Shared test fixtures: log URLs on every backend, S3 servers on 127.0.0.1, a Spark session.
 
 Backends: ``local`` (a temporary directory), ``memory`` (an in-process store), ``moto`` (moto's S3 server
-in-process, default tier) and ``seaweedfs`` (a real SeaweedFS server, tests marked ``seaweedfs``).
+in-process, default tier), ``seaweedfs`` (a real SeaweedFS server, tests marked ``seaweedfs``) and
+``latency`` (that server behind a proxy adding 25 ms per round trip, tests marked ``latency``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,23 @@ def seaweed_s3() -> Iterator[SeaweedS3]:
     server.stop()
 
 
+#: Round-trip time the latency tier adds in front of SeaweedFS (S3, GCS, Azure inside a region: 20-30 ms).
+LATENCY_RTT_S = 0.025
+
+
+@pytest.fixture(scope="session")
+def latency_s3(seaweed_s3: SeaweedS3) -> Iterator[SeaweedS3]:
+    """The SeaweedFS server seen through a proxy adding :data:`LATENCY_RTT_S` to every round trip (the
+    latency tier: every sequential request shows as wall time, as on a real object store)."""
+    from latency_proxy import delayed_endpoint
+
+    with delayed_endpoint(seaweed_s3.endpoint, LATENCY_RTT_S) as proxy:
+        delayed = SeaweedS3.__new__(SeaweedS3)
+        delayed.__dict__.update(seaweed_s3.__dict__)
+        delayed.endpoint = proxy.endpoint
+        yield delayed
+
+
 class LogLocation:
     """A fresh, empty log location on one backend."""
 
@@ -70,6 +88,8 @@ def make_location(backend: str, request: pytest.FixtureRequest, tmp_path: Path) 
         server = request.getfixturevalue("moto_s3")
     elif backend == "seaweedfs":
         server = request.getfixturevalue("seaweed_s3")
+    elif backend == "latency":
+        server = request.getfixturevalue("latency_s3")
     else:  # pragma: no cover
         raise ValueError(backend)
     # One bucket per server, a fresh prefix per test: SeaweedFS allots volumes per bucket, and a few

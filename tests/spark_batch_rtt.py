@@ -15,6 +15,7 @@ Used by ``tests/test_spark_batch_requests.py`` (request counts, no time) and run
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -56,12 +57,13 @@ class Phase:
 class Meter:
     """One shared counter over every DelayedStorage the copy opens (source, sink, tasks)."""
 
-    def __init__(self, rtt_s: float) -> None:
+    def __init__(self, rtt_s: float, *, simulate: bool = True) -> None:
         self.rtt_s = rtt_s
+        self.simulate = simulate  # add rtt_s to each request (local disk), or only count (a real store)
         self.stores: list[DelayedStorage] = []
 
     def wrap(self, storage: Storage) -> Storage:
-        delayed = DelayedStorage(storage, self.rtt_s)
+        delayed = DelayedStorage(storage, self.rtt_s if self.simulate else 0.0)
         self.stores.append(delayed)
         return delayed
 
@@ -93,9 +95,24 @@ def produce(log: txn_core.Log, first: int, rows: int, partitions: int) -> None:
     p.close()
 
 
+def _dotted(options: dict[str, Any], prefix: str) -> dict[str, str]:
+    """``{"a": {"b": 1}}`` as the connector's dotted options ``{"<prefix>a.b": "1"}``."""
+    out: dict[str, str] = {}
+    for k, v in options.items():
+        if isinstance(v, dict):
+            out.update(_dotted(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v if isinstance(v, str) else json.dumps(v)
+    return out
+
+
 def run(*, rtt_s: float = 0.0, batches: int = 6, rows: int = 8000, partitions: int = 4,
-        root: str | None = None) -> list[dict[str, Phase]]:
-    """Run ``batches`` micro-batches of ``rows`` rows; the phases of each, in order."""
+        root: str | None = None, url: str | None = None, storage_options: dict[str, Any] | None = None
+        ) -> list[dict[str, Phase]]:
+    """Run ``batches`` micro-batches of ``rows`` rows; the phases of each, in order.
+
+    By default on a local log whose requests each sleep ``rtt_s``; with ``url`` (and ``storage_options``)
+    on that store as it is, ``rtt_s`` being its measured round trip (``tests/bench_round_trips.py``)."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
     from spark_txn_sink.commit import BatchIdentity, GroupPosition, commit_batch
@@ -104,27 +121,30 @@ def run(*, rtt_s: float = 0.0, batches: int = 6, rows: int = 8000, partitions: i
     from spark_txn_source.stream import TxnLogStreamReader
 
     tmp = root or tempfile.mkdtemp(prefix="txnlog-batch-rtt-")
-    url = str(Path(tmp) / "log")
-    log = txn_core.open_log(url)
+    simulate = url is None
+    url = url or str(Path(tmp) / "log")
+    storage_options = storage_options or {}
+    log = txn_core.open_log(url, storage_options)
     log.create_topic("in", partitions, SCHEMA)
     log.create_topic("out", partitions, SCHEMA)
     for b in range(3):  # some history
         produce(log, -(b + 1) * rows, rows, partitions)
-    meter = Meter(rtt_s)
+    meter = Meter(rtt_s, simulate=simulate)
+    extra = _dotted(storage_options, "storage.")
 
     def wrapped(target: Callable[..., Storage]) -> Callable[..., Storage]:
         return lambda *a, **k: meter.wrap(target(*a, **k))
 
-    src_opts = parse_options({"path": url, "topic": "in", "startingOffsets": "group", "consumerGroup": "cg"},
-                             streaming=True)
+    src_opts = parse_options({"path": url, "topic": "in", "startingOffsets": "group", "consumerGroup": "cg",
+                              **extra}, streaming=True)
     sink_opts = parse_sink_options({"path": url, "topic": "out", "consumerGroup": "cg",
-                                    "checkpointLocation": str(Path(tmp) / "chk")}, streaming=True)
+                                    "checkpointLocation": str(Path(tmp) / "chk"), **extra}, streaming=True)
     results: list[dict[str, Phase]] = []
     with mock.patch("spark_txn_source.planning.open_storage", wrapped(open_storage)), \
             mock.patch("spark_txn_sink.commit.open_storage", wrapped(open_storage)):
         reader = TxnLogStreamReader(src_opts, None)  # type: ignore[arg-type]
         start = reader.initialOffset()
-        task_storage = meter.wrap(open_storage(url))
+        task_storage = meter.wrap(open_storage(url, storage_options))
         for n in range(batches):
             produce(log, n * rows, rows, partitions)
             phases = {name: Phase() for name in PHASES}

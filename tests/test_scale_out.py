@@ -13,7 +13,8 @@ Storage settings reach Spark only as ``storage.*`` options (``storage.key``, ``s
 wrong AWS credentials and a dead ``AWS_ENDPOINT_URL``, so anything that fell back to the environment fails.
 
 * ``seaweedfs`` tier: Spark ``local[2]``; one kill from outside at a random moment once output is visible,
-  one inside the sink's commit (after its commit point, before Spark records the batch).
+  one inside the sink's commit (after its commit point, before Spark records the batch). The ``latency``
+  tier runs the same behind a proxy adding 25 ms to every round trip.
 * ``cluster`` tier: Spark ``local-cluster[2,1,1024]``: two executor JVMs, each with its own Python workers and
   working directory; the test checks the tasks really ran there (not in the driver's JVM or directory),
   then kills the driver inside a commit, restarts and drains.
@@ -112,12 +113,14 @@ def new_input(location: LogLocation, txns: int) -> tuple[txn_core.Log, InputProd
 
 
 @pytest.mark.spark
-@pytest.mark.chaos
-@pytest.mark.seaweedfs
+@pytest.mark.parametrize("backend", [pytest.param("seaweedfs", marks=[pytest.mark.chaos, pytest.mark.seaweedfs]),
+                                     pytest.param("latency", marks=pytest.mark.latency)])
 def test_copy_on_s3_killed_mid_stream_and_in_a_commit_is_exactly_once(request: pytest.FixtureRequest,
-                                                                      tmp_path: Path) -> None:
+                                                                      tmp_path: Path, backend: str) -> None:
+    """On SeaweedFS as it is, and (latency tier) behind 25 ms of added round-trip time, where every
+    request of the driver, the tasks and the commit answers late."""
     rng = random.Random(20261121)
-    location = make_location("seaweedfs", request, tmp_path)
+    location = make_location(backend, request, tmp_path)
     log, producer = new_input(location, 20)
     chk = tmp_path / "chk"
     base = copy_config(location, chk)
@@ -137,7 +140,7 @@ def test_copy_on_s3_killed_mid_stream_and_in_a_commit_is_exactly_once(request: p
     # Run 3: drain everything (Trigger.AvailableNow) and stop.
     run_to_end(base, tmp_path / "driver-3.log")
     counts = check_exactly_once(log, producer, GROUP)
-    print(f"\nseaweedfs local[2]: {counts}, {next_batch(chk)} batches, first kill after {seen} output rows")
+    print(f"\n{backend} local[2]: {counts}, {next_batch(chk)} batches, first kill after {seen} output rows")
 
 
 @pytest.mark.spark

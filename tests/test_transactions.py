@@ -34,13 +34,16 @@ def clock() -> FakeClock:
     return FakeClock(1_800_000_000_000)
 
 
-@pytest.fixture(params=["memory", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)])
+@pytest.fixture(params=["memory", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
+                        pytest.param("latency", marks=pytest.mark.latency)])
 def log(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> txn_core.Log:
-    """The transaction suite runs on memory by default and on a real S3 server (SeaweedFS) in its tier."""
+    """The transaction suite runs on memory by default, on a real S3 server (SeaweedFS) in its tier, and
+    on that server behind 25 ms of added round-trip time in the latency tier (where overlapped requests
+    and read-ahead really overlap, and every request answers late)."""
     if request.param == "memory":
         storage = MemoryStorage(uuid.uuid4().hex)
     else:
-        location = make_location("seaweedfs", request, tmp_path)
+        location = make_location(request.param, request, tmp_path)
         storage = open_storage(location.url, location.storage_options)
     log = txn_core.Log(storage, clock=clock)
     log.create_topic("t", 3, SCHEMA)

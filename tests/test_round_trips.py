@@ -1,0 +1,306 @@
+"""The round trips each path pays: requests counted per operation, overlap checked structurally.
+
+Counts, never times: a request is counted by kind and key (:class:`latency_storage.DelayedStorage`), and
+"overlapped" means several requests were in flight at once (each one holds a short delay, so requests
+issued one after another never overlap). The figures in RTT units come from ``tests/bench_round_trips.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from latency_storage import DelayedStorage
+
+import txn_core
+from txn_core import paths
+from txn_core.coordinator.service import coordinator_for
+from txn_core.coordinator.states import CoordinatorState
+from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
+from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
+from txn_core.readahead import ReadAhead
+from txn_core.slotlog import SlotLog
+from txn_core.snapshots import SNAPSHOT_EVERY_ENTRIES
+from txn_core.storage import MemoryStorage, ObjectStoreStorage, open_storage
+from txn_core.storage.base import Storage
+from txn_core.storage.obstore_s3 import ObstoreS3Storage, obstore_config
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+class InFlight(DelayedStorage):
+    """Counts requests and the most that were in flight at once (each holds ``rtt_s``)."""
+
+    def __init__(self, inner: Storage, rtt_s: float = 0.02) -> None:
+        super().__init__(inner, rtt_s)
+        self.keys: list[tuple[str, str]] = []
+        self._now = 0
+        self.peak = 0
+        self._gate = threading.Lock()
+
+    def _track(self, kind: str, key: str) -> None:
+        with self._gate:
+            self.keys.append((kind, key))
+            self._now += 1
+            self.peak = max(self.peak, self._now)
+        try:
+            time.sleep(self.rtt_s)
+        finally:
+            with self._gate:
+                self._now -= 1
+
+    def _request(self, kind: str) -> None:
+        with self._lock:
+            self.counts[kind] += 1
+
+    def create(self, key: str, chunks: Any) -> None:
+        self._track("create", key)
+        super().create(key, chunks)
+
+    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        self._track("read", key)
+        return super().read(key, start, end)
+
+    def read_buffer(self, key: str) -> Any:
+        self._track("read", key)
+        return super().read_buffer(key)
+
+    def exists(self, key: str) -> bool:
+        self._track("exists", key)
+        return super().exists(key)
+
+    def list(self, prefix: str) -> list[str]:
+        self._track("list", prefix)
+        return super().list(prefix)
+
+
+def _log(storage: Storage) -> txn_core.Log:
+    log = txn_core.Log(storage)
+    if "t" not in log.list_topics():
+        log.create_topic("t", 4, SCHEMA)
+    return log
+
+
+# --- finding the tail ---------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 3000), lower_frac=st.floats(0, 1), near=st.booleans())
+def test_find_tail_finds_the_first_free_slot(n: int, lower_frac: float, near: bool) -> None:
+    storage = MemoryStorage(uuid.uuid4().hex)
+    slots = SlotLog(storage, "s/")
+    for i in range(n):
+        storage.create(slots.key(i), [b"x"])
+    lower = int(n * lower_frac)
+    assert slots.find_tail(lower, near=near) == n
+
+
+def test_find_tail_overlaps_its_probes() -> None:
+    storage = InFlight(MemoryStorage(uuid.uuid4().hex))
+    slots = SlotLog(storage, "s/")
+    for i in range(1000):
+        storage.inner.create(slots.key(i), [b"x"])
+    assert slots.find_tail(0) == 1000
+    assert storage.peak >= 5, "each round's existence checks are in flight together"
+    rounds = storage.counts["exists"] / storage.peak
+    assert rounds < 2 * 10, "far fewer rounds than a sequential gallop and bisection (2 log2 n = 20 checks)"
+
+
+# --- coordinator appends ------------------------------------------------------------------------
+
+
+def test_a_warm_transaction_creates_its_records_without_reading_first() -> None:
+    storage = InFlight(MemoryStorage(uuid.uuid4().hex), rtt_s=0)
+    log = _log(storage)
+    p = log.producer("warm")
+    p.init_transactions()
+    for _ in range(2):
+        p.begin_transaction()
+        p.send("t", pa.table({"id": [1, 2]}), partition=0)
+        p.commit_transaction()
+        p.wait_for_markers()
+    storage.keys.clear()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [3]}), partition=0)
+    p.commit_transaction()
+    critical = list(storage.keys)
+    coordinator = [(k, key) for k, key in critical if key.startswith("_txnlog/coordinators/")]
+    assert [k for k, _ in coordinator] == ["create", "create"], coordinator  # begin (+ Complete), prepare
+    data = [(k, key) for k, key in critical if key.startswith("topics/t/00000/log/")]
+    assert [k for k, _ in data][:1] == ["create"] and all(k != "read" for k, _ in data), data
+    p.close()
+
+
+def test_an_append_after_half_the_compaction_age_idle_reads_first() -> None:
+    storage = InFlight(MemoryStorage(uuid.uuid4().hex), rtt_s=0)
+    log = _log(storage)
+    p = log.producer("idle")
+    p.init_transactions()
+    view = log.coordinator.views.get(coordinator_for("idle", log.coordinator.partitions))
+    for idle in (False, True):
+        if idle:
+            view._last_refresh -= COMPACTION_MIN_AGE_MS / 2000 + 1  # idle that long: compaction may have run
+        storage.keys.clear()
+        p.begin_transaction()
+        p.send("t", pa.table({"id": [1]}), partition=0)
+        p.flush()  # the first write persists the begin record
+        read_first = any(k == "read" and "coordinators" in key for k, key in storage.keys)
+        assert read_first == idle, storage.keys
+        p.abort_transaction()
+        p.wait_for_completion()
+    p.close()
+
+
+def test_a_record_of_several_actions_keeps_the_outcome_of_the_transaction_it_completes() -> None:
+    """A Complete folded into the next begin (one record) leaves the finished transaction's outcome known
+    to the writing process exactly as replay learns it in another."""
+    storage = MemoryStorage(uuid.uuid4().hex)
+    log = _log(storage)
+    p = log.producer("folded")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [1]}), partition=0)
+    p.commit_transaction()
+    first = log.coordinator.state("folded").txn
+    assert first is not None
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [2]}), partition=1)
+    p.flush()  # the first write begins the transaction; its begin record carries the first one's Complete
+    view = log.coordinator.views.get(first.coordinator)
+    replayed = txn_core.Log(storage).coordinator.views.get(first.coordinator)
+    replayed.refresh()
+    assert view.status(first) == replayed.status(first)
+    assert view.status(first).state == CoordinatorState.COMPLETE_COMMIT  # type: ignore[union-attr]
+    p.abort_transaction()
+    p.close()
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def _history(storage: Storage, txns: int) -> None:
+    log = _log(storage)
+    p = log.producer("history")
+    p.init_transactions()
+    for i in range(txns):
+        p.begin_transaction()
+        for part in range(4):
+            p.send("t", pa.table({"id": [i * 10 + part]}), partition=part)
+        p.commit_transaction()
+    p.close()
+
+
+def test_a_catching_up_consumer_reads_ahead_in_every_partition_at_once() -> None:
+    inner = MemoryStorage(uuid.uuid4().hex)
+    _history(inner, 60)
+    storage = InFlight(inner)
+    c = txn_core.Log(storage).consumer()
+    c.assign([("t", p) for p in range(4)])
+    rows = []
+    while (got := c.poll()).num_rows:
+        rows.extend(got.column("id").to_pylist())
+    assert sorted(rows) == sorted(i * 10 + p for i in range(60) for p in range(4))
+    assert storage.peak >= 16, f"reads overlapped within and across partitions (peak {storage.peak})"
+
+
+def test_a_caught_up_consumer_pays_one_request_per_partition_per_poll() -> None:
+    inner = MemoryStorage(uuid.uuid4().hex)
+    _history(inner, 5)
+    storage = InFlight(inner, rtt_s=0)
+    c = txn_core.Log(storage).consumer()
+    c.assign([("t", p) for p in range(4)])
+    while c.poll().num_rows:
+        pass
+    c.poll()
+    storage.keys.clear()
+    assert c.poll().num_rows == 0
+    assert sorted(k for k, _ in storage.keys) == ["read"] * 4, storage.keys
+
+
+def test_read_ahead_returns_slots_in_order_and_raises_at_the_damaged_one() -> None:
+    storage = MemoryStorage(uuid.uuid4().hex)
+    _history(storage, 20)
+    plog = txn_core.Log(storage).partition_log(paths.partition_log_path("t", 0))
+    ahead = ReadAhead(plog, 0)
+    slots = []
+    while True:
+        try:
+            slots.append(ahead.next().slot)
+        except ObjectNotFoundError:
+            break
+    assert slots == list(range(len(slots))) and len(slots) == 40  # 20 data entries and 20 markers
+    key = plog.entries.key(7)
+    data = bytearray(storage.read(key))
+    data[10] ^= 0xFF  # inside the header
+    storage.delete(key)
+    storage.create(key, [bytes(data)])
+    ahead = ReadAhead(plog, 0)
+    got = [ahead.next().slot for _ in range(7)]
+    assert got == list(range(7))
+    with pytest.raises(CorruptDataError):
+        ahead.next()
+    with pytest.raises(CorruptDataError):
+        ahead.next()  # the position stays on the damaged slot: nothing after it is handed out
+
+
+# --- the S3 client ------------------------------------------------------------------------------
+
+
+def test_s3_options_map_to_obstore_or_keep_s3fs(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws here
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SHARED_CREDENTIALS_FILE",
+                 "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = obstore_config({"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000",
+                                                                      "region_name": "eu-west-1"}})
+    assert cfg == {"config": {"access_key_id": "k", "secret_access_key": "s", "endpoint": "http://127.0.0.1:9000",
+                              "region": "eu-west-1"}, "client_options": {"allow_http": True}}
+    assert obstore_config({"anon": True}) == {"config": {"skip_signature": True}, "client_options": {}}
+    assert obstore_config({"profile": "analytics"}) is None  # an s3fs-only setting: s3fs serves the URL
+    assert obstore_config({"client_kwargs": {"verify": False}}) is None
+    assert isinstance(open_storage("s3://b/p", {"key": "k", "secret": "s"}, self_test=False), ObstoreS3Storage)
+    assert isinstance(open_storage("s3://b/p", {"profile": "x"}, self_test=False), ObjectStoreStorage)
+    assert isinstance(open_storage("s3://b/p", {"client": "fsspec"}, self_test=False), ObjectStoreStorage)
+    assert isinstance(open_storage("s3://b/p", None, self_test=False), ObstoreS3Storage)  # instance role, env
+    monkeypatch.setenv("AWS_PROFILE", "analytics")  # a profile: botocore reads it, object_store does not
+    assert isinstance(open_storage("s3://b/p", None, self_test=False), ObjectStoreStorage)
+    assert isinstance(open_storage("s3://b/p", {"key": "k", "secret": "s"}, self_test=False), ObstoreS3Storage)
+    monkeypatch.delenv("AWS_PROFILE")
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text("[default]\naws_access_key_id = x\n")
+    assert isinstance(open_storage("s3://b/p", None, self_test=False), ObjectStoreStorage)
+    with pytest.raises(ConfigurationError, match="client='obstore' cannot be used with the options"):
+        open_storage("s3://b/p", {"client": "obstore", "profile": "x"}, self_test=False)
+    with pytest.raises(ConfigurationError, match="s3:// URLs only"):
+        open_storage("gs://b/p", {"client": "obstore"}, self_test=False)
+    with pytest.raises(ConfigurationError, match="is not one of"):
+        open_storage("s3://b/p", {"client": "boto"}, self_test=False)
+
+
+def test_opening_a_partition_without_transactions_reads_only_its_unsnapshotted_tail() -> None:
+    """Idempotent-only data ends no transaction, yet a reader that crossed enough entries leaves a snapshot,
+    so the next process's open reads a bounded tail, not every header of the partition."""
+    storage = MemoryStorage(uuid.uuid4().hex)
+    log = _log(storage)
+    p = log.producer()
+    for i in range(SNAPSHOT_EVERY_ENTRIES + 200):
+        p.send("t", pa.table({"id": [i]}), partition=0)
+        p.flush()
+    p.close()
+    first = txn_core.Log(storage).consumer()
+    first.assign([("t", 0)])
+    while first.poll().num_rows:
+        pass
+    counted = InFlight(storage, rtt_s=0)
+    fresh = txn_core.Log(counted).consumer()
+    fresh.assign([("t", 0)])
+    fresh.seek(("t", 0), SNAPSHOT_EVERY_ENTRIES + 150)
+    assert fresh.poll().column("id").to_pylist()[:1] == [SNAPSHOT_EVERY_ENTRIES + 150]
+    headers = [key for kind, key in counted.keys if kind == "read" and "/log/" in key]
+    assert len(headers) < 400, f"{len(headers)} entry reads to open and read the tail"
