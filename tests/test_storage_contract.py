@@ -233,3 +233,23 @@ def test_bad_urls_are_refused_with_a_clear_message() -> None:
         open_storage("")
     with pytest.raises(ConfigurationError, match="no bucket"):
         open_storage("s3:///prefix")
+
+
+#: An environment whose S3 settings do not work: only the storage options can reach the server.
+HOSTILE_S3_ENV = {"AWS_ACCESS_KEY_ID": "not-the-key", "AWS_SECRET_ACCESS_KEY": "not-the-secret",
+                  "AWS_SESSION_TOKEN": "not-a-token", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+                  "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}
+
+
+@pytest.mark.parametrize("client", ["obstore", "fsspec"])
+def test_storage_options_win_over_the_environment(request: pytest.FixtureRequest, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch, client: str) -> None:
+    """Keys and an endpoint given as options are used alone: an endpoint, keys or a session token in the
+    environment (a shell set up for another account or store) change nothing."""
+    location = make_location("moto", request, tmp_path)
+    for name, value in HOSTILE_S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    storage = open_storage(location.url, {**location.storage_options, "client": client}, self_test=False)
+    storage.create("env/one", [b"content"])
+    assert storage.read("env/one") == b"content"
+    assert storage.list("env/") == ["one"]

@@ -10,7 +10,9 @@ The user-facing interface does not change: ``s3://bucket/prefix`` URLs and s3fs-
 options (``key``, ``secret``, ``token``, ``anon``, ``endpoint_url``, ``client_kwargs.endpoint_url``,
 ``client_kwargs.region_name``); ``client`` picks the library (``auto``, ``obstore``, ``fsspec``). Credentials
 from an AWS config profile (``AWS_PROFILE``, ``~/.aws/credentials``), which object_store does not read,
-keep s3fs unless keys are given.
+keep s3fs unless keys are given. Options win over the environment, as with s3fs: an endpoint given as an
+option is used whatever ``AWS_ENDPOINT_URL_S3`` says, and keys given as options are used alone (no session
+token or other credential from the environment is mixed in).
 
 Errors are classified by exception type, never by message text:
 
@@ -63,11 +65,11 @@ def obstore_config(options: dict[str, Any]) -> dict[str, Any] | None:
             if value:
                 config["skip_signature"] = True
         elif name == "endpoint_url":
-            config["endpoint"] = value
+            _set_endpoint(config, value)
         elif name == "client_kwargs" and isinstance(value, dict):
             for k, v in value.items():
                 if k == "endpoint_url":
-                    config["endpoint"] = v
+                    _set_endpoint(config, v)
                 elif k == "region_name":
                     config["region"] = v
                 else:
@@ -82,6 +84,26 @@ def obstore_config(options: dict[str, Any]) -> dict[str, Any] | None:
     if endpoint and "region" not in config:
         config["region"] = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     return {"config": config, "client_options": client}
+
+
+def _set_endpoint(config: dict[str, Any], url: object) -> None:
+    """An endpoint given as an option wins over the environment. object_store lets ``AWS_ENDPOINT_URL_S3``
+    from the environment override a configured ``endpoint`` (obstore 0.12), so both names are set."""
+    config["endpoint"] = url
+    config["aws_endpoint_url_s3"] = url
+
+
+def _static_credentials(config: dict[str, Any]) -> dict[str, Any] | None:
+    """Keys given as options, taken out of ``config`` as a static credential (or None without keys).
+
+    Passed as a credential provider, they are used alone, as s3fs uses explicit keys: a session token or
+    other credentials in the environment (``AWS_SESSION_TOKEN``, a web identity) are not mixed in, which
+    object_store's own configuration would do."""
+    if "access_key_id" not in config:
+        return None
+    return {"access_key_id": config.pop("access_key_id"),
+            "secret_access_key": config.pop("secret_access_key", ""),
+            "token": config.pop("session_token", None), "expires_at": None}
 
 
 def _profile_credentials() -> bool:
@@ -135,7 +157,11 @@ class ObstoreS3Storage(Storage):
                 if self._store is None or self._pid != os.getpid():
                     from obstore.store import S3Store
 
-                    self._store = S3Store(self.bucket, **self._kwargs)
+                    kwargs = {**self._kwargs, "config": dict(self._kwargs["config"])}
+                    credential = _static_credentials(kwargs["config"])
+                    if credential is not None:
+                        kwargs["credential_provider"] = lambda: credential
+                    self._store = S3Store(self.bucket, **kwargs)
                     self._pid = os.getpid()
         return self._store
 
