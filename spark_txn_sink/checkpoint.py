@@ -58,7 +58,8 @@ def _open(location: str, log_url: str, storage_options: dict[str, Any] | None) -
         raise CheckpointError(
             f"cannot open checkpoint location {location!r} with fsspec ({exc}). The txnlog sink reads the "
             "query id and the batch offsets from the checkpoint: put it on a filesystem fsspec supports (a "
-            "local directory, s3://, gs://, abfs://) and install its fsspec package") from exc
+            "local directory, s3://, gs://, abfs://) and install its fsspec package"
+        ) from exc
     return fs, root.rstrip("/")
 
 
@@ -72,7 +73,8 @@ def _read_text(location: str, name: str, log_url: str, storage_options: dict[str
         raise CheckpointError(
             f"checkpoint file {location.rstrip('/')}/{name} does not exist; the txnlog sink needs Spark's "
             "checkpoint on a filesystem this process can read (an absolute path or URL), with asynchronous "
-            "progress tracking off") from exc
+            "progress tracking off"
+        ) from exc
     except OSError as exc:
         raise CheckpointError(f"cannot read checkpoint file {location.rstrip('/')}/{name}: {exc}") from exc
     return data.decode("utf-8")
@@ -91,15 +93,17 @@ def read_query_id(location: str, log_url: str, storage_options: dict[str, Any] |
     return query_id
 
 
-def read_batch_offsets(location: str, batch_id: int, log_url: str,
-                       storage_options: dict[str, Any] | None) -> BatchOffsets:
+def read_batch_offsets(
+    location: str, batch_id: int, log_url: str, storage_options: dict[str, Any] | None
+) -> BatchOffsets:
     """The end offsets of every source for ``batch_id`` from ``<location>/offsets/<batch_id>``."""
     text = _read_text(location, f"offsets/{batch_id}", log_url, storage_options)
     lines = text.split("\n")
     if not lines or lines[0].strip() != "v1":
         raise CheckpointError(
             f"{location}/offsets/{batch_id} starts with {lines[0][:20]!r}, not 'v1': an offset log format "
-            "this sink does not know (a newer Spark?). Remove the consumerGroup option or upgrade txnlog.")
+            "this sink does not know (a newer Spark?). Remove the consumerGroup option or upgrade txnlog."
+        )
     sources: list[Any] = []
     for raw in lines[2:]:
         line = raw.strip()

@@ -100,8 +100,13 @@ class BatchIdentity:
         return int(progress.get("batch_id", -1)) >= int(self.batch_id or 0)
 
     def progress(self, topic: str, refs: list[StagedRef], manifest: str | None) -> dict[str, Any]:
-        value: dict[str, Any] = {"sink": SINK_MARK, "version": PROGRESS_VERSION, "topic": topic,
-                                 "rows": sum(r.rows for r in refs), "objects": len(refs)}
+        value: dict[str, Any] = {
+            "sink": SINK_MARK,
+            "version": PROGRESS_VERSION,
+            "topic": topic,
+            "rows": sum(r.rows for r in refs),
+            "objects": len(refs),
+        }
         if self.write_id is not None:
             value["write_id"] = self.write_id
             value["ephemeral"] = True  # a batch write is never replayed: its id may expire (PROTOCOL.md)
@@ -192,9 +197,14 @@ def _forget(opts: SinkOptions) -> None:
             producer.close()
 
 
-def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
-                 group_offsets: Callable[[str], GroupPosition | dict[tuple[str, int], int]] | None = None, *,
-                 before_begin: Callable[[Log], None] | None = None) -> CommitResult:
+def commit_batch(
+    opts: SinkOptions,
+    ident: BatchIdentity,
+    refs: list[StagedRef],
+    group_offsets: Callable[[str], GroupPosition | dict[tuple[str, int], int]] | None = None,
+    *,
+    before_begin: Callable[[Log], None] | None = None,
+) -> CommitResult:
     """Commit one batch exactly once (module doc, steps 1-6). ``group_offsets(log_url)`` gives step 1: a
     :class:`GroupPosition` (fenced), or bare end offsets (committed unfenced, for callers that own the
     group alone); ``before_begin(log)`` runs right before a new transaction begins (the sink creates a
@@ -221,13 +231,27 @@ def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
                 producer.close()
                 raise
             result = _commit(opts, ident, refs, offsets, before_begin, log, storage, faults, producer, previous)
-        logger.info("batch %s of %s %s: %d rows in %d objects to %s (%.0f ms)", ident.staging_batch,
-                    ident.transactional_id, result.outcome, result.rows, result.objects, opts.topic,
-                    (time.perf_counter() - started) * 1000)
+        logger.info(
+            "batch %s of %s %s: %d rows in %d objects to %s (%.0f ms)",
+            ident.staging_batch,
+            ident.transactional_id,
+            result.outcome,
+            result.rows,
+            result.objects,
+            opts.topic,
+            (time.perf_counter() - started) * 1000,
+        )
         if counting is not None and opts.stats_dir:
-            counting.write_stats(opts.stats_dir, ident.staging_batch,
-                                 {"outcome": result.outcome, "objects": result.objects, "rows": result.rows,
-                                  "seconds": round(time.perf_counter() - started, 4)})
+            counting.write_stats(
+                opts.stats_dir,
+                ident.staging_batch,
+                {
+                    "outcome": result.outcome,
+                    "objects": result.objects,
+                    "rows": result.rows,
+                    "seconds": round(time.perf_counter() - started, 4),
+                },
+            )
         return result
     except ProducerFencedError as exc:
         _forget(opts)
@@ -237,16 +261,25 @@ def commit_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
             f"consumer group {opts.consumer_group!r}: batch {ident.batch_id} was not committed: {exc}. Its "
             f"transactional id {ident.transactional_id!r} was taken over by another committer (a second "
             "query on this group, or a newer run of this one); one query may commit to a group at a time. "
-            "Stop the other query, or give each query its own consumerGroup.") from exc
+            "Stop the other query, or give each query its own consumerGroup."
+        ) from exc
     except BaseException:
         _forget(opts)
         raise
 
 
-def _commit(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
-            offsets: GroupPosition | dict[tuple[str, int], int] | None,
-            before_begin: Callable[[Log], None] | None, log: Log, storage: Storage, faults: Faults,
-            producer: Producer, previous: dict[str, Any] | None) -> CommitResult:
+def _commit(
+    opts: SinkOptions,
+    ident: BatchIdentity,
+    refs: list[StagedRef],
+    offsets: GroupPosition | dict[tuple[str, int], int] | None,
+    before_begin: Callable[[Log], None] | None,
+    log: Log,
+    storage: Storage,
+    faults: Faults,
+    producer: Producer,
+    previous: dict[str, Any] | None,
+) -> CommitResult:
     """Steps 3-6 with ``producer`` (initialised for ``T``, or kept from this process's last commit of ``T``,
     see :data:`_PRODUCERS`) and ``previous``, ``T``'s progress. Keeps the producer when the batch commits;
     closes it otherwise. Raises :class:`ProducerFencedError` before anything of the batch is durable but
@@ -294,9 +327,9 @@ def _commit(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef],
             producer.close()
 
 
-def _offsets_to_send(log: Log, group: str, position: GroupPosition | dict[tuple[str, int], int]
-                     ) -> tuple[dict[tuple[str, int] | TopicPartition, int],
-                                dict[tuple[str, int] | TopicPartition, int] | None]:
+def _offsets_to_send(
+    log: Log, group: str, position: GroupPosition | dict[tuple[str, int], int]
+) -> tuple[dict[tuple[str, int] | TopicPartition, int], dict[tuple[str, int] | TopicPartition, int] | None]:
     """The batch's group offsets and the start that fences them (PROTOCOL.md "Offsets fence"), or no start
     for plain offsets. A first batch that did not start from the group may commit only to a group that
     has no offsets for its partitions yet (its start is then the group's origin, -1)."""
@@ -312,7 +345,9 @@ def _offsets_to_send(log: Log, group: str, position: GroupPosition | dict[tuple[
                 f"{' ...' if len(held) > 4 else ''}, but this query's first batch did not start from them "
                 "(startingOffsets is not 'group'), so committing its offsets could commit input twice. Start "
                 "the query with startingOffsets=group (and consumerGroup on the reader), or use a new "
-                "consumerGroup.", group)
+                "consumerGroup.",
+                group,
+            )
         start = {tp: -1 for tp in position.end}
     return _as_offsets(position.end), _as_offsets(start)
 
@@ -359,8 +394,14 @@ def _write_manifest(storage: Storage, ident: BatchIdentity, refs: list[StagedRef
     Written before the commit point; its key is part of the committed progress, so a manifest named by
     committed progress lists exactly the committed keys of that batch.
     """
-    body = json.dumps({"transactional_id": ident.transactional_id, "query_id": ident.query_id,
-                       "batch_id": ident.batch_id, "keys": [r.key for r in refs]}).encode()
+    body = json.dumps(
+        {
+            "transactional_id": ident.transactional_id,
+            "query_id": ident.query_id,
+            "batch_id": ident.batch_id,
+            "keys": [r.key for r in refs],
+        }
+    ).encode()
     create_resolving(storage, key, [body], body)
     return key
 
@@ -382,8 +423,13 @@ def _read_manifest(storage: Storage, key: str) -> list[str] | None:
     return [str(k) for k in value["keys"]]
 
 
-def _cleanup_committed(storage: Storage, ident: BatchIdentity, refs: list[StagedRef],
-                       manifest: str | None, listing: Future[list[str]] | None = None) -> int:
+def _cleanup_committed(
+    storage: Storage,
+    ident: BatchIdentity,
+    refs: list[StagedRef],
+    manifest: str | None,
+    listing: Future[list[str]] | None = None,
+) -> int:
     """After this process's commit of the batch: delete every unreferenced object of its prefix.
 
     ``listing`` is the prefix's listing taken after the commit point (overlapping the markers); the
@@ -407,8 +453,9 @@ def _cleanup_committed(storage: Storage, ident: BatchIdentity, refs: list[Staged
         return 0
 
 
-def _cleanup_replay(storage: Storage, ident: BatchIdentity, progress: dict[str, Any] | None,
-                    refs: list[StagedRef]) -> int:
+def _cleanup_replay(
+    storage: Storage, ident: BatchIdentity, progress: dict[str, Any] | None, refs: list[StagedRef]
+) -> int:
     """A replayed batch that is already committed: delete this run's objects (never committed); if the
     committed run's cleanup was interrupted (its manifest still exists), finish it from the manifest."""
     own = [r.key for r in refs]

@@ -46,9 +46,18 @@ def produce_input(log: Any) -> tuple[list[int], list[int]]:
     for t in range(TXNS):
         ids = list(range(t * ROWS_PER_TXN, (t + 1) * ROWS_PER_TXN))
         producer.begin_transaction()
-        producer.send(INPUT, pa.table({"order_id": ids, "customer": [f"customer-{i % 37}" for i in ids],
-                                       "amount": [round((i % 500) * 1.25, 2) for i in ids]}, schema=schema),
-                      key_column="customer")
+        producer.send(
+            INPUT,
+            pa.table(
+                {
+                    "order_id": ids,
+                    "customer": [f"customer-{i % 37}" for i in ids],
+                    "amount": [round((i % 500) * 1.25, 2) for i in ids],
+                },
+                schema=schema,
+            ),
+            key_column="customer",
+        )
         producer.flush()  # the rows reach the log either way; an abort must hide them
         if t % 4 == 3:
             producer.abort_transaction()
@@ -68,19 +77,42 @@ def _job(config: dict[str, Any]) -> int:
 
     from spark_txn_source.datasource import register
 
-    spark = (SparkSession.builder.master("local[2]").appName("txnlog-demo")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
-             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.python.filterPushdown.enabled", "true").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("txnlog-demo")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    orders = (spark.readStream.format("txnlog").option("topic", INPUT).option("startingOffsets", "earliest")
-              .option("maxOffsetsPerTrigger", str(OFFSETS_PER_BATCH)).load(config["log"]))
-    enriched = orders.selectExpr("order_id", "customer", "amount", "round(amount * 1.2, 2) AS amount_with_tax",
-                                 "_partition AS source_partition", "_offset AS source_offset")
-    writer = (enriched.writeStream.format("txnlog").option("checkpointLocation", config["checkpoint"])
-              .option("topic", OUTPUT).option("partitions", "2").option("keyColumn", "customer")
-              .option("consumerGroup", GROUP).trigger(availableNow=True))
+    orders = (
+        spark.readStream.format("txnlog")
+        .option("topic", INPUT)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(OFFSETS_PER_BATCH))
+        .load(config["log"])
+    )
+    enriched = orders.selectExpr(
+        "order_id",
+        "customer",
+        "amount",
+        "round(amount * 1.2, 2) AS amount_with_tax",
+        "_partition AS source_partition",
+        "_offset AS source_offset",
+    )
+    writer = (
+        enriched.writeStream.format("txnlog")
+        .option("checkpointLocation", config["checkpoint"])
+        .option("topic", OUTPUT)
+        .option("partitions", "2")
+        .option("keyColumn", "customer")
+        .option("consumerGroup", GROUP)
+        .trigger(availableNow=True)
+    )
     if config.get("fault"):
         writer = writer.option("testing.fault", config["fault"])
     query = writer.start(config["log"])
@@ -93,12 +125,20 @@ def _job(config: dict[str, Any]) -> int:
 
 def _run_job(config: dict[str, Any], output: Path) -> int:
     package_root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
-               PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+    env = dict(
+        os.environ,
+        PYSPARK_PYTHON=sys.executable,
+        PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
+    )
     with open(output, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "spark_txn_sink.demo", "--job", json.dumps(config)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=package_root)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spark_txn_sink.demo", "--job", json.dumps(config)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=package_root,
+        )
         code = proc.wait()
     _kill_leftovers(proc.pid)
     return code
@@ -140,13 +180,17 @@ def run_demo(directory: str | None = None) -> int:
     print(f"txnlog demo in {root} (Spark output: {driver_log.name})")
 
     committed, aborted = produce_input(log)
-    print(f"1. produced {TXNS} transactions into topic {INPUT!r} (3 partitions): "
-          f"{len(committed) // ROWS_PER_TXN} committed ({len(committed):,} rows), "
-          f"{len(aborted) // ROWS_PER_TXN} aborted ({len(aborted):,} rows)")
+    print(
+        f"1. produced {TXNS} transactions into topic {INPUT!r} (3 partitions): "
+        f"{len(committed) // ROWS_PER_TXN} committed ({len(committed):,} rows), "
+        f"{len(aborted) // ROWS_PER_TXN} aborted ({len(aborted):,} rows)"
+    )
 
     config = {"log": log.url, "checkpoint": str(checkpoint)}
-    print(f"2. streaming job {INPUT} -> {OUTPUT} (exactly-once txnlog sink, offsets to group {GROUP!r}, "
-          f"{OFFSETS_PER_BATCH:,} offsets per micro-batch)")
+    print(
+        f"2. streaming job {INPUT} -> {OUTPUT} (exactly-once txnlog sink, offsets to group {GROUP!r}, "
+        f"{OFFSETS_PER_BATCH:,} offsets per micro-batch)"
+    )
     started = time.time()
     code = _run_job({**config, "fault": f"after_prepare:kill@{KILL_BATCH}"}, driver_log)
     from spark_txn_sink.writer import default_transactional_id
@@ -154,14 +198,18 @@ def run_demo(directory: str | None = None) -> int:
     tid = default_transactional_id(json.loads((checkpoint / "metadata").read_text())["id"], GROUP)
     progress = log.transaction_metadata(tid) or {}
     recorded = (checkpoint / "commits" / str(KILL_BATCH)).exists()
-    print(f"   run 1: driver SIGKILLed (exit {code}) inside the commit of micro-batch {KILL_BATCH}, after its "
-          f"commit point; txnlog says batch {progress.get('batch_id')} is committed, Spark's checkpoint "
-          f"{'has' if recorded else 'has no'} record of batch {KILL_BATCH}")
+    print(
+        f"   run 1: driver SIGKILLed (exit {code}) inside the commit of micro-batch {KILL_BATCH}, after its "
+        f"commit point; txnlog says batch {progress.get('batch_id')} is committed, Spark's checkpoint "
+        f"{'has' if recorded else 'has no'} record of batch {KILL_BATCH}"
+    )
     code2 = _run_job(config, driver_log)
     last = (log.transaction_metadata(tid) or {}).get("batch_id")
-    print(f"   run 2: restarted on the same checkpoint (exit {code2}); Spark replayed batch {KILL_BATCH}, the sink "
-          f"committed it no second time, and the job finished after batch {last} "
-          f"({time.time() - started:.0f} s for both runs)")
+    print(
+        f"   run 2: restarted on the same checkpoint (exit {code2}); Spark replayed batch {KILL_BATCH}, the sink "
+        f"committed it no second time, and the job finished after batch {last} "
+        f"({time.time() - started:.0f} s for both runs)"
+    )
 
     out = _read_output(log)
     counts = Counter(out)
@@ -170,11 +218,20 @@ def run_demo(directory: str | None = None) -> int:
     missing = len(set(committed) - set(out))
     ends = {p.partition: p.last_stable_offset for p in log.describe_topic(INPUT).partitions}
     group = {tp.partition: o.offset for tp, o in log.groups.committed(GROUP).items() if tp.topic == INPUT}
-    ok = code == -9 and code2 == 0 and not duplicates and not leaked and not missing and \
-        len(out) == len(committed) and group == ends
+    ok = (
+        code == -9
+        and code2 == 0
+        and not duplicates
+        and not leaked
+        and not missing
+        and len(out) == len(committed)
+        and group == ends
+    )
     print("3. checked with a read_committed consumer:")
-    print(f"   committed input rows {len(committed):,}; output rows {len(out):,}; duplicates {duplicates}; "
-          f"aborted rows in output {leaked}; committed rows missing {missing}")
+    print(
+        f"   committed input rows {len(committed):,}; output rows {len(out):,}; duplicates {duplicates}; "
+        f"aborted rows in output {leaked}; committed rows missing {missing}"
+    )
     print(f"   group {GROUP!r} offsets at the end of {INPUT!r} on every partition: {'yes' if group == ends else 'no'}")
     print(f"exactly-once: {'OK' if ok else 'FAILED'}")
     return 0 if ok else 1

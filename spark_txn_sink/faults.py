@@ -72,7 +72,8 @@ def parse_faults(spec: str | None) -> tuple[Fault, ...]:
         if point not in POINTS or action not in ACTIONS:
             raise ConfigurationError(
                 f"testing.fault item {item!r}: expected point[:action][@batch] with point in {POINTS} and "
-                f"action in {ACTIONS}")
+                f"action in {ACTIONS}"
+            )
         try:
             batch_id = int(batch) if batch else None
         except ValueError:

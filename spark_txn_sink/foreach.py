@@ -16,8 +16,7 @@ from typing import Any
 from spark_txn_source.datasource import FORMAT_NAME
 
 
-def idempotent_batch_writer(url: str, topic: str, app_id: str,
-                            **options: str) -> Callable[[Any, int], None]:
+def idempotent_batch_writer(url: str, topic: str, app_id: str, **options: str) -> Callable[[Any, int], None]:
     """A ``foreachBatch`` function appending each micro-batch to ``topic`` exactly once.
 
     ``app_id`` names the application and must stay the same across restarts of the query (one per

@@ -57,6 +57,7 @@ def staged_refs(messages: list[WriterCommitMessage | None], batch: str, *, stric
         if len(set(parts)) != len(parts):
             raise CommitMessageError(
                 f"batch {batch}: two commit messages for one Spark partition ({sorted(parts)}); refusing to "
-                "commit duplicates")
+                "commit duplicates"
+            )
     ours.sort(key=lambda m: (m.partition_id, m.attempt))
     return [r for m in ours for r in m.refs]

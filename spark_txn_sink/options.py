@@ -38,9 +38,9 @@ _KNOWN = {
     "transactiontimeoutms": "timeout of the sink's transactions in ms (default 60000)",
     "allownonemptypath": "true: create the log in a directory or prefix that holds other files (default: refuse)",
     "txnappid": "batch writes: an application id; with txnVersion, a write whose (txnAppId, txnVersion) "
-                "already committed commits nothing (idempotent writes from foreachBatch)",
+    "already committed commits nothing (idempotent writes from foreachBatch)",
     "txnversion": "batch writes: the version of this write under txnAppId (e.g. foreachBatch's batch id); "
-                  "versions at or below the last committed one are no-ops",
+    "versions at or below the last committed one are no-ops",
     "checkpointlocation": "set by Spark for streaming queries",
     "queryname": "set by Spark for named streaming queries",
     "testing.fault": "test-only fault injection (see spark_txn_sink.faults)",
@@ -48,8 +48,18 @@ _KNOWN = {
 }
 #: Options of the txnlog source, accepted and ignored by the sink, so that one set of options (a view or a
 #: catalog table used for reading and writing) serves both sides.
-SOURCE_ONLY_OPTIONS = frozenset({"startingoffsets", "startingtimestamp", "endingoffsets", "maxoffsetspertrigger",
-                                 "isolationlevel", "includemetadata", "failondataloss", "minpartitions"})
+SOURCE_ONLY_OPTIONS = frozenset(
+    {
+        "startingoffsets",
+        "startingtimestamp",
+        "endingoffsets",
+        "maxoffsetspertrigger",
+        "isolationlevel",
+        "includemetadata",
+        "failondataloss",
+        "minpartitions",
+    }
+)
 _HIDDEN = ("checkpointlocation", "queryname", "testing.fault", "testing.stats")
 
 
@@ -88,20 +98,23 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         accepted = "; ".join(f"{k} ({v})" for k, v in _KNOWN.items() if k not in _HIDDEN)
         raise ConfigurationError(
             f"unknown txnlog sink option(s) {unknown}. Accepted: {accepted}; storage.<key> (fsspec storage "
-            "options). Option names are case-insensitive.")
+            "options). Option names are case-insensitive."
+        )
     if not opts:
         raise ConfigurationError(
             "the txnlog sink was opened with no options at all. PySpark's Python data source API (4.3) "
             "passes no options when it writes to a catalog table it did not learn them for (a table made "
             "with saveAsTable). Write with df.write.format('txnlog').option('topic', T).mode('append')"
             ".save(URL), or make the table with CREATE TABLE name USING txnlog OPTIONS (path 'URL', topic "
-            "'T'), which remembers them, and INSERT INTO it")
+            "'T'), which remembers them, and INSERT INTO it"
+        )
     url = _required(opts, "path", "the log URL: .option('path', URL) or .save(URL) / .start(URL)")
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
         raise ConfigurationError(
             f"path {url!r}: a memory:// log lives inside one process, but Spark writes from worker processes "
-            "and commits from another; use a local directory (file://...) or an object store (s3://...)")
+            "and commits from another; use a local directory (file://...) or an object store (s3://...)"
+        )
     topic = validate_name("topic", _required(opts, "topic", "the target topic"))
     partitions = _int(opts, "partitions", 1, MAX_PARTITIONS)
     key_column = opts.get("keycolumn") or None
@@ -114,14 +127,15 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         if not streaming:
             raise ConfigurationError(
                 "option consumerGroup applies to streaming writes (each micro-batch commits its source "
-                "offsets); a batch df.write has no source offsets. Remove the option.")
+                "offsets); a batch df.write has no source offsets. Remove the option."
+            )
     timeout = _int(opts, "transactiontimeoutms", 1, MAX_TRANSACTION_TIMEOUT_MS)
     app_id, app_version = _app_version(opts, streaming)
     checkpoint = opts.get("checkpointlocation") or None
     if streaming and checkpoint is None:
         raise ConfigurationError(
-            "the txnlog sink needs a checkpoint: .option('checkpointLocation', DIR) (exactly-once resumes "
-            "from it)")
+            "the txnlog sink needs a checkpoint: .option('checkpointLocation', DIR) (exactly-once resumes from it)"
+        )
     return SinkOptions(
         url=url,
         storage_items=tuple(sorted(_storage_options(opts).items())),
@@ -157,11 +171,13 @@ def _app_version(opts: dict[str, str], streaming: bool) -> tuple[str | None, int
     if streaming:
         raise ConfigurationError(
             "options txnAppId and txnVersion apply to batch writes (df.write, e.g. inside foreachBatch); a "
-            "streaming txnlog sink is exactly-once by itself. Remove them.")
+            "streaming txnlog sink is exactly-once by itself. Remove them."
+        )
     if app_id is None or raw is None:
         raise ConfigurationError(
             "options txnAppId and txnVersion go together: txnAppId names the application, txnVersion the "
-            "write (e.g. foreachBatch's batch id); give both or neither")
+            "write (e.g. foreachBatch's batch id); give both or neither"
+        )
     validate_name("txnAppId", app_id)
     version = _int({"txnversion": raw}, "txnversion", 0, 2**62)
     return app_id, version
@@ -197,7 +213,7 @@ def _int(opts: dict[str, str], name: str, low: int, high: int) -> int | None:
 
 
 def _storage_options(opts: dict[str, str]) -> dict[str, Any]:
-    items = [(k[len("storage."):], _decode(k, opts[k])) for k in opts if k.startswith("storage.")]
+    items = [(k[len("storage.") :], _decode(k, opts[k])) for k in opts if k.startswith("storage.")]
     return nest_storage_options(items, prefix="storage.")
 
 
@@ -209,6 +225,7 @@ def _decode(key: str, value: str) -> Any:
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:  # the value may hold a secret: never echo it
-            raise ConfigurationError(f"storage option {key!r} starts like JSON but is not JSON: {exc.msg} at "
-                                     f"character {exc.pos}") from None
+            raise ConfigurationError(
+                f"storage option {key!r} starts like JSON but is not JSON: {exc.msg} at character {exc.pos}"
+            ) from None
     return value

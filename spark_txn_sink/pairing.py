@@ -56,12 +56,12 @@ def normalize_log_url(url: str) -> str:
 
 def is_txnlog_offset(value: Any) -> bool:
     """Whether a source offset has the txnlog source's shape (``log`` and ``topics``)."""
-    return (isinstance(value, dict) and isinstance(value.get("log"), str)
-            and isinstance(value.get("topics"), dict))
+    return isinstance(value, dict) and isinstance(value.get("log"), str) and isinstance(value.get("topics"), dict)
 
 
-def group_offsets(sources: Iterable[Any], sink_log_url: str, *, batch_id: int,
-                  group: str) -> dict[tuple[str, int], int]:
+def group_offsets(
+    sources: Iterable[Any], sink_log_url: str, *, batch_id: int, group: str
+) -> dict[tuple[str, int], int]:
     """The ``{(topic, partition): next offset}`` to commit to ``group`` with batch ``batch_id``.
 
     ``sources`` are the end offsets of every source of the batch (None for a source without one).
@@ -78,7 +78,8 @@ def group_offsets(sources: Iterable[Any], sink_log_url: str, *, batch_id: int,
             raise PairingError(
                 f"consumerGroup={group!r}: batch {batch_id} reads txnlog {value['log']!r} but writes to "
                 f"{redact_url(sink_log_url)!r}; one transaction spans one log, so the source offsets cannot "
-                "be committed atomically with the output. Write to the source's log, or drop consumerGroup.")
+                "be committed atomically with the output. Write to the source's log, or drop consumerGroup."
+            )
         for topic, parts in value["topics"].items():
             if not isinstance(parts, dict):
                 raise PairingError(f"batch {batch_id}: malformed txnlog offset of {topic!r}: {parts!r}")
@@ -87,7 +88,8 @@ def group_offsets(sources: Iterable[Any], sink_log_url: str, *, batch_id: int,
                     key, off = (str(topic), int(p)), int(offset)
                 except (TypeError, ValueError):
                     raise PairingError(
-                        f"batch {batch_id}: malformed txnlog source offset {topic}/{p}: {offset!r}") from None
+                        f"batch {batch_id}: malformed txnlog source offset {topic}/{p}: {offset!r}"
+                    ) from None
                 if off < 0:
                     raise PairingError(f"batch {batch_id}: negative source offset {off} for {topic}-{p}")
                 if key in out and out[key] != off:
@@ -95,18 +97,21 @@ def group_offsets(sources: Iterable[Any], sink_log_url: str, *, batch_id: int,
                         f"consumerGroup={group!r}: two txnlog sources of the query read {topic}-{p} and "
                         f"ended batch {batch_id} at different offsets ({out[key]} and {off}); one group "
                         "holds one offset per partition. Read each topic-partition with one source, or drop "
-                        "consumerGroup.")
+                        "consumerGroup."
+                    )
                 out[key] = off
     if not found:
         raise PairingError(
             f"consumerGroup={group!r} is set but batch {batch_id} has no txnlog source offsets in the "
             "checkpoint: the option commits the offsets of txnlog sources read by this query. Read from "
-            "spark.readStream.format('txnlog'), or drop consumerGroup.")
+            "spark.readStream.format('txnlog'), or drop consumerGroup."
+        )
     return out
 
 
-def group_start(sources: tuple[Any, ...], previous: tuple[Any, ...] | None,
-                ends: dict[tuple[str, int], int]) -> dict[tuple[str, int], int] | None:
+def group_start(
+    sources: tuple[Any, ...], previous: tuple[Any, ...] | None, ends: dict[tuple[str, int], int]
+) -> dict[tuple[str, int], int] | None:
     """Where batch ``N``'s input for the group started, for the offsets fence (txn_core PROTOCOL.md
     "Offsets fence"): the ``start`` a txnlog source recorded in its end offset (the first batch of a query
     started from the group), else the end offsets of batch ``N - 1`` (``previous``; None for a first batch).
@@ -129,4 +134,3 @@ def group_start(sources: tuple[Any, ...], previous: tuple[Any, ...] | None,
                 for p, offset in parts.items():
                     out[(str(topic), int(p))] = int(offset)
     return {tp: out.get(tp, -1) for tp in ends}
-

@@ -74,8 +74,7 @@ def align_timestamps(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch
             fixes[i] = aligned
     if not fixes:
         return batch
-    arrays = [batch.column(i).cast(fixes[i]) if i in fixes else batch.column(i)
-              for i in range(batch.num_columns)]
+    arrays = [batch.column(i).cast(fixes[i]) if i in fixes else batch.column(i) for i in range(batch.num_columns)]
     fields = [pa.field(f.name, fixes[i], f.nullable) if i in fixes else f for i, f in enumerate(batch.schema)]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
@@ -100,8 +99,9 @@ def _aligned_type(given: pa.DataType, target: pa.DataType) -> pa.DataType:
         item = given.item_field.with_type(_aligned_type(given.item_type, target.item_type))
         return pa.map_(key, item, keys_sorted=given.keys_sorted)
     for is_list, make in ((pa.types.is_list, pa.list_), (pa.types.is_large_list, pa.large_list)):
-        if is_list(given) and (pa.types.is_list(target) or pa.types.is_large_list(target)
-                               or pa.types.is_fixed_size_list(target)):
+        if is_list(given) and (
+            pa.types.is_list(target) or pa.types.is_large_list(target) or pa.types.is_fixed_size_list(target)
+        ):
             value = given.value_field.with_type(_aligned_type(given.value_type, target.value_type))
             return make(value)  # type: ignore[no-any-return]
     return given
@@ -180,8 +180,9 @@ class PartitionStager:
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txnlog-stager")
         t = self.target
-        self._inflight = self._writer.submit(write_staged, self.storage, self.prefix, t.topic, partition, batches,
-                                             t.schema, tag=self.tag)
+        self._inflight = self._writer.submit(
+            write_staged, self.storage, self.prefix, t.topic, partition, batches, t.schema, tag=self.tag
+        )
         if t.key_column is None and partition == self._next % t.partitions:
             self._next += 1  # without a key, each staged object goes to the next partition
 

@@ -34,8 +34,7 @@ def frame_arrow_schema(spark_schema: Any) -> pa.Schema:
         raise SchemaMismatchError(f"the frame has a column type Arrow cannot represent: {exc}") from exc
     fields = [pa.field(f.name, _nullable(f.type), True) for f in arrow if f.name not in SOURCE_METADATA_COLUMNS]
     if not fields:
-        raise SchemaMismatchError(
-            f"the frame has no data columns (only {[f.name for f in arrow]}); nothing to write")
+        raise SchemaMismatchError(f"the frame has no data columns (only {[f.name for f in arrow]}); nothing to write")
     return pa.schema(fields)
 
 
@@ -80,7 +79,8 @@ def plan_topic(log: Log, opts: SinkOptions, frame: pa.Schema) -> PlannedTopic:
         normalize_schema(frame)  # reserved, duplicate or missing column names fail now, not at commit
         if opts.key_column is not None and opts.key_column not in frame.names:
             raise ConfigurationError(
-                f"keyColumn {opts.key_column!r} is not a column of the frame; its columns are {frame.names}")
+                f"keyColumn {opts.key_column!r} is not a column of the frame; its columns are {frame.names}"
+            )
         return PlannedTopic(opts.topic, frame, opts.partitions, create=True)
     check_schema(meta, frame, opts)
     return PlannedTopic(meta.name, meta.schema, meta.partitions, create=False)
@@ -106,7 +106,8 @@ def create_planned_topic(log: Log, planned: PlannedTopic) -> None:
             f"({meta.schema.to_string(show_schema_metadata=False)}) and {meta.partitions} partition(s); this "
             f"batch was staged for ({planned.schema.to_string(show_schema_metadata=False)}) and "
             f"{planned.partitions}. Nothing of it was committed; the query's retry writes to the topic as it "
-            "is now.")
+            "is now."
+        )
 
 
 def check_schema(meta: TopicMeta, frame: pa.Schema, opts: SinkOptions) -> None:
@@ -119,7 +120,10 @@ def check_schema(meta: TopicMeta, frame: pa.Schema, opts: SinkOptions) -> None:
     except SchemaMismatchError as exc:
         raise SchemaMismatchError(
             f"{exc} Columns {list(SOURCE_METADATA_COLUMNS)} of a txnlog source are ignored; select or cast "
-            "the other columns to match.", exc.differences) from exc
+            "the other columns to match.",
+            exc.differences,
+        ) from exc
     if opts.key_column is not None and opts.key_column not in frame.names:
         raise ConfigurationError(
-            f"keyColumn {opts.key_column!r} is not a column of the frame; its columns are {frame.names}")
+            f"keyColumn {opts.key_column!r} is not a column of the frame; its columns are {frame.names}"
+        )

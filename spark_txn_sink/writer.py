@@ -53,8 +53,7 @@ def default_transactional_id(query_id: str, consumer_group: str | None = None) -
     return tid
 
 
-def _plan(options: Mapping[str, str], schema: Any, *,
-          streaming: bool) -> tuple[SinkOptions, TopicTarget, PlannedTopic]:
+def _plan(options: Mapping[str, str], schema: Any, *, streaming: bool) -> tuple[SinkOptions, TopicTarget, PlannedTopic]:
     opts = parse_sink_options(options, streaming=streaming)
     frame = frame_arrow_schema(schema)
     log = open_log(opts.url, opts.storage_options, allow_non_empty=opts.allow_non_empty)
@@ -62,8 +61,9 @@ def _plan(options: Mapping[str, str], schema: Any, *,
         planned = plan_topic(log, opts, frame)
     finally:
         log.close()
-    target = TopicTarget(opts.url, opts.storage_items, planned.name, planned.schema, planned.partitions,
-                         opts.key_column)
+    target = TopicTarget(
+        opts.url, opts.storage_items, planned.name, planned.schema, planned.partitions, opts.key_column
+    )
     return opts, target, planned
 
 
@@ -75,7 +75,8 @@ def make_stream_writer(options: Mapping[str, str], schema: Any, overwrite: bool)
             "'complete' (rewrite the whole result every batch) cannot be honoured. Use outputMode('append') (with a "
             "watermark for aggregations), or for 'update' semantics foreachBatch with "
             "spark_txn_sink.idempotent_batch_writer(url, topic, app_id), which appends each batch's updated "
-            "rows exactly once.")
+            "rows exactly once."
+        )
     opts, target, planned = _plan(options, schema, streaming=True)
     location = opts.checkpoint_location or ""
     query_id = read_query_id(location, opts.url, opts.storage_options)
@@ -89,7 +90,8 @@ def make_batch_writer(options: Mapping[str, str], schema: Any, overwrite: bool) 
         raise ConfigurationError(
             "the txnlog sink takes mode('append') only: a topic is an append-only log and cannot be "
             "overwritten (Spark's error for the default mode names Overwrite as an option, but a txnlog "
-            "topic refuses it). Use df.write.format('txnlog').mode('append').")
+            "topic refuses it). Use df.write.format('txnlog').mode('append')."
+        )
     opts, target, planned = _plan(options, schema, streaming=False)
     if opts.app_id is not None and opts.app_version is not None:  # idempotent: (app, version) commits once
         tid = opts.transactional_id or f"spark-app-{opts.app_id}"
@@ -109,13 +111,15 @@ def _task_context() -> Any:
     return tc
 
 
-def _stage(opts: SinkOptions, target: TopicTarget, ident: BatchIdentity,
-           iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+def _stage(
+    opts: SinkOptions, target: TopicTarget, ident: BatchIdentity, iterator: Iterator[pa.RecordBatch]
+) -> SinkCommitMessage:
     """Stage one task's rows; return the references (shared by stream and batch writers)."""
     tc = _task_context()
     partition_id, attempt = tc.partitionId(), tc.attemptNumber()
-    stager = PartitionStager(target, target.open_storage(), ident.prefix, f"t{partition_id}a{attempt}",
-                             start=partition_id)
+    stager = PartitionStager(
+        target, target.open_storage(), ident.prefix, f"t{partition_id}a{attempt}", start=partition_id
+    )
     refs = stager.stage_all(iterator)
     if partition_id == 0 and attempt == 0:
         Faults(opts.fault, ident.batch_id).hit("write")
@@ -125,8 +129,9 @@ def _stage(opts: SinkOptions, target: TopicTarget, ident: BatchIdentity,
 class TxnLogStreamWriter(DataSourceStreamArrowWriter):
     """One micro-batch epoch = one txnlog transaction, exactly once (see :mod:`spark_txn_sink.commit`)."""
 
-    def __init__(self, opts: SinkOptions, target: TopicTarget, transactional_id: str, query_id: str,
-                 planned: PlannedTopic) -> None:
+    def __init__(
+        self, opts: SinkOptions, target: TopicTarget, transactional_id: str, query_id: str, planned: PlannedTopic
+    ) -> None:
         self.opts = opts
         self.target = target
         self.transactional_id = transactional_id
@@ -143,8 +148,7 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
         if batch is None:  # pragma: no cover - always set by micro-batch execution
             raise RuntimeError("streaming write task without a batch id (continuous mode is not supported)")
         if task_query is not None and task_query != self.query_id:
-            raise RuntimeError(
-                f"task of query {task_query} planned for query {self.query_id}: the checkpoint changed")
+            raise RuntimeError(f"task of query {task_query} planned for query {self.query_id}: the checkpoint changed")
         return _stage(self.opts, self.target, self._ident(int(batch)), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
@@ -162,8 +166,13 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
                 start = group_start(batch.sources, previous.sources, ends)
             return GroupPosition(ends, start)
 
-        commit_batch(opts, ident, refs, offsets if opts.consumer_group else None,
-                     before_begin=lambda log: create_planned_topic(log, self.planned))
+        commit_batch(
+            opts,
+            ident,
+            refs,
+            offsets if opts.consumer_group else None,
+            before_begin=lambda log: create_planned_topic(log, self.planned),
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         ident = self._ident(batchId)
@@ -183,8 +192,12 @@ class TxnLogBatchWriter(DataSourceArrowWriter):
         return _stage(self.opts, self.target, self.ident, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        commit_batch(self.opts, self.ident, staged_refs(messages, self.ident.staging_batch, strict=True),
-                     before_begin=lambda log: create_planned_topic(log, self.planned))
+        commit_batch(
+            self.opts,
+            self.ident,
+            staged_refs(messages, self.ident.staging_batch, strict=True),
+            before_begin=lambda log: create_planned_topic(log, self.planned),
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         abort_batch(self.opts, self.ident, staged_refs(messages, self.ident.staging_batch, strict=False))

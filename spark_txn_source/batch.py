@@ -62,8 +62,13 @@ class TxnLogBatchReader(DataSourceReader):
                 past = pushed.max_timestamp_ms + 1 + MAX_CLOCK_SKEW_MS
                 e = min(e, offset_for_timestamp(view.plog(tp), past))
             lo[tp], hi[tp] = s, e
-        ranges = view.plan(lo, hi, min_partitions=self.opts.min_partitions,
-                           min_timestamp_ms=pushed.min_timestamp_ms, max_timestamp_ms=pushed.max_timestamp_ms)
+        ranges = view.plan(
+            lo,
+            hi,
+            min_partitions=self.opts.min_partitions,
+            min_timestamp_ms=pushed.min_timestamp_ms,
+            max_timestamp_ms=pushed.max_timestamp_ms,
+        )
         return [RangePartition(r) for r in ranges]
 
     def _ending(self, view: LogView, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -76,8 +81,14 @@ class TxnLogBatchReader(DataSourceReader):
         for tp in tps:
             out[tp] = min(wanted[tp], available[tp])
             if wanted[tp] > available[tp]:
-                log.warning("%s: endingOffsets %d is past the available end %d (an open transaction or "
-                            "the log end); reading up to %d", tp, wanted[tp], available[tp], available[tp])
+                log.warning(
+                    "%s: endingOffsets %d is past the available end %d (an open transaction or "
+                    "the log end); reading up to %d",
+                    tp,
+                    wanted[tp],
+                    available[tp],
+                    available[tp],
+                )
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

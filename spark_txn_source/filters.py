@@ -56,8 +56,14 @@ class Pushed:
             return False
         column = attr[0]
         ok = isinstance(f, IsNotNull) or (
-            self._topic(f) if column == "_topic" else self._partition(f) if column == "_partition"
-            else self._offset(f) if column == "_offset" else self._timestamp(f))
+            self._topic(f)
+            if column == "_topic"
+            else self._partition(f)
+            if column == "_partition"
+            else self._offset(f)
+            if column == "_offset"
+            else self._timestamp(f)
+        )
         if ok:
             self.accepted.append(repr(f))
         return ok
@@ -119,9 +125,11 @@ class Pushed:
         if self.topics is not None and tp.topic not in self.topics:
             return False
         p = tp.partition
-        return (self.partitions is None or p in self.partitions) and \
-            (self.min_partition is None or p >= self.min_partition) and \
-            (self.max_partition is None or p <= self.max_partition)
+        return (
+            (self.partitions is None or p in self.partitions)
+            and (self.min_partition is None or p >= self.min_partition)
+            and (self.max_partition is None or p <= self.max_partition)
+        )
 
 
 def _is_int(v: object) -> bool:

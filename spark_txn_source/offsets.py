@@ -35,15 +35,16 @@ def decode(offset: Mapping[str, Any], log_url: str) -> Positions:
     try:
         url = offset["log"]
         topics = offset["topics"]
-        positions = {TopicPartition(str(t), int(p)): int(o)
-                     for t, parts in topics.items() for p, o in parts.items()}
+        positions = {TopicPartition(str(t), int(p)): int(o) for t, parts in topics.items() for p, o in parts.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ConfigurationError(
             f"the checkpoint holds a source offset txnlog does not understand ({offset!r}); was it written "
-            "by another source? Use a new checkpoint location.") from exc
+            "by another source? Use a new checkpoint location."
+        ) from exc
     if url != log_url:
         raise ConfigurationError(
             f"the checkpoint's offsets belong to log {url!r}, but this query reads {log_url!r}; offsets of "
             "one log mean nothing in another. Use a new checkpoint location, or point 'path' back at the "
-            "old log.")
+            "old log."
+        )
     return positions

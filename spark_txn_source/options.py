@@ -39,14 +39,37 @@ from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED
 from txn_core.storage.options import nest_storage_options
 
 #: Canonical spelling of every option, keyed by the lower-cased name Spark passes.
-OPTIONS = {name.lower(): name for name in (
-    "path", "topic", "startingOffsets", "startingTimestamp", "endingOffsets", "maxOffsetsPerTrigger",
-    "isolationLevel", "consumerGroup", "includeMetadata", "failOnDataLoss", "minPartitions",
-)}
+OPTIONS = {
+    name.lower(): name
+    for name in (
+        "path",
+        "topic",
+        "startingOffsets",
+        "startingTimestamp",
+        "endingOffsets",
+        "maxOffsetsPerTrigger",
+        "isolationLevel",
+        "consumerGroup",
+        "includeMetadata",
+        "failOnDataLoss",
+        "minPartitions",
+    )
+}
 #: Options of the txnlog sink, accepted and ignored by the source, so that one set of options (a view or a
 #: catalog table used for reading and writing) serves both sides.
-SINK_ONLY_OPTIONS = frozenset({"partitions", "keycolumn", "transactionalid", "transactiontimeoutms",
-                               "txnappid", "txnversion", "allownonemptypath", "checkpointlocation", "queryname"})
+SINK_ONLY_OPTIONS = frozenset(
+    {
+        "partitions",
+        "keycolumn",
+        "transactionalid",
+        "transactiontimeoutms",
+        "txnappid",
+        "txnversion",
+        "allownonemptypath",
+        "checkpointlocation",
+        "queryname",
+    }
+)
 STORAGE_PREFIX = "storage."
 EARLIEST, LATEST, GROUP = "earliest", "latest", "group"
 #: In JSON offsets: -2 means the partition's earliest offset, -1 its latest.
@@ -95,15 +118,16 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     for key, value in options.items():
         low = key.lower()
         if low.startswith(STORAGE_PREFIX) and len(low) > len(STORAGE_PREFIX):
-            storage_items[key[len(STORAGE_PREFIX):]] = value
+            storage_items[key[len(STORAGE_PREFIX) :]] = value
         elif low in OPTIONS:
             opts[low] = value
         elif low in SINK_ONLY_OPTIONS:
             continue
         else:
             raise SourceOptionError(_unknown(key))
-    storage = nest_storage_options(((k, _storage_value(v)) for k, v in storage_items.items()),
-                                   prefix=STORAGE_PREFIX, error=SourceOptionError)
+    storage = nest_storage_options(
+        ((k, _storage_value(v)) for k, v in storage_items.items()), prefix=STORAGE_PREFIX, error=SourceOptionError
+    )
     path = opts.get("path", "").strip()
     if not path and not options:
         raise SourceOptionError(
@@ -111,11 +135,13 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
             "passes no options when it reads a catalog table it did not learn them for: a table made with "
             "saveAsTable. Give the options again (spark.read.format('txnlog').option('topic', T).load(URL)), "
             "or make the table with CREATE TABLE name USING txnlog OPTIONS (path 'URL', topic 'T') (or "
-            "CREATE TEMPORARY VIEW), which remembers them")
+            "CREATE TEMPORARY VIEW), which remembers them"
+        )
     if not path:
         raise SourceOptionError(
             "option 'path' is missing: give the log URL with .option('path', URL) or .load(URL), e.g. "
-            "file:///data/log or s3://bucket/log")
+            "file:///data/log or s3://bucket/log"
+        )
     topics = _topics(opts.get("topic"))
     isolation = _choice(opts, "isolationlevel", ISOLATION_LEVELS, READ_COMMITTED)
     group = opts.get("consumergroup")
@@ -131,27 +157,40 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
         if unknown:
             raise SourceOptionError(
                 f"option '{name}' names topic(s) {unknown} that option 'topic' does not read "
-                f"({', '.join(topics)}); list them in 'topic' or remove them from '{name}'")
+                f"({', '.join(topics)}); list them in 'topic' or remove them from '{name}'"
+            )
     max_per_trigger = _positive_int(opts, "maxoffsetspertrigger")
     if max_per_trigger is not None and streaming is False:
         raise SourceOptionError(
-            "option 'maxOffsetsPerTrigger' applies to streaming reads (readStream) only; remove it from "
-            "this batch read")
+            "option 'maxOffsetsPerTrigger' applies to streaming reads (readStream) only; remove it from this batch read"
+        )
     return SourceOptions(
-        path=path, topics=topics, streaming=bool(streaming), starting=starting,
-        starting_offsets=starting_offsets, starting_timestamp=starting_ts, ending=ending,
-        ending_offsets=ending_offsets, max_offsets_per_trigger=max_per_trigger, isolation=isolation,
-        consumer_group=group, include_metadata=_bool(opts, "includemetadata", True),
+        path=path,
+        topics=topics,
+        streaming=bool(streaming),
+        starting=starting,
+        starting_offsets=starting_offsets,
+        starting_timestamp=starting_ts,
+        ending=ending,
+        ending_offsets=ending_offsets,
+        max_offsets_per_trigger=max_per_trigger,
+        isolation=isolation,
+        consumer_group=group,
+        include_metadata=_bool(opts, "includemetadata", True),
         fail_on_data_loss=_bool(opts, "failondataloss", True),
-        min_partitions=_positive_int(opts, "minpartitions"), storage_options=storage)
+        min_partitions=_positive_int(opts, "minpartitions"),
+        storage_options=storage,
+    )
 
 
 def _unknown(key: str) -> str:
     accepted = sorted(OPTIONS.values(), key=str.lower)
     close = difflib.get_close_matches(key.lower(), list(OPTIONS), n=1)
     hint = f" Did you mean '{OPTIONS[close[0]]}'?" if close else ""
-    return (f"unknown option '{key}' for format txnlog.{hint} Accepted options (case-insensitive): "
-            f"{', '.join(accepted)}, and 'storage.<key>' for fsspec storage options.")
+    return (
+        f"unknown option '{key}' for format txnlog.{hint} Accepted options (case-insensitive): "
+        f"{', '.join(accepted)}, and 'storage.<key>' for fsspec storage options."
+    )
 
 
 def _storage_value(value: str) -> Any:
@@ -168,8 +207,8 @@ def _storage_value(value: str) -> Any:
 def _topics(value: str | None) -> tuple[str, ...]:
     if value is None or not value.strip():
         raise SourceOptionError(
-            "option 'topic' is missing: name one topic or a comma-separated list, e.g. "
-            ".option('topic', 'orders')")
+            "option 'topic' is missing: name one topic or a comma-separated list, e.g. .option('topic', 'orders')"
+        )
     out: list[str] = []
     for name in (t.strip() for t in value.split(",")):
         try:
@@ -187,7 +226,8 @@ def _choice(opts: dict[str, str], key: str, accepted: tuple[str, ...], default: 
         return default
     if value.strip().lower() not in accepted:
         raise SourceOptionError(
-            f"option '{OPTIONS[key]}' = {value!r} is not valid; accepted values: {', '.join(accepted)}")
+            f"option '{OPTIONS[key]}' = {value!r} is not valid; accepted values: {', '.join(accepted)}"
+        )
     return value.strip().lower()
 
 
@@ -212,18 +252,18 @@ def _positive_int(opts: dict[str, str], key: str) -> int | None:
     return _int(opts, key, "a positive integer", 1)
 
 
-def _starting(opts: dict[str, str], streaming: bool | None,
-              group: str | None) -> tuple[str, OffsetSpec, int | None]:
+def _starting(opts: dict[str, str], streaming: bool | None, group: str | None) -> tuple[str, OffsetSpec, int | None]:
     value = opts.get("startingoffsets")
     timestamp = _int(opts, "startingtimestamp", "milliseconds since the epoch (an integer >= 0)", 0)
     if timestamp is not None:
         if value is not None:
             raise SourceOptionError(
-                "options 'startingOffsets' and 'startingTimestamp' exclude each other; give only one")
+                "options 'startingOffsets' and 'startingTimestamp' exclude each other; give only one"
+            )
         if group is not None:
             raise SourceOptionError("option 'consumerGroup' applies to startingOffsets=group only; remove it")
         return "timestamp", {}, timestamp
-    accepted = f"{EARLIEST}, {LATEST}, {GROUP}, or JSON such as {{\"topic\": {{\"0\": 12, \"1\": -2}}}}"
+    accepted = f'{EARLIEST}, {LATEST}, {GROUP}, or JSON such as {{"topic": {{"0": 12, "1": -2}}}}'
     if value is None:
         starting = GROUP if group is not None else (LATEST if streaming else EARLIEST)
         return starting, {}, None
@@ -233,22 +273,25 @@ def _starting(opts: dict[str, str], streaming: bool | None,
         if starting == LATEST and streaming is False:
             raise SourceOptionError(
                 "option 'startingOffsets' = 'latest' is not valid for a batch read (it would read nothing); "
-                f"accepted values: {EARLIEST}, {GROUP}, or JSON offsets")
+                f"accepted values: {EARLIEST}, {GROUP}, or JSON offsets"
+            )
         if starting == GROUP and group is None:
             raise SourceOptionError(
                 "option 'startingOffsets' = 'group' needs option 'consumerGroup' naming the group whose "
-                "committed offsets to resume from")
+                "committed offsets to resume from"
+            )
         if starting != GROUP and group is not None:
             raise SourceOptionError(
-                f"option 'consumerGroup' applies to startingOffsets=group only, not {starting!r}; remove one")
+                f"option 'consumerGroup' applies to startingOffsets=group only, not {starting!r}; remove one"
+            )
         return starting, {}, None
     if group is not None:
         raise SourceOptionError("option 'consumerGroup' applies to startingOffsets=group only; remove one")
     spec = _offset_json("startingOffsets", value, accepted, (JSON_EARLIEST, JSON_LATEST))
     if streaming is False and any(o == JSON_LATEST for parts in spec.values() for o in parts.values()):
         raise SourceOptionError(
-            "option 'startingOffsets': -1 (latest) is not valid for a batch read; use -2 (earliest) or an "
-            "offset")
+            "option 'startingOffsets': -1 (latest) is not valid for a batch read; use -2 (earliest) or an offset"
+        )
     return "offsets", spec, None
 
 
@@ -259,10 +302,11 @@ def _ending(opts: dict[str, str], streaming: bool | None) -> tuple[str, OffsetSp
     if streaming is True:
         raise SourceOptionError(
             "option 'endingOffsets' applies to batch reads (spark.read) only; a stream has no end. Use "
-            "Trigger.AvailableNow to stop at the offsets available when the query starts")
+            "Trigger.AvailableNow to stop at the offsets available when the query starts"
+        )
     if value.strip().lower() == LATEST:
         return LATEST, {}
-    accepted = f"{LATEST} or JSON such as {{\"topic\": {{\"0\": 100, \"1\": -1}}}} (-1 = latest)"
+    accepted = f'{LATEST} or JSON such as {{"topic": {{"0": 100, "1": -1}}}} (-1 = latest)'
     return "offsets", _offset_json("endingOffsets", value, accepted, (JSON_LATEST,))
 
 
@@ -270,8 +314,7 @@ def _offset_json(name: str, value: str, accepted: str, specials: tuple[int, ...]
     try:
         raw = json.loads(value)
     except ValueError:
-        raise SourceOptionError(
-            f"option '{name}' = {value!r} is not valid; accepted values: {accepted}") from None
+        raise SourceOptionError(f"option '{name}' = {value!r} is not valid; accepted values: {accepted}") from None
     if not isinstance(raw, dict) or not raw:
         raise SourceOptionError(f"option '{name}' = {value!r} is not valid; accepted values: {accepted}")
     spec: OffsetSpec = {}
@@ -279,7 +322,8 @@ def _offset_json(name: str, value: str, accepted: str, specials: tuple[int, ...]
         if not isinstance(parts, dict) or not parts:
             raise SourceOptionError(
                 f"option '{name}': topic {topic!r} must map partition numbers to offsets, e.g. "
-                f"{{\"{topic}\": {{\"0\": 12}}}}; got {parts!r}")
+                f'{{"{topic}": {{"0": 12}}}}; got {parts!r}'
+            )
         out: dict[int, int] = {}
         for p, off in parts.items():
             try:
@@ -291,7 +335,8 @@ def _offset_json(name: str, value: str, accepted: str, specials: tuple[int, ...]
                 allowed = " or ".join(str(s) for s in specials)
                 raise SourceOptionError(
                     f"option '{name}': topic {topic!r} partition {p!r} offset {off!r} is not valid; use a "
-                    f"partition number mapped to an offset >= 0 or {allowed}")
+                    f"partition number mapped to an offset >= 0 or {allowed}"
+                )
             out[partition] = off
         spec[str(topic)] = out
     return spec

@@ -57,14 +57,17 @@ def open_existing_log(url: str, storage_options: Mapping[str, object]) -> Log:
     if not storage.exists(paths.FORMAT_KEY):
         raise ConfigurationError(
             f"no txnlog at {storage.url!r} (option 'path'): check the URL; a log is created by its first "
-            "producer or by txn_core.open_log")
+            "producer or by txn_core.open_log"
+        )
     return Log(storage, create=False)  # reading writes nothing: read-only access is enough
 
 
 def data_loss_hint(message: str) -> str:
-    return (f"{message}. The query lost data it had not read. To skip the lost offsets and go on, set "
-            "option failOnDataLoss=false; otherwise restart from a new checkpoint or with other starting "
-            "offsets.")
+    return (
+        f"{message}. The query lost data it had not read. To skip the lost offsets and go on, set "
+        "option failOnDataLoss=false; otherwise restart from a new checkpoint or with other starting "
+        "offsets."
+    )
 
 
 class LogView:
@@ -105,8 +108,9 @@ class LogView:
         """The last stable offset (read_committed) or the log end (read_uncommitted) of ``tp`` now."""
         return available_end(self.state(tp), self.opts.isolation)
 
-    def bounds(self, begin: Mapping[TopicPartition, int | None]
-               ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    def bounds(
+        self, begin: Mapping[TopicPartition, int | None]
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
         """``(checked start, available end)`` of every partition read (``begin`` as for
         :meth:`checked_start`). The partitions' requests overlap (:mod:`txn_core.parallel`), and the topic
         metadata refresh overlaps them; partitions it discovers are looked at right after."""
@@ -153,7 +157,8 @@ class LogView:
             raise ConfigurationError(
                 f"option '{name}' must give an offset for every partition of every topic read (-2 earliest, "
                 f"-1 latest). Missing: {missing + [f'{t} (whole topic)' for t in absent] or 'none'}; not "
-                f"existing: {extra or 'none'}. Partitions per topic: {counts}")
+                f"existing: {extra or 'none'}. Partitions per topic: {counts}"
+            )
         out: Positions = {}
         for tp in sorted(wanted):
             off = spec[tp.topic][tp.partition]
@@ -171,8 +176,10 @@ class LogView:
             return self.log_start(tp)
         first = self.plog(tp).log_start_for(start).offset
         if start < first:
-            message = (f"{tp}: offsets [{start}, {first}) were removed by retention before the query read "
-                       f"them; the partition now starts at offset {first}")
+            message = (
+                f"{tp}: offsets [{start}, {first}) were removed by retention before the query read "
+                f"them; the partition now starts at offset {first}"
+            )
             if self.opts.fail_on_data_loss:
                 raise SourceDataLossError(data_loss_hint(message))
             log.warning("%s; skipping them (failOnDataLoss=false)", message)
@@ -181,10 +188,17 @@ class LogView:
 
     # --- tasks ----------------------------------------------------------------------------------
 
-    def plan(self, start: Mapping[TopicPartition, int | None], end: Mapping[TopicPartition, int], *,
-             min_partitions: int | None = None, min_timestamp_ms: int | None = None,
-             max_timestamp_ms: int | None = None) -> list[OffsetRange]:
+    def plan(
+        self,
+        start: Mapping[TopicPartition, int | None],
+        end: Mapping[TopicPartition, int],
+        *,
+        min_partitions: int | None = None,
+        min_timestamp_ms: int | None = None,
+        max_timestamp_ms: int | None = None,
+    ) -> list[OffsetRange]:
         """The tasks reading ``[start[tp], end[tp])`` of every partition in ``end``."""
+
         def one(tp: TopicPartition) -> tuple[PartitionLog, OffsetRange] | None:
             lo = self.checked_start(tp, start.get(tp))
             hi = end[tp]
@@ -192,16 +206,32 @@ class LogView:
                 return None
             state = self.state(tp)
             try:
-                rng = plan_range(state, tp.topic, tp.partition, lo, hi, self.opts.isolation,
-                                 min_timestamp_ms=min_timestamp_ms, max_timestamp_ms=max_timestamp_ms)
+                rng = plan_range(
+                    state,
+                    tp.topic,
+                    tp.partition,
+                    lo,
+                    hi,
+                    self.opts.isolation,
+                    min_timestamp_ms=min_timestamp_ms,
+                    max_timestamp_ms=max_timestamp_ms,
+                )
             except DataLossError as exc:  # retention ran between the check and the plan
                 if self.opts.fail_on_data_loss:
                     raise SourceDataLossError(data_loss_hint(str(exc))) from exc
                 lo = self.checked_start(tp, lo)
                 if hi <= lo:
                     return None
-                rng = plan_range(state, tp.topic, tp.partition, lo, hi, self.opts.isolation,
-                                 min_timestamp_ms=min_timestamp_ms, max_timestamp_ms=max_timestamp_ms)
+                rng = plan_range(
+                    state,
+                    tp.topic,
+                    tp.partition,
+                    lo,
+                    hi,
+                    self.opts.isolation,
+                    min_timestamp_ms=min_timestamp_ms,
+                    max_timestamp_ms=max_timestamp_ms,
+                )
             return state.log, rng
 
         # one partition's requests never wait for another's (txn_core.parallel); results in partition order

@@ -89,8 +89,7 @@ def _storage(opts: SourceOptions) -> Storage:
         return storage
 
 
-def read_partition(opts: SourceOptions, schema: StructType,
-                   partition: InputPartition) -> Iterator[pa.RecordBatch]:
+def read_partition(opts: SourceOptions, schema: StructType, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """The record batches of one task, each with exactly the Arrow schema Spark expects for ``schema``."""
     if not isinstance(partition, RangePartition):
         return  # Spark's placeholder partition when the plan is empty
@@ -100,8 +99,7 @@ def read_partition(opts: SourceOptions, schema: StructType,
     rng = partition.range
     plog = PartitionLog(_storage(opts), rng.path)
     try:
-        for batch in read_range(plog, rng, metadata=opts.include_metadata,
-                                fail_on_data_loss=opts.fail_on_data_loss):
+        for batch in read_range(plog, rng, metadata=opts.include_metadata, fail_on_data_loss=opts.fail_on_data_loss):
             yield conform(batch, target)
     except DataLossError as exc:
         raise SourceDataLossError(data_loss_hint(str(exc))) from exc

@@ -26,7 +26,8 @@ def topic_arrow_schema(schemas: dict[str, pa.Schema]) -> pa.Schema:
         listing = "; ".join(f"{t}: {s.to_string(show_schema_metadata=False)}" for t, s in schemas.items())
         raise ConfigurationError(
             f"topics {sorted(schemas)} have incompatible schemas ({exc}); read them in separate queries. "
-            f"Schemas: {listing}") from exc
+            f"Schemas: {listing}"
+        ) from exc
 
 
 def spark_schema(arrow_schema: pa.Schema, include_metadata: bool) -> StructType:
@@ -39,7 +40,8 @@ def spark_schema(arrow_schema: pa.Schema, include_metadata: bool) -> StructType:
         except Exception as exc:
             raise ConfigurationError(
                 f"column {f.name!r} has Arrow type {f.type}, which Spark cannot represent ({exc}); "
-                "store it as a Spark-compatible type (e.g. int64 instead of uint64)") from exc
+                "store it as a Spark-compatible type (e.g. int64 instead of uint64)"
+            ) from exc
         out.append(StructField(f.name, dtype, nullable=True))
     return StructType(out)
 
@@ -51,7 +53,8 @@ def check_requested(requested: StructType, available: StructType) -> None:
     if missing:
         raise ConfigurationError(
             f"the schema given to the txnlog source names column(s) {missing} that the topics do not have; "
-            f"available columns: {', '.join(available.fieldNames())}")
+            f"available columns: {', '.join(available.fieldNames())}"
+        )
 
 
 def arrow_target(schema: StructType) -> pa.Schema:

@@ -106,7 +106,8 @@ class TxnLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             raise ConfigurationError(
                 f"the txnlog source cannot honour Spark's read limit {limit!r}; it supports "
-                "ReadAllAvailable, ReadMaxRows (maxOffsetsPerTrigger) and ReadMinRows")
+                "ReadAllAvailable, ReadMaxRows (maxOffsetsPerTrigger) and ReadMinRows"
+            )
         end = offsets.encode(view.url, {tp: s + take[tp] for tp, s in starts.items()})
         if view.group_start is not None and not self._start_recorded and start == self._initial:
             self._start_recorded = True  # the query's first batch: record where the group was
@@ -126,8 +127,7 @@ class TxnLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         view = self.view()
         begin = offsets.decode(start, view.url)
         finish = offsets.decode(end, view.url)
-        ranges = view.plan({tp: begin.get(tp) for tp in finish}, finish,
-                           min_partitions=self.opts.min_partitions)
+        ranges = view.plan({tp: begin.get(tp) for tp in finish}, finish, min_partitions=self.opts.min_partitions)
         return [RangePartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -38,8 +38,16 @@ def _batches(total_mb: int, batch_mb: float = 2.0) -> list[pa.RecordBatch]:
     out, start = [], 0
     for _ in range(max(1, int(total_mb / batch_mb))):
         ids = np.arange(start, start + rows, dtype=np.int64)
-        out.append(pa.record_batch([pa.array(ids), pa.array(keys[rng.integers(0, 1000, rows)].tolist()),
-                                    pa.array(values[rng.integers(0, 100_000, rows)].tolist())], schema=SCHEMA))
+        out.append(
+            pa.record_batch(
+                [
+                    pa.array(ids),
+                    pa.array(keys[rng.integers(0, 1000, rows)].tolist()),
+                    pa.array(values[rng.integers(0, 100_000, rows)].tolist()),
+                ],
+                schema=SCHEMA,
+            )
+        )
         start += rows
     return out
 
@@ -152,8 +160,9 @@ def test_transactional_vs_idempotent_produce(tmp_path: Path, batches: list[pa.Re
     for _ in range(3):
         idem.append(run(False))
         txn.append(run(True))
-    _report("transactional produce (commit per ~2 MB)", statistics.median(txn), statistics.median(idem), "MB/s",
-            ">= 0.97x")
+    _report(
+        "transactional produce (commit per ~2 MB)", statistics.median(txn), statistics.median(idem), "MB/s", ">= 0.97x"
+    )
 
 
 def test_read_committed_vs_read_uncommitted(tmp_path: Path, batches: list[pa.RecordBatch]) -> None:
@@ -185,8 +194,7 @@ def test_read_committed_vs_read_uncommitted(tmp_path: Path, batches: list[pa.Rec
         rc.append(consume("read_committed"))
     # Both scan the whole log (read_committed delivers 90%: every tenth transaction aborted), so the
     # figure is log MB scanned per second, i.e. the inverse ratio of the times to read the partition.
-    _report("read_committed vs read_uncommitted", statistics.median(rc), statistics.median(ru),
-            "log MB/s", ">= 0.98x")
+    _report("read_committed vs read_uncommitted", statistics.median(rc), statistics.median(ru), "log MB/s", ">= 0.98x")
 
 
 def _synthetic_snapshot(tmp_path: Path, aborted: int, history_entries: int) -> tuple[txn_core.Log, float]:
@@ -200,9 +208,18 @@ def _synthetic_snapshot(tmp_path: Path, aborted: int, history_entries: int) -> t
     slot, end = log.partition_log(path).tail()
     buf = TxnBuffer(end, slot)
     seq = np.arange(aborted, dtype=np.uint64)
-    buf.aborted = AbortedIndex.from_tables([pa.table({
-        "txn": pa.array((np.uint64(3) << np.uint64(44)) | seq), "first": pa.array(np.zeros(aborted, np.int64)),
-        "last": pa.array(np.zeros(aborted, np.int64)), "marker": pa.array(np.arange(aborted, dtype=np.int64))})])
+    buf.aborted = AbortedIndex.from_tables(
+        [
+            pa.table(
+                {
+                    "txn": pa.array((np.uint64(3) << np.uint64(44)) | seq),
+                    "first": pa.array(np.zeros(aborted, np.int64)),
+                    "last": pa.array(np.zeros(aborted, np.int64)),
+                    "marker": pa.array(np.arange(aborted, dtype=np.int64)),
+                }
+            )
+        ]
+    )
     snapshots.SnapshotStore(log.storage, path).write(buf)
 
     def rebuild() -> float:
@@ -219,8 +236,14 @@ def _synthetic_snapshot(tmp_path: Path, aborted: int, history_entries: int) -> t
 def test_rebuild_one_million_aborted_from_snapshot(tmp_path: Path) -> None:
     _, short = _synthetic_snapshot(tmp_path, 1_000_000, 10)
     _, long = _synthetic_snapshot(tmp_path, 1_000_000, 2_000)
-    RESULTS.append(("rebuild buffer, 1M aborted, from snapshot", f"{short:.2f} s (10 entries of history)",
-                    f"{long:.2f} s (2,000 entries of history)", "target < 2 s, independent of length"))
+    RESULTS.append(
+        (
+            "rebuild buffer, 1M aborted, from snapshot",
+            f"{short:.2f} s (10 entries of history)",
+            f"{long:.2f} s (2,000 entries of history)",
+            "target < 2 s, independent of length",
+        )
+    )
     print(f"\nrebuild 1M aborted: {short:.3f} s with 10 entries of history, {long:.3f} s with 2,000")
 
 

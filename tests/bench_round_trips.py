@@ -59,8 +59,13 @@ def unit_rtt(server: SeaweedS3, endpoint: str, bucket: str) -> float:
     import boto3
     from servers import ACCESS_KEY, SECRET_KEY
 
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
-                          aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+    )
     client.put_object(Bucket=bucket, Key="rtt-probe", Body=b"x" * 200)
     times = []
     for _ in range(25):
@@ -82,6 +87,7 @@ def _warm_txn(parts: int, settled: bool = False) -> Callable[[txn_core.Log], Cal
     """Transactions back to back, or (``settled``) each after the previous one's markers landed, as when
     the application does anything between two transactions: a begin waits for the previous transaction's
     markers, since its record carries that transaction's Complete."""
+
     def prepare(log: txn_core.Log) -> Callable[[], None]:
         p = log.producer(f"warm-{parts}-{uuid.uuid4().hex[:6]}")
         p.init_transactions()
@@ -97,6 +103,7 @@ def _warm_txn(parts: int, settled: bool = False) -> Callable[[txn_core.Log], Cal
         if settled:
             run.settle = p.wait_for_markers  # type: ignore[attr-defined]  # untimed, before each run
         return run
+
     return prepare
 
 
@@ -111,15 +118,23 @@ def _idempotent(log: txn_core.Log) -> Callable[[], None]:
     return run
 
 
-OPS = [Op("warm transaction, 10 rows, 1 partition, back to back", _warm_txn(1)),
-       Op("warm transaction, 10 rows, 2 partitions, back to back", _warm_txn(2)),
-       Op("warm transaction, 10 rows, 1 partition, previous markers landed", _warm_txn(1, settled=True)),
-       Op("warm transaction, 10 rows, 2 partitions, previous markers landed", _warm_txn(2, settled=True)),
-       Op("idempotent send 1 row + flush", _idempotent)]
+OPS = [
+    Op("warm transaction, 10 rows, 1 partition, back to back", _warm_txn(1)),
+    Op("warm transaction, 10 rows, 2 partitions, back to back", _warm_txn(2)),
+    Op("warm transaction, 10 rows, 1 partition, previous markers landed", _warm_txn(1, settled=True)),
+    Op("warm transaction, 10 rows, 2 partitions, previous markers landed", _warm_txn(2, settled=True)),
+    Op("idempotent send 1 row + flush", _idempotent),
+]
 
 
-def measure_ops(url: str, options: dict[str, Any] | None, unit: float | None, server: SeaweedS3 | None,
-                bucket: str | None, reps: int) -> dict[str, tuple[float, float]]:
+def measure_ops(
+    url: str,
+    options: dict[str, Any] | None,
+    unit: float | None,
+    server: SeaweedS3 | None,
+    bucket: str | None,
+    reps: int,
+) -> dict[str, tuple[float, float]]:
     """{op: (RTT units or storage operations, requests per op)}. With ``unit`` None: local disk, where
     the first figure is storage operations on the critical path and the second all of them."""
     out = {}
@@ -153,8 +168,14 @@ def measure_ops(url: str, options: dict[str, Any] | None, unit: float | None, se
     return out
 
 
-def measure_catch_up(url: str, options: dict[str, Any] | None, fast_url: str, fast_options: dict[str, Any] | None,
-                     unit: float | None, txns: int) -> tuple[float, int, float, int]:
+def measure_catch_up(
+    url: str,
+    options: dict[str, Any] | None,
+    fast_url: str,
+    fast_options: dict[str, Any] | None,
+    unit: float | None,
+    txns: int,
+) -> tuple[float, int, float, int]:
     """A fresh read_committed consumer reading 4 partitions of history from offset 0:
     (entries per RTT, entries, RTT, peak RSS MiB)."""
     fast = txn_core.open_log(fast_url, fast_options)
@@ -198,14 +219,20 @@ def report(rtt_ms: float = 25.0, history: int = 300, reps: int = 15) -> str:
     try:
         bucket = server.new_bucket()
         with delayed_endpoint(server.endpoint, rtt_ms / 1000) as proxy:
-            slow = {**server.storage_options(), "client_kwargs": {"endpoint_url": proxy.endpoint,
-                                                                  "region_name": "us-east-1"}}
+            slow = {
+                **server.storage_options(),
+                "client_kwargs": {"endpoint_url": proxy.endpoint, "region_name": "us-east-1"},
+            }
             unit = unit_rtt(server, proxy.endpoint, bucket)
-            lines.append(f"unit: a plain small GET (boto3, warm connection) through the proxy = "
-                         f"{unit * 1000:.1f} ms (added {rtt_ms:.0f} ms)")
+            lines.append(
+                f"unit: a plain small GET (boto3, warm connection) through the proxy = "
+                f"{unit * 1000:.1f} ms (added {rtt_ms:.0f} ms)"
+            )
             lines.append("")
-            lines.append("| operation | obstore RTT | obstore S3 requests | s3fs RTT | s3fs S3 requests | "
-                         "local disk ops (critical path / all) |")
+            lines.append(
+                "| operation | obstore RTT | obstore S3 requests | s3fs RTT | s3fs S3 requests | "
+                "local disk ops (critical path / all) |"
+            )
             lines.append("|---|---:|---:|---:|---:|---:|")
             rows: dict[str, list[str]] = {op.name: [] for op in OPS}
             for client in ("obstore", "fsspec"):
@@ -222,18 +249,27 @@ def report(rtt_ms: float = 25.0, history: int = 300, reps: int = 15) -> str:
             for client in ("obstore", "fsspec"):
                 prefix = f"s3://{bucket}/history-{client}-{uuid.uuid4().hex[:6]}"
                 per_rtt, entries, rtts, rss = measure_catch_up(
-                    prefix, {**slow, "client": client}, prefix, {**server.storage_options(), "client": client},
-                    unit, history)
-                catch.append(f"{client}: {per_rtt:.1f} entries per RTT ({entries} entries in {rtts:.0f} RTT; "
-                             f"peak RSS {rss} MiB)")
+                    prefix,
+                    {**slow, "client": client},
+                    prefix,
+                    {**server.storage_options(), "client": client},
+                    unit,
+                    history,
+                )
+                catch.append(
+                    f"{client}: {per_rtt:.1f} entries per RTT ({entries} entries in {rtts:.0f} RTT; peak RSS {rss} MiB)"
+                )
             lines.append("")
-            lines.append(f"fresh read_committed consumer, 4 partitions, {history} transactions each: "
-                         + "; ".join(catch))
+            lines.append(
+                f"fresh read_committed consumer, 4 partitions, {history} transactions each: " + "; ".join(catch)
+            )
 
             rtt, requests = spark_batch(f"s3://{bucket}/spark-{uuid.uuid4().hex[:6]}", slow, unit)
             lines.append("")
-            lines.append(f"Spark txnlog -> txnlog micro-batch (8,000 rows, 4 partitions), driver side "
-                         f"(latestOffset + partitions + commit), obstore: {rtt:.1f} RTT, {requests} requests")
+            lines.append(
+                f"Spark txnlog -> txnlog micro-batch (8,000 rows, 4 partitions), driver side "
+                f"(latestOffset + partitions + commit), obstore: {rtt:.1f} RTT, {requests} requests"
+            )
     finally:
         server.stop()
     return "\n".join(lines)

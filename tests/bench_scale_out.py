@@ -69,10 +69,14 @@ class Rows:
 
     def take(self, n: int) -> pa.Table:
         start, self.next_id = self.next_id, self.next_id + n
-        return pa.table({"id": pa.array(np.arange(start, start + n, dtype=np.int64)),
-                         "key": pa.array(self.keys[self.rng.integers(0, len(self.keys), n)], pa.string()),
-                         "value": pa.array(self.values[self.rng.integers(0, len(self.values), n)], pa.string())},
-                        schema=SCHEMA)
+        return pa.table(
+            {
+                "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+                "key": pa.array(self.keys[self.rng.integers(0, len(self.keys), n)], pa.string()),
+                "value": pa.array(self.values[self.rng.integers(0, len(self.values), n)], pa.string()),
+            },
+            schema=SCHEMA,
+        )
 
 
 def write_input(log: txn_core.Log, partitions: int, batches: int, rows_per_batch: int) -> Iterator[int]:
@@ -92,17 +96,29 @@ def write_input(log: txn_core.Log, partitions: int, batches: int, rows_per_batch
     producer.close()
 
 
-def copy(spark: Any, url: str, flags: dict[str, str], name: str, root: Path, per_trigger: int,
-         partitions: int) -> tuple[float, int, int, Path]:
+def copy(
+    spark: Any, url: str, flags: dict[str, str], name: str, root: Path, per_trigger: int, partitions: int
+) -> tuple[float, int, int, Path]:
     """The exactly-once copy ``in`` -> ``name`` to its end; returns seconds, rows, micro-batches, stats dir."""
     stats = root / f"stats-{name}"
-    reader = (spark.readStream.format("txnlog").option("topic", "in").option("startingOffsets", "earliest")
-              .option("maxOffsetsPerTrigger", str(per_trigger)))
+    reader = (
+        spark.readStream.format("txnlog")
+        .option("topic", "in")
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(per_trigger))
+    )
     for k, v in flags.items():
         reader = reader.option(k, v)
-    writer = (reader.load(url).writeStream.format("txnlog").option("checkpointLocation", str(root / f"chk-{name}"))
-              .option("topic", name).option("partitions", str(partitions)).option("consumerGroup", name)
-              .option("testing.stats", str(stats)).trigger(availableNow=True))
+    writer = (
+        reader.load(url)
+        .writeStream.format("txnlog")
+        .option("checkpointLocation", str(root / f"chk-{name}"))
+        .option("topic", name)
+        .option("partitions", str(partitions))
+        .option("consumerGroup", name)
+        .option("testing.stats", str(stats))
+        .trigger(availableNow=True)
+    )
     for k, v in flags.items():
         writer = writer.option(k, v)
     start = time.perf_counter()
@@ -128,14 +144,14 @@ def check_copy(log: txn_core.Log, name: str, rows: int, stats: Path) -> list[dic
 @pytest.mark.bench
 @pytest.mark.spark
 def test_bench_exactly_once_copy_on_seaweedfs_vs_local_disk_and_requests_per_batch(
-        spark: Any, seaweed_s3: Any, tmp_path: Path) -> None:
+    spark: Any, seaweed_s3: Any, tmp_path: Path
+) -> None:
     bucket = seaweed_s3.new_bucket()
     so = seaweed_s3.storage_options()
     flags = storage_flags(so)
 
     # --- part 1: throughput ---------------------------------------------------------------------------
-    logs = {"local disk": (f"file://{tmp_path}/log", None, {}),
-            "SeaweedFS": (f"s3://{bucket}/throughput", so, flags)}
+    logs = {"local disk": (f"file://{tmp_path}/log", None, {}), "SeaweedFS": (f"s3://{bucket}/throughput", so, flags)}
     written: dict[str, float] = {}
     for label, (url, options, _) in logs.items():
         t0 = time.perf_counter()
@@ -151,8 +167,9 @@ def test_bench_exactly_once_copy_on_seaweedfs_vs_local_disk_and_requests_per_bat
         for label, (url, options, fl) in logs.items():
             name = f"out{r}"
             before = seaweed_s3.request_counts(bucket)
-            elapsed, rows, n, stats = copy(spark, url, fl, name, tmp_path / label.replace(" ", "-"), per_trigger,
-                                           PARTITIONS)
+            elapsed, rows, n, stats = copy(
+                spark, url, fl, name, tmp_path / label.replace(" ", "-"), per_trigger, PARTITIONS
+            )
             after = seaweed_s3.request_counts(bucket)
             assert rows == ROWS and n == BATCHES, (label, rows, n)
             commits = check_copy(txn_core.open_log(url, options), name, ROWS, stats)
@@ -163,16 +180,22 @@ def test_bench_exactly_once_copy_on_seaweedfs_vs_local_disk_and_requests_per_bat
             batches[label] = n
             print(f"round {r + 1}: {label}: {elapsed:.2f} s, {n} micro-batches")
     mb = ROWS * (8 + 9 + 100) / 1e6  # approximate payload: id, key, value bytes
-    print(f"\n{ROWS:,} rows (~{mb:.0f} MB of payload) in {BATCHES} micro-batches, {PARTITIONS} partitions; Spark "
-          f"local[2]; input written in {written['local disk']:.1f} s (local) / {written['SeaweedFS']:.1f} s "
-          f"(SeaweedFS); best of {ROUNDS}\n")
-    print("| exactly-once txnlog -> txnlog copy | micro-batches | seconds | rows/s | MB/s | driver-commit "
-          "requests per batch | all S3 requests per batch (start-up included) |\n|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"\n{ROWS:,} rows (~{mb:.0f} MB of payload) in {BATCHES} micro-batches, {PARTITIONS} partitions; Spark "
+        f"local[2]; input written in {written['local disk']:.1f} s (local) / {written['SeaweedFS']:.1f} s "
+        f"(SeaweedFS); best of {ROUNDS}\n"
+    )
+    print(
+        "| exactly-once txnlog -> txnlog copy | micro-batches | seconds | rows/s | MB/s | driver-commit "
+        "requests per batch | all S3 requests per batch (start-up included) |\n|---|---:|---:|---:|---:|---:|---:|"
+    )
     for label in logs:
         s3 = s3_requests.get(label)
         all_s3 = f"{sum(s3.values()) / batches[label]:.0f}" if s3 else "-"
-        print(f"| {label} | {batches[label]} | {best[label]:.1f} | {ROWS / best[label] / 1e6:.2f}M | "
-              f"{mb / best[label]:.1f} | {commit_requests[label]:.0f} | {all_s3} |")
+        print(
+            f"| {label} | {batches[label]} | {best[label]:.1f} | {ROWS / best[label] / 1e6:.2f}M | "
+            f"{mb / best[label]:.1f} | {commit_requests[label]:.0f} | {all_s3} |"
+        )
     print(f"\nSeaweedFS runs at {best['local disk'] / best['SeaweedFS']:.2f}x the rows/s of local disk")
 
     # --- part 2: requests per committed micro-batch ---------------------------------------------------
@@ -187,23 +210,47 @@ def test_bench_exactly_once_copy_on_seaweedfs_vs_local_disk_and_requests_per_bat
                 for _ in write_input(log, partitions, n_batches, rows_per_batch):
                     pass
                 before = seaweed_s3.request_counts(bucket)
-                _, rows, n, stats = copy(spark, url, flags, "out", tmp_path / f"scaling-{uuid.uuid4().hex[:8]}",
-                                         rows_per_batch + partitions, partitions)
+                _, rows, n, stats = copy(
+                    spark,
+                    url,
+                    flags,
+                    "out",
+                    tmp_path / f"scaling-{uuid.uuid4().hex[:8]}",
+                    rows_per_batch + partitions,
+                    partitions,
+                )
                 spans[n_batches] = seaweed_s3.request_counts(bucket) - before
                 total_rows = (rows_per_batch // partitions) * partitions * n_batches
                 assert (rows, n) == (total_rows, n_batches), (partitions, rows_per_batch, rows, n)
                 last = check_copy(log, "out", total_rows, stats)
-            marginal = {t: (spans[2 * SCALING_BATCHES][t] - spans[SCALING_BATCHES][t]) / SCALING_BATCHES
-                        for t in set(spans[SCALING_BATCHES]) | set(spans[2 * SCALING_BATCHES])}
-            results.append((partitions, rows_per_batch, sum(c["objects"] for c in last) / len(last),
-                            sum(c["total"] for c in last) / len(last), marginal))
-    print(f"\nStorage requests per committed micro-batch on SeaweedFS (input: one transaction per batch, one entry "
-          f"per partition; all S3 requests: marginal, (copy of {2 * SCALING_BATCHES} batches - copy of "
-          f"{SCALING_BATCHES}) / {SCALING_BATCHES})\n")
-    print("| partitions | rows per batch | staged objects per batch | driver-commit requests | all S3 requests | "
-          + " | ".join(REQUEST_TYPES) + " |\n|---:|---:|---:|---:|---:|" + "---:|" * len(REQUEST_TYPES))
+            marginal = {
+                t: (spans[2 * SCALING_BATCHES][t] - spans[SCALING_BATCHES][t]) / SCALING_BATCHES
+                for t in set(spans[SCALING_BATCHES]) | set(spans[2 * SCALING_BATCHES])
+            }
+            results.append(
+                (
+                    partitions,
+                    rows_per_batch,
+                    sum(c["objects"] for c in last) / len(last),
+                    sum(c["total"] for c in last) / len(last),
+                    marginal,
+                )
+            )
+    print(
+        f"\nStorage requests per committed micro-batch on SeaweedFS (input: one transaction per batch, one entry "
+        f"per partition; all S3 requests: marginal, (copy of {2 * SCALING_BATCHES} batches - copy of "
+        f"{SCALING_BATCHES}) / {SCALING_BATCHES})\n"
+    )
+    print(
+        "| partitions | rows per batch | staged objects per batch | driver-commit requests | all S3 requests | "
+        + " | ".join(REQUEST_TYPES)
+        + " |\n|---:|---:|---:|---:|---:|"
+        + "---:|" * len(REQUEST_TYPES)
+    )
     for partitions, rows_per_batch, objects, commit_total, marginal in results:
         other = sum(v for t, v in marginal.items() if t not in REQUEST_TYPES)
         cells = " | ".join(f"{marginal.get(t, 0):.1f}" for t in REQUEST_TYPES)
-        print(f"| {partitions} | {rows_per_batch:,} | {objects:.0f} | {commit_total:.0f} | "
-              f"{sum(marginal.values()):.0f} | {cells} |" + (f" (+{other:.1f} other)" if other else ""))
+        print(
+            f"| {partitions} | {rows_per_batch:,} | {objects:.0f} | {commit_total:.0f} | "
+            f"{sum(marginal.values()):.0f} | {cells} |" + (f" (+{other:.1f} other)" if other else "")
+        )

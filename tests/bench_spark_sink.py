@@ -55,9 +55,14 @@ def chunks(rows: int) -> Iterator[pa.Table]:
     values = np.array([rng.bytes(50).hex() for _ in range(100_000)], dtype=object)
     for start in range(0, rows, CHUNK):
         n = min(CHUNK, rows - start)
-        yield pa.table({"id": pa.array(np.arange(start, start + n, dtype=np.int64)),
-                        "key": pa.array(keys[rng.integers(0, len(keys), n)], pa.string()),
-                        "value": pa.array(values[rng.integers(0, len(values), n)], pa.string())}, schema=SCHEMA)
+        yield pa.table(
+            {
+                "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+                "key": pa.array(keys[rng.integers(0, len(keys), n)], pa.string()),
+                "value": pa.array(values[rng.integers(0, len(values), n)], pa.string()),
+            },
+            schema=SCHEMA,
+        )
 
 
 def write_input(root: Path) -> tuple[txn_core.Log, str, int]:
@@ -89,21 +94,42 @@ def timed(query: Any) -> tuple[float, int, int]:
     return elapsed, sum(p["numInputRows"] for p in progress), len(progress)
 
 
-def txnlog_copy(spark: Any, log: txn_core.Log, root: Path, name: str, offsets_per_trigger: int,
-                stats: Path, metadata: bool = True) -> Any:
-    df = (spark.readStream.format("txnlog").option("topic", "in").option("startingOffsets", "earliest")
-          .option("includeMetadata", str(metadata).lower())
-          .option("maxOffsetsPerTrigger", str(offsets_per_trigger)).load(log.url))
-    return (df.writeStream.format("txnlog").option("checkpointLocation", str(root / f"chk-{name}"))
-            .option("topic", name).option("partitions", str(PARTITIONS)).option("consumerGroup", name)
-            .option("testing.stats", str(stats)).trigger(availableNow=True).start(log.url))
+def txnlog_copy(
+    spark: Any, log: txn_core.Log, root: Path, name: str, offsets_per_trigger: int, stats: Path, metadata: bool = True
+) -> Any:
+    df = (
+        spark.readStream.format("txnlog")
+        .option("topic", "in")
+        .option("startingOffsets", "earliest")
+        .option("includeMetadata", str(metadata).lower())
+        .option("maxOffsetsPerTrigger", str(offsets_per_trigger))
+        .load(log.url)
+    )
+    return (
+        df.writeStream.format("txnlog")
+        .option("checkpointLocation", str(root / f"chk-{name}"))
+        .option("topic", name)
+        .option("partitions", str(PARTITIONS))
+        .option("consumerGroup", name)
+        .option("testing.stats", str(stats))
+        .trigger(availableNow=True)
+        .start(log.url)
+    )
 
 
 def parquet_copy(spark: Any, parquet_dir: str, root: Path, name: str, files_per_trigger: int) -> Any:
-    df = (spark.readStream.schema("id LONG, key STRING, value STRING")
-          .option("maxFilesPerTrigger", str(files_per_trigger)).parquet(parquet_dir))
-    return (df.writeStream.format("parquet").option("path", str(root / name))
-            .option("checkpointLocation", str(root / f"chk-{name}")).trigger(availableNow=True).start())
+    df = (
+        spark.readStream.schema("id LONG, key STRING, value STRING")
+        .option("maxFilesPerTrigger", str(files_per_trigger))
+        .parquet(parquet_dir)
+    )
+    return (
+        df.writeStream.format("parquet")
+        .option("path", str(root / name))
+        .option("checkpointLocation", str(root / f"chk-{name}"))
+        .trigger(availableNow=True)
+        .start()
+    )
 
 
 class _BareMessage(WriterCommitMessage):
@@ -150,18 +176,37 @@ class BareArrowSink(DataSource):
 
 
 def bare_copy(spark: Any, log: txn_core.Log, root: Path, name: str, offsets_per_trigger: int) -> Any:
-    df = (spark.readStream.format("txnlog").option("topic", "in").option("startingOffsets", "earliest")
-          .option("maxOffsetsPerTrigger", str(offsets_per_trigger)).load(log.url))
-    return (df.writeStream.format("bench_bare_arrow").option("checkpointLocation", str(root / f"chk-{name}"))
-            .trigger(availableNow=True).start(str(root / name)))
+    df = (
+        spark.readStream.format("txnlog")
+        .option("topic", "in")
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(offsets_per_trigger))
+        .load(log.url)
+    )
+    return (
+        df.writeStream.format("bench_bare_arrow")
+        .option("checkpointLocation", str(root / f"chk-{name}"))
+        .trigger(availableNow=True)
+        .start(str(root / name))
+    )
 
 
-def sink_only_copy(spark: Any, log: txn_core.Log, parquet_dir: str, root: Path, name: str,
-                   files_per_trigger: int) -> Any:
-    df = (spark.readStream.schema("id LONG, key STRING, value STRING")
-          .option("maxFilesPerTrigger", str(files_per_trigger)).parquet(parquet_dir))
-    return (df.writeStream.format("txnlog").option("checkpointLocation", str(root / f"chk-{name}"))
-            .option("topic", name).option("partitions", str(PARTITIONS)).trigger(availableNow=True).start(log.url))
+def sink_only_copy(
+    spark: Any, log: txn_core.Log, parquet_dir: str, root: Path, name: str, files_per_trigger: int
+) -> Any:
+    df = (
+        spark.readStream.schema("id LONG, key STRING, value STRING")
+        .option("maxFilesPerTrigger", str(files_per_trigger))
+        .parquet(parquet_dir)
+    )
+    return (
+        df.writeStream.format("txnlog")
+        .option("checkpointLocation", str(root / f"chk-{name}"))
+        .option("topic", name)
+        .option("partitions", str(PARTITIONS))
+        .trigger(availableNow=True)
+        .start(log.url)
+    )
 
 
 def commit_requests(stats: Path) -> dict[str, float]:
@@ -211,8 +256,15 @@ def test_bench_exactly_once_txnlog_copy_vs_parquet_copy(spark: Any, tmp_path: Pa
             if kind == "parquet":
                 q = parquet_copy(spark, parquet_dir, tmp_path, name, files_per_trigger)
             elif kind in ("txnlog", "txnlog_nometa"):
-                q = txnlog_copy(spark, log, tmp_path, name, offsets_per_trigger, tmp_path / f"stats-{name}",
-                                metadata=kind == "txnlog")
+                q = txnlog_copy(
+                    spark,
+                    log,
+                    tmp_path,
+                    name,
+                    offsets_per_trigger,
+                    tmp_path / f"stats-{name}",
+                    metadata=kind == "txnlog",
+                )
             elif kind == "bare":
                 q = bare_copy(spark, log, tmp_path, name, offsets_per_trigger)
             else:
@@ -223,21 +275,27 @@ def test_bench_exactly_once_txnlog_copy_vs_parquet_copy(spark: Any, tmp_path: Pa
                 requests = commit_requests(tmp_path / f"stats-{name}")
                 assert requests["rows"] == ROWS, "every row committed exactly once"
                 group = log.groups.committed(name)
-                assert {tp.partition: o.offset for tp, o in group.items()} == \
-                    {p.partition: p.log_end_offset for p in log.describe_topic("in").partitions}
+                assert {tp.partition: o.offset for tp, o in group.items()} == {
+                    p.partition: p.log_end_offset for p in log.describe_topic("in").partitions
+                }
             best[kind] = min(best.get(kind, elapsed), elapsed)
             batches[kind] = n
             print(f"round {r + 1}: {label}: {elapsed:.2f} s, {n} micro-batches")
     base = ROWS / best["parquet"]
-    print(f"\n{ROWS:,} rows (id LONG, key STRING x1,000, value STRING 100 hex x100,000), input written in "
-          f"{written:.1f} s; Spark local[2]; best of {ROUNDS} runs each\n")
+    print(
+        f"\n{ROWS:,} rows (id LONG, key STRING x1,000, value STRING 100 hex x100,000), input written in "
+        f"{written:.1f} s; Spark local[2]; best of {ROUNDS} runs each\n"
+    )
     print("| stream copy | micro-batches | rows/s | vs parquet -> parquet |\n|---|---:|---:|---:|")
     for kind, label in COPIES.items():
         rate = ROWS / best[kind]
         print(f"| {label} | {batches[kind]} | {rate / 1e6:.2f}M | {rate / base:.2f}x |")
-    print(f"\ntransactions cost: txnlog -> txnlog runs at {best['bare'] / best['txnlog']:.2f}x of the same copy into "
-          "a bare Arrow sink")
-    detail = ", ".join(f"{op} {requests[op]:.1f}" for op in sorted(requests)
-                       if op not in ("total", "objects", "rows"))
-    print(f"storage requests per committed micro-batch (driver commit): {requests['total']:.1f} ({detail}); "
-          f"staged objects committed by reference per micro-batch: {requests['objects']:.1f}")
+    print(
+        f"\ntransactions cost: txnlog -> txnlog runs at {best['bare'] / best['txnlog']:.2f}x of the same copy into "
+        "a bare Arrow sink"
+    )
+    detail = ", ".join(f"{op} {requests[op]:.1f}" for op in sorted(requests) if op not in ("total", "objects", "rows"))
+    print(
+        f"storage requests per committed micro-batch (driver commit): {requests['total']:.1f} ({detail}); "
+        f"staged objects committed by reference per micro-batch: {requests['objects']:.1f}"
+    )

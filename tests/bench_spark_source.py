@@ -79,12 +79,7 @@ def write_data(root: Path) -> tuple[str, str]:
 
 def timed_stream(spark: Any, df: Any, checkpoint: str) -> tuple[float, int]:
     start = time.perf_counter()
-    q = (
-        df.writeStream.format("noop")
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
+    q = df.writeStream.format("noop").option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     q.awaitTermination()
     elapsed = time.perf_counter() - start
     rows = sum(p["numInputRows"] for p in q.recentProgress)
@@ -101,10 +96,7 @@ def test_bench_txnlog_stream_vs_parquet_into_noop(spark: Any, tmp_path: Path) ->
     readers = {
         "parquet": lambda: spark.readStream.schema(spark_schema).parquet(parquet_dir),
         "txnlog": lambda: (
-            spark.readStream.format("txnlog")
-            .option("topic", "bench")
-            .option("startingOffsets", "earliest")
-            .load(url)
+            spark.readStream.format("txnlog").option("topic", "bench").option("startingOffsets", "earliest").load(url)
         ),
         "txnlog (includeMetadata=false)": lambda: (
             spark.readStream.format("txnlog")
@@ -117,9 +109,7 @@ def test_bench_txnlog_stream_vs_parquet_into_noop(spark: Any, tmp_path: Path) ->
     best: dict[str, float] = {}
     for round_ in range(ROUNDS):
         for name, make in readers.items():
-            elapsed, rows = timed_stream(
-                spark, make(), str(tmp_path / f"ck-{name}-{round_}".replace(" ", "_"))
-            )
+            elapsed, rows = timed_stream(spark, make(), str(tmp_path / f"ck-{name}-{round_}".replace(" ", "_")))
             assert rows == ROWS, (name, rows)  # both sources read every row (correctness, not time)
             best[name] = min(best.get(name, elapsed), elapsed)
             print(f"round {round_ + 1}: {name}: {elapsed:.2f} s")

@@ -58,7 +58,7 @@ def _plain(log: txn_core.Log, per_ack: int) -> float:
     c, offsets = _consumer(log, f"plain-{per_ack}")
     t0 = time.perf_counter()
     for i in range(0, N, per_ack):
-        c.acknowledge(offsets[i:i + per_ack])
+        c.acknowledge(offsets[i : i + per_ack])
     dt = time.perf_counter() - t0
     if c.state().mark_delete != N:
         raise AssertionError("not everything was acknowledged")
@@ -74,7 +74,7 @@ def _transactional(log: txn_core.Log, per_ack: int, acks_per_txn: int) -> float:
     for i in range(0, N, step):
         p.begin_transaction()
         for j in range(i, min(N, i + step), per_ack):
-            c.acknowledge(offsets[j:j + per_ack], transaction=p)
+            c.acknowledge(offsets[j : j + per_ack], transaction=p)
         p.commit_transaction()
     p.wait_for_completion()
     dt = time.perf_counter() - t0
@@ -97,7 +97,9 @@ def test_acknowledgements_per_second_transactional_vs_plain(backend: str, tmp_pa
         requests = N / per_ack
         rows.append((per_ack, acks_per_txn, N / plain, requests / plain, N / txn, requests / txn, txn / plain))
     print(f"\nsubscription acknowledgements, {backend} backend, {N} records per case")
-    print(f"{'records/ack':>11} {'acks/txn':>8} | {'plain rec/s':>12} {'plain req/s':>11} | "
-          f"{'txn rec/s':>12} {'txn req/s':>10} | {'txn cost':>8}")
+    print(
+        f"{'records/ack':>11} {'acks/txn':>8} | {'plain rec/s':>12} {'plain req/s':>11} | "
+        f"{'txn rec/s':>12} {'txn req/s':>10} | {'txn cost':>8}"
+    )
     for per_ack, apt, prs, pqs, trs, tqs, ratio in rows:
         print(f"{per_ack:>11} {apt:>8} | {prs:>12,.0f} {pqs:>11,.0f} | {trs:>12,.0f} {tqs:>10,.0f} | {ratio:>7.2f}x")

@@ -49,14 +49,22 @@ class S3Server:
     endpoint: str
 
     def storage_options(self) -> dict[str, Any]:
-        return {"key": ACCESS_KEY, "secret": SECRET_KEY,
-                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
+        return {
+            "key": ACCESS_KEY,
+            "secret": SECRET_KEY,
+            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+        }
 
     def client(self) -> Any:
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
-                            aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name="us-east-1",
+        )
 
     def new_bucket(self) -> str:
         name = f"t{uuid.uuid4().hex[:12]}"
@@ -108,19 +116,55 @@ class SeaweedS3(S3Server):
 
     def start(self, timeout: float = 60) -> SeaweedS3:
         config = Path(self.dir) / "s3.json"
-        config.write_text(json.dumps({"identities": [{
-            "name": "test", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}, {
-            "name": "reader", "credentials": [{"accessKey": READ_ONLY_KEY, "secretKey": READ_ONLY_SECRET}],
-            "actions": ["Read", "List"]}]}))
-        ports = {name: free_port() for name in (
-            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-            "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")}
+        config.write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "test",
+                            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                        },
+                        {
+                            "name": "reader",
+                            "credentials": [{"accessKey": READ_ONLY_KEY, "secretKey": READ_ONLY_SECRET}],
+                            "actions": ["Read", "List"],
+                        },
+                    ]
+                }
+            )
+        )
+        ports = {
+            name: free_port()
+            for name in (
+                "master.port",
+                "master.port.grpc",
+                "volume.port",
+                "volume.port.grpc",
+                "filer.port",
+                "filer.port.grpc",
+                "s3.port",
+                "s3.port.grpc",
+                "admin.port",
+                "admin.port.grpc",
+            )
+        }
         self.metrics_port = free_port()
-        args = [weed_binary(), "mini", f"-dir={self.dir}/data", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                *[f"-{k}={v}" for k, v in ports.items()], f"-s3.config={config}", "-webdav=false",
-                "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                f"-metricsPort={self.metrics_port}", "-metricsIp=127.0.0.1"]
+        args = [
+            weed_binary(),
+            "mini",
+            f"-dir={self.dir}/data",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            *[f"-{k}={v}" for k, v in ports.items()],
+            f"-s3.config={config}",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-metricsPort={self.metrics_port}",
+            "-metricsIp=127.0.0.1",
+        ]
         self.log_path = Path(self.dir) / "weed.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -149,7 +193,7 @@ class SeaweedS3(S3Server):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
             text = r.read().decode()
         counts: Counter[str] = Counter()
-        for m in re.finditer(r'^SeaweedFS_s3_request_total\{([^}]*)\} (\S+)$', text, re.MULTILINE):
+        for m in re.finditer(r"^SeaweedFS_s3_request_total\{([^}]*)\} (\S+)$", text, re.MULTILINE):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
             if bucket is None or labels.get("bucket") == bucket:
                 counts[labels.get("type", "?")] += int(float(m.group(2)))

@@ -38,11 +38,17 @@ def main(config: dict[str, Any]) -> int:
 
     import spark_txn_source
 
-    spark = (SparkSession.builder.master(config.get("master", "local[2]")).appName("txnlog-sink-driver")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
-             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.python.filterPushdown.enabled", "true")
-             .config("spark.python.worker.reuse", "true").getOrCreate())
+    spark = (
+        SparkSession.builder.master(config.get("master", "local[2]"))
+        .appName("txnlog-sink-driver")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     spark_txn_source.register(spark)
     if config.get("probe"):
@@ -59,13 +65,19 @@ def main(config: dict[str, Any]) -> int:
     df = reader.load(config["log"]) if config.get("source") != "counter" else reader.load()
     if config.get("select"):
         df = df.selectExpr(*config["select"])
-    writer = (df.writeStream.format("txnlog").option("checkpointLocation", config["checkpoint"])
-              .option("topic", config["topic"]))
+    writer = (
+        df.writeStream.format("txnlog")
+        .option("checkpointLocation", config["checkpoint"])
+        .option("topic", config["topic"])
+    )
     for k, v in config.get("sink", {}).items():
         writer = writer.option(k, str(v))
     trigger = config.get("trigger", "availableNow")
-    writer = writer.trigger(availableNow=True) if trigger == "availableNow" else \
-        writer.trigger(processingTime=f"{float(trigger)} seconds")
+    writer = (
+        writer.trigger(availableNow=True)
+        if trigger == "availableNow"
+        else writer.trigger(processingTime=f"{float(trigger)} seconds")
+    )
     query = writer.start(config["log"])
     try:
         query.awaitTermination()
@@ -107,7 +119,7 @@ def probe_executors(spark: Any, executors: int | None = None, timeout: float = 1
     sc = spark.sparkContext
     master = sc.master
     if executors is None and master.startswith("local-cluster["):
-        executors = int(master[len("local-cluster["):].split(",")[0])
+        executors = int(master[len("local-cluster[") :].split(",")[0])
     deadline = time.monotonic() + timeout
     while executors and sc._jsc.sc().getExecutorMemoryStatus().size() < executors + 1:  # + the driver
         if time.monotonic() > deadline:
@@ -120,15 +132,20 @@ def probe_executors(spark: Any, executors: int | None = None, timeout: float = 1
 
     tasks = max(4, 4 * (executors or 1))
     seen = sorted(set(sc.parallelize(range(tasks), tasks).map(where).collect()), key=str)
-    return {"master": master, "driver_jvm": int(sc._jvm.java.lang.ProcessHandle.current().pid()),
-            "driver_cwd": os.getcwd(), "tasks": [list(t) for t in seen]}
+    return {
+        "master": master,
+        "driver_jvm": int(sc._jvm.java.lang.ProcessHandle.current().pid()),
+        "driver_cwd": os.getcwd(),
+        "tasks": [list(t) for t in seen],
+    }
 
 
 # --- used by tests ---------------------------------------------------------------------------------
 
 
-def start_driver(config: dict[str, Any], log_file: Path,
-                 env_overrides: dict[str, str | None] | None = None) -> subprocess.Popen[bytes]:
+def start_driver(
+    config: dict[str, Any], log_file: Path, env_overrides: dict[str, str | None] | None = None
+) -> subprocess.Popen[bytes]:
     """Start a driver process in a new session; its output goes to ``log_file``. ``env_overrides``: variables
     to set in the driver's environment (which its JVM, executors and Python workers inherit), None to unset."""
     env = dict(os.environ)
@@ -142,9 +159,14 @@ def start_driver(config: dict[str, Any], log_file: Path,
     env["PYSPARK_PYTHON"] = sys.executable
     out = open(log_file, "ab")  # noqa: SIM115 - handed to the child
     try:
-        return subprocess.Popen([sys.executable, str(HERE / "sink_driver.py"), json.dumps(config)],
-                                cwd=str(ROOT), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, str(HERE / "sink_driver.py"), json.dumps(config)],
+            cwd=str(ROOT),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         out.close()
 

@@ -27,9 +27,9 @@ ARROW_SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string()), ("value", pa
 def rows(start: int, end: int, keys: int) -> pa.RecordBatch:
     ids = pa.array(range(start, end), pa.int64())
     return pa.RecordBatch.from_arrays(
-        [ids, pa.array([f"k{i % keys}" for i in range(start, end)]),
-         pa.array([f"v{i}" for i in range(start, end)])],
-        schema=ARROW_SCHEMA)
+        [ids, pa.array([f"k{i % keys}" for i in range(start, end)]), pa.array([f"v{i}" for i in range(start, end)])],
+        schema=ARROW_SCHEMA,
+    )
 
 
 class CounterPartition(InputPartition):

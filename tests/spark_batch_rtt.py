@@ -106,9 +106,16 @@ def _dotted(options: dict[str, Any], prefix: str) -> dict[str, str]:
     return out
 
 
-def run(*, rtt_s: float = 0.0, batches: int = 6, rows: int = 8000, partitions: int = 4,
-        root: str | None = None, url: str | None = None, storage_options: dict[str, Any] | None = None
-        ) -> list[dict[str, Phase]]:
+def run(
+    *,
+    rtt_s: float = 0.0,
+    batches: int = 6,
+    rows: int = 8000,
+    partitions: int = 4,
+    root: str | None = None,
+    url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> list[dict[str, Phase]]:
     """Run ``batches`` micro-batches of ``rows`` rows; the phases of each, in order.
 
     By default on a local log whose requests each sleep ``rtt_s``; with ``url`` (and ``storage_options``)
@@ -135,13 +142,18 @@ def run(*, rtt_s: float = 0.0, batches: int = 6, rows: int = 8000, partitions: i
     def wrapped(target: Callable[..., Storage]) -> Callable[..., Storage]:
         return lambda *a, **k: meter.wrap(target(*a, **k))
 
-    src_opts = parse_options({"path": url, "topic": "in", "startingOffsets": "group", "consumerGroup": "cg",
-                              **extra}, streaming=True)
-    sink_opts = parse_sink_options({"path": url, "topic": "out", "consumerGroup": "cg",
-                                    "checkpointLocation": str(Path(tmp) / "chk"), **extra}, streaming=True)
+    src_opts = parse_options(
+        {"path": url, "topic": "in", "startingOffsets": "group", "consumerGroup": "cg", **extra}, streaming=True
+    )
+    sink_opts = parse_sink_options(
+        {"path": url, "topic": "out", "consumerGroup": "cg", "checkpointLocation": str(Path(tmp) / "chk"), **extra},
+        streaming=True,
+    )
     results: list[dict[str, Phase]] = []
-    with mock.patch("spark_txn_source.planning.open_storage", wrapped(open_storage)), \
-            mock.patch("spark_txn_sink.commit.open_storage", wrapped(open_storage)):
+    with (
+        mock.patch("spark_txn_source.planning.open_storage", wrapped(open_storage)),
+        mock.patch("spark_txn_sink.commit.open_storage", wrapped(open_storage)),
+    ):
         reader = TxnLogStreamReader(src_opts, None)  # type: ignore[arg-type]
         start = reader.initialOffset()
         task_storage = meter.wrap(open_storage(url, storage_options))
@@ -159,15 +171,22 @@ def run(*, rtt_s: float = 0.0, batches: int = 6, rows: int = 8000, partitions: i
                 rng = part.range
                 plog = PartitionLog(task_storage, rng.path)
                 batches_ = [b.select(["id", "key"]) for b in read_range(plog, rng)]
-                return write_staged(task_storage, ident.prefix, "out", i % partitions,
-                                    [pa.RecordBatch.from_arrays(b.columns, schema=SCHEMA) for b in batches_],
-                                    SCHEMA, tag=f"t{i}a0")
+                return write_staged(
+                    task_storage,
+                    ident.prefix,
+                    "out",
+                    i % partitions,
+                    [pa.RecordBatch.from_arrays(b.columns, schema=SCHEMA) for b in batches_],
+                    SCHEMA,
+                    tag=f"t{i}a0",
+                )
 
             with meter.phase(phases["tasks"]):
                 refs = [r for r in parallel_map(task, list(enumerate(planned))) if r is not None]
             ends = {(k, int(p)): o for k, parts in end["topics"].items() for p, o in parts.items()}
-            starts = {(k, int(p)): o for k, parts in (end.get("start") or start["topics"]).items()
-                      for p, o in parts.items()}
+            starts = {
+                (k, int(p)): o for k, parts in (end.get("start") or start["topics"]).items() for p, o in parts.items()
+            }
             position = GroupPosition(ends, starts)
             with meter.phase(phases["commit"]):
                 commit_batch(sink_opts, ident, refs, lambda _url, pos=position: pos)
@@ -178,17 +197,22 @@ def run(*, rtt_s: float = 0.0, batches: int = 6, rows: int = 8000, partitions: i
 
 
 def table(results: list[dict[str, Phase]], rtt_s: float) -> str:
-    lines = [f"| batch | {' | '.join(f'{p} req / RTT' for p in PHASES)} | latestOffset+partitions+commit req / RTT |",
-             "|---:|" + "---:|" * (len(PHASES) + 1)]
+    lines = [
+        f"| batch | {' | '.join(f'{p} req / RTT' for p in PHASES)} | latestOffset+partitions+commit req / RTT |",
+        "|---:|" + "---:|" * (len(PHASES) + 1),
+    ]
     for i, phases in enumerate(results):
         driver = [phases[p] for p in ("latestOffset", "partitions", "commit")]
         cells = [f"{phases[p].total} / {phases[p].rtt:.1f}" for p in PHASES]
-        lines.append(f"| {i} | {' | '.join(cells)} | {sum(d.total for d in driver)} / "
-                     f"{sum(d.rtt for d in driver):.1f} |")
+        lines.append(
+            f"| {i} | {' | '.join(cells)} | {sum(d.total for d in driver)} / {sum(d.rtt for d in driver):.1f} |"
+        )
     last = results[-1]
     lines.append("")
-    lines.append("requests by kind in the last batch: " + "; ".join(
-        f"{p}: {dict(sorted(last[p].requests.items()))}" for p in PHASES))
+    lines.append(
+        "requests by kind in the last batch: "
+        + "; ".join(f"{p}: {dict(sorted(last[p].requests.items()))}" for p in PHASES)
+    )
     return "\n".join(lines)
 
 

@@ -11,8 +11,17 @@ from typing import Any
 import pyarrow as pa
 
 
-def exactly_once_worker(url: str, options: dict[str, Any] | None, wid: int, stop_file: str, ack_timeout_ms: int,
-                        txn_timeout_ms: int, batch: int, pause_s: float, seed: int) -> None:
+def exactly_once_worker(
+    url: str,
+    options: dict[str, Any] | None,
+    wid: int,
+    stop_file: str,
+    ack_timeout_ms: int,
+    txn_timeout_ms: int,
+    batch: int,
+    pause_s: float,
+    seed: int,
+) -> None:
     """Consume ``in`` through the shared subscription ``work``, write each record's id to ``out`` and
     acknowledge it in the same transaction, until ``stop_file`` exists. Restarted after a SIGKILL with the
     same ``wid`` (so the same transactional id: ``init_transactions`` fences the dead predecessor)."""

@@ -53,8 +53,16 @@ def cmd(*args: str | Path, code: int = 0) -> Command:
 
 def txnlog_all(*commands: Command) -> list[Result]:
     """Run independent ``txnlog`` command lines as concurrent processes; assert their exit codes."""
-    procs = [subprocess.Popen([sys.executable, "-m", "txn_core.cli", *map(str, args)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=ENV) for args, _ in commands]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "txn_core.cli", *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        for args, _ in commands
+    ]
     results = []
     for (args, code), proc in zip(commands, procs, strict=True):
         out, err = proc.communicate(timeout=120)
@@ -117,8 +125,11 @@ def build_scenario(directory: Path) -> Path:
         p.init_transactions()
         for t in range(3):
             p.begin_transaction()
-            p.send("orders", pa.table({"id": list(range(t * 5, t * 5 + 5)), "name": [f"n{i}" for i in range(5)]}),
-                   key_column="id")
+            p.send(
+                "orders",
+                pa.table({"id": list(range(t * 5, t * 5 + 5)), "name": [f"n{i}" for i in range(5)]}),
+                key_column="id",
+            )
             if t == 1:
                 p.flush()
                 p.abort_transaction()
@@ -166,9 +177,12 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
     for noun in ("topics", "transactions", "groups", "dump", "maintenance", "demo"):
         assert noun in top.out
     assert "examples:" in top.out
-    verbs = {"topics": ["create", "list", "describe", "add-partitions", "set-retention"],
-             "transactions": ["list", "describe", "abort", "find-hanging", "expire"],
-             "groups": ["list", "describe"], "maintenance": ["snapshot", "compact", "retention", "sweep-staging"]}
+    verbs = {
+        "topics": ["create", "list", "describe", "add-partitions", "set-retention"],
+        "transactions": ["list", "describe", "abort", "find-hanging", "expire"],
+        "groups": ["list", "describe"],
+        "maintenance": ["snapshot", "compact", "retention", "sweep-staging"],
+    }
     for noun, names in verbs.items():
         r = txnlog_inprocess(capsys, noun, "--help")
         assert r.code == 0 and all(v in r.out for v in names) and f"examples:\n  txnlog {noun} " in r.out, r.out
@@ -188,8 +202,9 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
     script = shutil.which("txnlog", path=str(Path(sys.executable).parent))
     if script is None:
         pytest.skip("the txnlog console script is not installed next to this interpreter")
-    proc = subprocess.run([script, "topics", "list", str(tmp_path / "none")], capture_output=True, text=True,
-                          env=ENV, check=False)
+    proc = subprocess.run(
+        [script, "topics", "list", str(tmp_path / "none")], capture_output=True, text=True, env=ENV, check=False
+    )
     assert proc.returncode == 1
     assert proc.stderr.startswith("txnlog: error: no txnlog at")
 
@@ -197,24 +212,41 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
 # --- topics ------------------------------------------------------------------------------------
 
 
-def test_topics_create_list_describe_add_partitions_set_retention(tmp_path: Path,
-                                                                  here: Callable[..., Result]) -> None:
+def test_topics_create_list_describe_add_partitions_set_retention(tmp_path: Path, here: Callable[..., Result]) -> None:
     url = tmp_path / "new-log"
-    created = txnlog("topics", "create", url, "orders", "--partitions", "3", "--schema",
-                     "id:int64 not null,name:string,ts:timestamp[ms, UTC]", "--retention-ms", "86400000")
+    created = txnlog(
+        "topics",
+        "create",
+        url,
+        "orders",
+        "--partitions",
+        "3",
+        "--schema",
+        "id:int64 not null,name:string,ts:timestamp[ms, UTC]",
+        "--retention-ms",
+        "86400000",
+    )
     assert "created topic 'orders'" in created.out and "3 partition(s)" in created.out
     log = txn_core.open_log(str(url))
     meta = log.topics.get("orders")
     assert meta.partitions == 3 and meta.config.retention_ms == 86_400_000
-    assert meta.schema == pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string()),
-                                     ("ts", pa.timestamp("ms", tz="UTC"))])
+    assert meta.schema == pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), ("name", pa.string()), ("ts", pa.timestamp("ms", tz="UTC"))]
+    )
     with log.producer() as p:
-        p.send("orders", pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"],
-                                   "ts": pa.array([0, 1, 2], pa.timestamp("ms", tz="UTC"))}), partition=2)
+        p.send(
+            "orders",
+            pa.table(
+                {"id": [1, 2, 3], "name": ["a", "b", "c"], "ts": pa.array([0, 1, 2], pa.timestamp("ms", tz="UTC"))}
+            ),
+            partition=2,
+        )
 
     listed_json, grown, kept_json = txnlog_all(
-        cmd("topics", "list", url, "--json"), cmd("topics", "add-partitions", url, "orders", "--total", "5"),
-        cmd("topics", "set-retention", url, "orders", "--retention-bytes", "1000000", "--json"))
+        cmd("topics", "list", url, "--json"),
+        cmd("topics", "add-partitions", url, "orders", "--total", "5"),
+        cmd("topics", "set-retention", url, "orders", "--retention-bytes", "1000000", "--json"),
+    )
     # add-partitions and set-retention ran at once: each retried on the other's new version, neither is lost.
     assert "now has 5 partitions (was 3)" in grown.out
     kept = kept_json.json()
@@ -231,21 +263,43 @@ def test_topics_create_list_describe_add_partitions_set_retention(tmp_path: Path
     described = described_json.json()
     assert [d["partition"] for d in described["partition_details"]] == [2]
     assert described["partition_details"][0] | {"size_bytes": 0} == {
-        "partition": 2, "log_start_offset": 0, "log_end_offset": 3, "last_stable_offset": 3, "held_back": 0,
-        "ongoing_transactions": [], "aborted_transactions": 0, "committed_transactions": 0, "size_bytes": 0}
+        "partition": 2,
+        "log_start_offset": 0,
+        "log_end_offset": 3,
+        "last_stable_offset": 3,
+        "held_back": 0,
+        "ongoing_transactions": [],
+        "aborted_transactions": 0,
+        "committed_transactions": 0,
+        "size_bytes": 0,
+    }
     cleared = here("topics", "set-retention", url, "orders", "--retention-ms", "none")
     assert "976.6 KiB/partition" in cleared.out
     meta = txn_core.open_log(str(url)).topics.get("orders")
     assert (meta.partitions, meta.config.retention_ms, meta.config.retention_bytes) == (5, None, 1_000_000)
 
 
-def test_topics_describe_shows_the_last_stable_offset_and_open_transactions(scenario: Path,
-                                                                           here: Callable[..., Result]) -> None:
+def test_topics_describe_shows_the_last_stable_offset_and_open_transactions(
+    scenario: Path, here: Callable[..., Result]
+) -> None:
     text = txnlog("topics", "describe", scenario, "orders").out
     assert "schema:     id:int64,name:string" in text
     header, p0, p1 = text.split("\n\n")[1].splitlines()
-    assert header.split() == ["partition", "log", "start", "log", "end", "LSO", "held", "back", "open", "txns",
-                              "aborted", "committed", "size"]
+    assert header.split() == [
+        "partition",
+        "log",
+        "start",
+        "log",
+        "end",
+        "LSO",
+        "held",
+        "back",
+        "open",
+        "txns",
+        "aborted",
+        "committed",
+        "size",
+    ]
     # Partition 0: stuck was past its timeout, so describe (a reader) aborted it; its ABORT marker is offset 12.
     # Partition 1: fresh's open transaction holds the LSO at its first offset (10), one record behind it.
     assert p0.split()[:8] == ["0", "0", "13", "13", "0", "0", "2", "2"]
@@ -263,8 +317,10 @@ def test_topics_describe_shows_the_last_stable_offset_and_open_transactions(scen
 
 def test_transactions_list_describe_find_hanging_abort_expire(scenario: Path, here: Callable[..., Result]) -> None:
     listed_json, hanging, described = txnlog_all(
-        cmd("transactions", "list", scenario, "--json"), cmd("transactions", "find-hanging", scenario),
-        cmd("transactions", "describe", scenario, "stuck"))
+        cmd("transactions", "list", scenario, "--json"),
+        cmd("transactions", "find-hanging", scenario),
+        cmd("transactions", "describe", scenario, "stuck"),
+    )
     everything = here("transactions", "list", scenario, "--all")
     hanging_by_age = here("transactions", "find-hanging", scenario, "--topic", "orders", "--max-age-ms", "0", "--json")
     listed = listed_json.json()
@@ -277,12 +333,15 @@ def test_transactions_list_describe_find_hanging_abort_expire(scenario: Path, he
     assert "fresh" not in hanging.out.split("to release them")[0]
     assert f"txnlog transactions abort {scenario} stuck" in hanging.out
     assert sorted((h["transactional_id"], h["partition"], h["first_offset"]) for h in hanging_by_age.json()) == [
-        ("fresh", 1, 10), ("stuck", 0, 11)]
+        ("fresh", 1, 10),
+        ("stuck", 0, 11),
+    ]
 
     assert "Ongoing" in described.out and "topics/orders/00000" in described.out and "2 h 00 m" in described.out
 
-    aborted, expired = txnlog_all(cmd("transactions", "abort", scenario, "fresh"),
-                                  cmd("transactions", "expire", scenario, "--json"))
+    aborted, expired = txnlog_all(
+        cmd("transactions", "abort", scenario, "fresh"), cmd("transactions", "expire", scenario, "--json")
+    )
     assert "aborted transaction" in aborted.out and "'fresh'" in aborted.out and "fenced" in aborted.out
     again = here("transactions", "abort", scenario, "fresh", "--json")
     assert again.json()["aborted"] is False and again.json()["after"]["state"] == "CompleteAbort"
@@ -299,10 +358,12 @@ def test_transactions_list_describe_find_hanging_abort_expire(scenario: Path, he
 # --- groups --------------------------------------------------------------------------------------
 
 
-def test_groups_list_and_describe_lag_against_the_last_stable_offset(scenario: Path,
-                                                                     here: Callable[..., Result]) -> None:
-    listed, described_json = txnlog_all(cmd("groups", "list", scenario, "--json"),
-                                        cmd("groups", "describe", scenario, "billing", "--json"))
+def test_groups_list_and_describe_lag_against_the_last_stable_offset(
+    scenario: Path, here: Callable[..., Result]
+) -> None:
+    listed, described_json = txnlog_all(
+        cmd("groups", "list", scenario, "--json"), cmd("groups", "describe", scenario, "billing", "--json")
+    )
     text = here("groups", "describe", scenario, "billing")
     assert listed.json() == ["billing"]
     described = described_json.json()
@@ -311,8 +372,12 @@ def test_groups_list_and_describe_lag_against_the_last_stable_offset(scenario: P
     assert rows[0]["committed"] == 2 and rows[0]["last_stable_offset"] == rows[0]["log_end_offset"] >= 12
     assert rows[0]["lag"] == rows[0]["last_stable_offset"] - 2
     # partition 1: committed 0 (its start); fresh's open transaction holds the LSO at 10 < end 12.
-    assert (rows[1]["committed"], rows[1]["last_stable_offset"], rows[1]["log_end_offset"], rows[1]["lag"]) == \
-        (0, 10, 12, 10)
+    assert (rows[1]["committed"], rows[1]["last_stable_offset"], rows[1]["log_end_offset"], rows[1]["lag"]) == (
+        0,
+        10,
+        12,
+        10,
+    )
     assert described["total_lag"] == rows[0]["lag"] + 10
     assert text.out.splitlines()[0].split()[:6] == ["topic", "partition", "committed", "LSO", "log", "end"]
     assert "total lag: " in text.out
@@ -321,14 +386,35 @@ def test_groups_list_and_describe_lag_against_the_last_stable_offset(scenario: P
 # --- dump ----------------------------------------------------------------------------------------
 
 
-def test_dump_isolation_levels_control_records_ranges_and_limits(scenario: Path,
-                                                                  here: Callable[..., Result]) -> None:
+def test_dump_isolation_levels_control_records_ranges_and_limits(scenario: Path, here: Callable[..., Result]) -> None:
     committed_out, raw_out = txnlog_all(
         cmd("dump", scenario, "orders", "--partition", "1"),
-        cmd("dump", scenario, "orders", "--partition", "1", "--isolation", "read_uncommitted", "--show-control",
-            "--json"))
-    window_out = here("dump", scenario, "orders", "--partition", "1", "--from", "1", "--to", "3", "--isolation",
-                      "read_uncommitted", "--json")
+        cmd(
+            "dump",
+            scenario,
+            "orders",
+            "--partition",
+            "1",
+            "--isolation",
+            "read_uncommitted",
+            "--show-control",
+            "--json",
+        ),
+    )
+    window_out = here(
+        "dump",
+        scenario,
+        "orders",
+        "--partition",
+        "1",
+        "--from",
+        "1",
+        "--to",
+        "3",
+        "--isolation",
+        "read_uncommitted",
+        "--json",
+    )
     limited = here("dump", scenario, "orders", "--limit", "3", "--show-control")
     committed = committed_out.out.splitlines()
     assert committed[0].split() == ["partition", "offset", "timestamp", "id", "name"]
@@ -363,13 +449,20 @@ def test_dump_isolation_levels_control_records_ranges_and_limits(scenario: Path,
 
 def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Callable[..., Result]) -> None:
     log = txn_core.open_log(str(scenario))
-    ref = write_staged(log.storage, staging_prefix("cli-test", 1), "orders", 0,
-                       pa.table({"id": [1], "name": ["a"]}).to_batches(), SCHEMA)
+    ref = write_staged(
+        log.storage,
+        staging_prefix("cli-test", 1),
+        "orders",
+        0,
+        pa.table({"id": [1], "name": ["a"]}).to_batches(),
+        SCHEMA,
+    )
     assert ref is not None  # a staged object no entry references: what a failed Spark task leaves behind
     snaps, compacted, swept = txnlog_all(
         cmd("maintenance", "snapshot", scenario, "--json"),
         cmd("maintenance", "compact", scenario, "--min-age-ms", "0"),
-        cmd("maintenance", "sweep-staging", scenario, "--older-than-ms", "0", "--json"))
+        cmd("maintenance", "sweep-staging", scenario, "--older-than-ms", "0", "--json"),
+    )
     assert [(s["topic"], s["partition"]) for s in snaps.json()] == [("orders", 0), ("orders", 1)]
     assert log.storage.list(paths.buffer_snapshots(paths.partition_log_path("orders", 0)))
     assert "snapshotted 16 coordinator partitions" in compacted.out and "deleted" in compacted.out
@@ -377,16 +470,27 @@ def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Call
     assert not log.storage.exists(ref.key)
 
     # Retention: partition 1 keeps everything from fresh's open transaction on (offset 10).
-    retained = txnlog("maintenance", "retention", scenario, "--topic", "orders", "--retention-ms", "1",
-                      "--min-age-ms", "0", "--json")
+    retained = txnlog(
+        "maintenance", "retention", scenario, "--topic", "orders", "--retention-ms", "1", "--min-age-ms", "0", "--json"
+    )
     by_partition = {r["partition"]: r for r in retained.json()}
     assert by_partition[1]["new_start"] == 10 and by_partition[1]["entries_deleted"] > 0
     # stuck, past its timeout, is aborted by retention's own read bound: nothing holds partition 0 back.
     assert by_partition[0]["new_start"] >= 12
-    text = here("maintenance", "retention", scenario, "--topic", "orders", "--retention-ms", "1",
-                "--min-age-ms", "0").out
-    assert text.splitlines()[0].split() == ["topic", "partition", "old", "start", "new", "start", "entries",
-                                            "deleted", "freed"]
+    text = here(
+        "maintenance", "retention", scenario, "--topic", "orders", "--retention-ms", "1", "--min-age-ms", "0"
+    ).out
+    assert text.splitlines()[0].split() == [
+        "topic",
+        "partition",
+        "old",
+        "start",
+        "new",
+        "start",
+        "entries",
+        "deleted",
+        "freed",
+    ]
     assert text.splitlines()[2].split() == ["orders", "1", "10", "10", "0", "0", "B"]  # held by fresh's transaction
     assert "(entries younger than 0 ms and data of open transactions are kept)" in text
 
@@ -402,7 +506,8 @@ def test_demo_core_prints_a_readable_summary(tmp_path: Path) -> None:
 
 
 def test_demo_falls_back_to_the_core_demo_without_the_spark_demo(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     r = txnlog_inprocess(capsys, "demo", "--dir", tmp_path / "demo")
     assert r.code == 0 and "exactly the committed ones: True" in r.out
@@ -410,7 +515,8 @@ def test_demo_falls_back_to_the_core_demo_without_the_spark_demo(
 
 
 def test_demo_runs_the_spark_demo_when_it_is_importable(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from txn_core.cli import demo
 
     calls: list[str | None] = []
@@ -424,10 +530,12 @@ def test_demo_runs_the_spark_demo_when_it_is_importable(
 
 def test_bad_input_gives_one_clear_line_and_a_nonzero_exit(scenario: Path, tmp_path: Path) -> None:
     unknown_topic, bad_scheme, no_log, bad_flag, debug = txnlog_all(
-        cmd("topics", "describe", scenario, "nope", code=1), cmd("topics", "list", "ftp://host/log", code=1),
+        cmd("topics", "describe", scenario, "nope", code=1),
+        cmd("topics", "list", "ftp://host/log", code=1),
         cmd("groups", "list", tmp_path / "typo", code=1),
         cmd("topics", "describe", scenario, "orders", "--colour", code=2),
-        cmd("--debug", "transactions", "describe", scenario, "nobody", code=1))
+        cmd("--debug", "transactions", "describe", scenario, "nobody", code=1),
+    )
     one_error_line(unknown_topic, "unknown topic 'nope'", "existing topics: orders", "txnlog topics create")
     one_error_line(bad_scheme, "unsupported scheme 'ftp'")
     one_error_line(no_log, "no txnlog at", "check the URL")
@@ -437,43 +545,48 @@ def test_bad_input_gives_one_clear_line_and_a_nonzero_exit(scenario: Path, tmp_p
     assert debug.err.strip().splitlines()[-1].startswith("txnlog: error: unknown transactional id 'nobody'")
 
 
-@pytest.mark.parametrize(("args", "code", "fragments"), [
-    # row: the arguments after the log URL, the exit code, what the one error line must say
-    (["topics", "list", "{url}", "-o", "novalue"], 2, ["bad storage option 'novalue'", "KEY=VALUE"]),
-    (["topics", "list", "{url}", "-o", "x={bad"], 2, ["not valid JSON"]),
-    (["topics", "create", "{url}", "t", "-p", "0", "-s", "id:int64"], 2, ["expected a number > 0"]),
-    (["topics", "create", "{url}", "t", "-p", "1", "-s", "id"], 2, ["column 'id' has no type"]),
-    (["topics", "create", "{url}", "t", "-p", "1", "-s", "id:int65"], 2, ["unknown type 'int65'", "example:"]),
-    (["topics", "create", "{url}", "t", "-p", "1", "-s", "_offset:int64"], 1, ["reserved column name"]),
-    (["topics", "create", "{url}", "orders", "-p", "1", "-s", "id:int64"], 1, ["topic 'orders' already exists"]),
-    (["topics", "create", "{url}", "bad/name", "-p", "1", "-s", "id:int64"], 1, ["invalid topic name"]),
-    (["topics", "describe", "{url}", "orders", "--partition", "5"], 1, ["has no partition 5", "0..1"]),
-    (["topics", "add-partitions", "{url}", "orders", "--total", "1"], 1, ["can only grow"]),
-    (["topics", "set-retention", "{url}", "orders"], 1, ["needs --retention-ms and/or --retention-bytes"]),
-    (["topics", "set-retention", "{url}", "orders", "--retention-ms", "soon"], 2, ["expected a whole number"]),
-    (["transactions", "describe", "{url}", "nobody"], 1, ["unknown transactional id 'nobody'"]),
-    (["transactions", "abort", "{url}", "nobody"], 1, ["unknown transactional id 'nobody'"]),
-    (["transactions", "find-hanging", "{url}", "--topic", "nope"], 1, ["unknown topic 'nope'"]),
-    (["groups", "describe", "{url}", "nobody"], 1, ["unknown consumer group 'nobody'", "existing groups: billing"]),
-    (["dump", "{url}", "nope"], 1, ["unknown topic 'nope'", "existing topics: orders"]),
-    (["dump", "{url}", "orders", "--from", "5", "--to", "2"], 1, ["--to 2 is before --from 5"]),
-    (["dump", "{url}", "orders", "--from", "99"], 1, ["offset 99 is beyond the log end"]),
-    (["dump", "{url}", "orders", "--isolation", "dirty"], 2, ["invalid choice: 'dirty'"]),
-    (["dump", "{url}", "orders", "--partition", "-1"], 1, ["has no partition -1"]),
-    (["maintenance", "retention", "{url}"], 1, ["no topic has a retention setting"]),
-    (["maintenance", "snapshot", "{url}", "--topic", "nope"], 1, ["unknown topic 'nope'"]),
-    (["topics"], 2, ["topics: the following arguments are required: VERB"]),
-    ([], 2, ["the following arguments are required: COMMAND"]),
-])
-def test_bad_arguments_in_process(shared_scenario: Path, capsys: pytest.CaptureFixture[str], args: list[str],
-                                  code: int, fragments: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "code", "fragments"),
+    [
+        # row: the arguments after the log URL, the exit code, what the one error line must say
+        (["topics", "list", "{url}", "-o", "novalue"], 2, ["bad storage option 'novalue'", "KEY=VALUE"]),
+        (["topics", "list", "{url}", "-o", "x={bad"], 2, ["not valid JSON"]),
+        (["topics", "create", "{url}", "t", "-p", "0", "-s", "id:int64"], 2, ["expected a number > 0"]),
+        (["topics", "create", "{url}", "t", "-p", "1", "-s", "id"], 2, ["column 'id' has no type"]),
+        (["topics", "create", "{url}", "t", "-p", "1", "-s", "id:int65"], 2, ["unknown type 'int65'", "example:"]),
+        (["topics", "create", "{url}", "t", "-p", "1", "-s", "_offset:int64"], 1, ["reserved column name"]),
+        (["topics", "create", "{url}", "orders", "-p", "1", "-s", "id:int64"], 1, ["topic 'orders' already exists"]),
+        (["topics", "create", "{url}", "bad/name", "-p", "1", "-s", "id:int64"], 1, ["invalid topic name"]),
+        (["topics", "describe", "{url}", "orders", "--partition", "5"], 1, ["has no partition 5", "0..1"]),
+        (["topics", "add-partitions", "{url}", "orders", "--total", "1"], 1, ["can only grow"]),
+        (["topics", "set-retention", "{url}", "orders"], 1, ["needs --retention-ms and/or --retention-bytes"]),
+        (["topics", "set-retention", "{url}", "orders", "--retention-ms", "soon"], 2, ["expected a whole number"]),
+        (["transactions", "describe", "{url}", "nobody"], 1, ["unknown transactional id 'nobody'"]),
+        (["transactions", "abort", "{url}", "nobody"], 1, ["unknown transactional id 'nobody'"]),
+        (["transactions", "find-hanging", "{url}", "--topic", "nope"], 1, ["unknown topic 'nope'"]),
+        (["groups", "describe", "{url}", "nobody"], 1, ["unknown consumer group 'nobody'", "existing groups: billing"]),
+        (["dump", "{url}", "nope"], 1, ["unknown topic 'nope'", "existing topics: orders"]),
+        (["dump", "{url}", "orders", "--from", "5", "--to", "2"], 1, ["--to 2 is before --from 5"]),
+        (["dump", "{url}", "orders", "--from", "99"], 1, ["offset 99 is beyond the log end"]),
+        (["dump", "{url}", "orders", "--isolation", "dirty"], 2, ["invalid choice: 'dirty'"]),
+        (["dump", "{url}", "orders", "--partition", "-1"], 1, ["has no partition -1"]),
+        (["maintenance", "retention", "{url}"], 1, ["no topic has a retention setting"]),
+        (["maintenance", "snapshot", "{url}", "--topic", "nope"], 1, ["unknown topic 'nope'"]),
+        (["topics"], 2, ["topics: the following arguments are required: VERB"]),
+        ([], 2, ["the following arguments are required: COMMAND"]),
+    ],
+)
+def test_bad_arguments_in_process(
+    shared_scenario: Path, capsys: pytest.CaptureFixture[str], args: list[str], code: int, fragments: list[str]
+) -> None:
     r = txnlog_inprocess(capsys, *[a.replace("{url}", str(shared_scenario)) for a in args])
     assert r.code == code, r
     one_error_line(r, *fragments)
 
 
 def test_unexpected_errors_and_interrupts_are_one_line_too(
-        shared_scenario: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    shared_scenario: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from txn_core.cli import topics
 
     def boom(args: object) -> int:
@@ -495,11 +608,22 @@ def test_unexpected_errors_and_interrupts_are_one_line_too(
 def test_storage_options_nest_and_parse_values() -> None:
     from txn_core.cli.common import storage_option, storage_options
 
-    pairs = [storage_option(s) for s in ["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:9000",
-                                         "client_kwargs.region_name=eu-west-1", "max_concurrency=8", "key=abc=def"]]
-    assert storage_options(pairs) == {"anon": True, "max_concurrency": 8, "key": "abc=def",
-                                      "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000",
-                                                        "region_name": "eu-west-1"}}
+    pairs = [
+        storage_option(s)
+        for s in [
+            "anon=true",
+            "client_kwargs.endpoint_url=http://127.0.0.1:9000",
+            "client_kwargs.region_name=eu-west-1",
+            "max_concurrency=8",
+            "key=abc=def",
+        ]
+    ]
+    assert storage_options(pairs) == {
+        "anon": True,
+        "max_concurrency": 8,
+        "key": "abc=def",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"},
+    }
     assert storage_options([]) is None
     with pytest.raises(txn_core.ConfigurationError, match=r"'anon\.x' conflicts with 'anon'"):
         storage_options([("anon", True), ("anon.x", 1)])
@@ -511,8 +635,10 @@ def test_storage_options_nest_and_parse_values() -> None:
 
 
 def test_schema_specs_round_trip() -> None:
-    spec = ("a:int64 not null,b:string,c:timestamp[us, UTC],d:decimal(10, 2),e:list<int32>,"
-            "f:struct<x:int64,y:list<string>>,g:map<string, int64>,h:date32,i:float32,j:duration[ms]")
+    spec = (
+        "a:int64 not null,b:string,c:timestamp[us, UTC],d:decimal(10, 2),e:list<int32>,"
+        "f:struct<x:int64,y:list<string>>,g:map<string, int64>,h:date32,i:float32,j:duration[ms]"
+    )
     schema = parse_schema(spec)
     assert format_schema(schema) == spec
     assert parse_schema(format_schema(schema)) == schema
@@ -521,9 +647,19 @@ def test_schema_specs_round_trip() -> None:
 
 def test_tables_durations_sizes() -> None:
     assert render_table(["name", "n"], [["a", 1], ["bbb", 100], ["c", None]]).splitlines() == [
-        "name    n", "a       1", "bbb   100", "c       -"]
+        "name    n",
+        "a       1",
+        "bbb   100",
+        "c       -",
+    ]
     assert [format_duration(v) for v in (None, 5, 12_300, 302_000, 11_040_000, 2 * 86_400_000 + 3_600_000)] == [
-        "-", "5 ms", "12.3 s", "5 m 02 s", "3 h 04 m", "2 d 01 h"]
+        "-",
+        "5 ms",
+        "12.3 s",
+        "5 m 02 s",
+        "3 h 04 m",
+        "2 d 01 h",
+    ]
     assert [format_bytes(v) for v in (812, 3277, 5 << 30)] == ["812 B", "3.2 KiB", "5.0 GiB"]
 
 
@@ -561,8 +697,16 @@ def test_transactions_abort_one_partitions_hanging_transaction(tmp_path: Path, h
     p.flush()
     raw = encode_arrow([pa.record_batch({"id": [2], "name": ["b"]})], SCHEMA)
     log.partition_log(paths.partition_log_path("t", 1)).append(
-        EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, producer_id=p.producer_id,
-        producer_epoch=p.epoch, base_sequence=0, txn=p.transaction_id)
+        EntryKind.DATA,
+        [memoryview(raw)],
+        len(raw),
+        crc32(raw),
+        1,
+        producer_id=p.producer_id,
+        producer_epoch=p.epoch,
+        base_sequence=0,
+        txn=p.transaction_id,
+    )
     txn = str(p.transaction_id)
     p.commit_transaction()
     p.close()
@@ -575,20 +719,29 @@ def test_transactions_abort_one_partitions_hanging_transaction(tmp_path: Path, h
     one_error_line(bad, "--topic, --partition and --txn")
 
 
-def test_json_output_is_strict_json_for_nan_and_infinities(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_output_is_strict_json_for_nan_and_infinities(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"file://{tmp_path}/log"
     with txn_core.open_log(url) as log:
         log.create_topic("floats", 1, pa.schema([("x", pa.float64()), ("y", pa.float32())]))
         with log.producer() as producer:
-            producer.send("floats", pa.table({"x": [float("nan"), float("inf"), -float("inf"), 1.5],
-                                              "y": pa.array([float("-inf"), None, 0.0, float("nan")],
-                                                            pa.float32())}))
+            producer.send(
+                "floats",
+                pa.table(
+                    {
+                        "x": [float("nan"), float("inf"), -float("inf"), 1.5],
+                        "y": pa.array([float("-inf"), None, 0.0, float("nan")], pa.float32()),
+                    }
+                ),
+            )
     out = txnlog_inprocess(capsys, "dump", url, "floats", "--json").out
 
     def strict(token: str) -> None:
         raise ValueError(f"not RFC 8259 JSON: {token}")
 
     rows = [json.loads(line, parse_constant=strict) for line in out.splitlines()]
-    assert [(r["x"], r["y"]) for r in rows] == [("NaN", "-Infinity"), ("Infinity", None),
-                                                 ("-Infinity", 0.0), (1.5, "NaN")]
+    assert [(r["x"], r["y"]) for r in rows] == [
+        ("NaN", "-Infinity"),
+        ("Infinity", None),
+        ("-Infinity", 0.0),
+        (1.5, "NaN"),
+    ]

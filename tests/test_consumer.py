@@ -88,14 +88,17 @@ def test_auto_offset_reset_latest(log: txn_core.Log) -> None:
     assert c.poll().column("id").to_pylist() == [999]
 
 
-@pytest.mark.parametrize(("call", "fragment"), [
-    (lambda lg: lg.consumer(isolation_level="dirty"), "isolation_level must be one of"),
-    (lambda lg: lg.consumer(auto_offset_reset="middle"), "auto_offset_reset must be one of"),
-    (lambda lg: lg.consumer().assign([("t", 7)]), "partition 7 does not exist"),
-    (lambda lg: lg.consumer().poll(), "no partitions assigned"),
-    (lambda lg: lg.consumer().commit(), "needs a consumer with a group_id"),
-    (lambda lg: lg.consumer("bad/group"), "invalid group name"),
-])
+@pytest.mark.parametrize(
+    ("call", "fragment"),
+    [
+        (lambda lg: lg.consumer(isolation_level="dirty"), "isolation_level must be one of"),
+        (lambda lg: lg.consumer(auto_offset_reset="middle"), "auto_offset_reset must be one of"),
+        (lambda lg: lg.consumer().assign([("t", 7)]), "partition 7 does not exist"),
+        (lambda lg: lg.consumer().poll(), "no partitions assigned"),
+        (lambda lg: lg.consumer().commit(), "needs a consumer with a group_id"),
+        (lambda lg: lg.consumer("bad/group"), "invalid group name"),
+    ],
+)
 def test_bad_consumer_calls(log: txn_core.Log, call: object, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         call(log)  # type: ignore[operator]

@@ -42,15 +42,17 @@ def build(url: str, sizes: list[int], bad: int, fault: str, partition: int = 0, 
             ref = write_staged(log.storage, staging_prefix("test", uuid.uuid4().hex), "t", partition, [rows], SCHEMA)
             assert ref is not None
             payload = reference_payload(ref)
-            result = plog.append(EntryKind.DATA_REF, payload, len(payload), crc32(payload), n,
-                                 producer_id=7, base_sequence=sequence)
+            result = plog.append(
+                EntryKind.DATA_REF, payload, len(payload), crc32(payload), n, producer_id=7, base_sequence=sequence
+            )
             log.storage.delete(ref.key)
         else:
             if fault == "gap" and i == bad:
                 sequence += 5  # a batch of this producer is missing before this entry
             payload = encode_arrow([rows], SCHEMA).to_pybytes()
-            result = plog.append(EntryKind.DATA, payload, len(payload), crc32(payload), n,
-                                 producer_id=7, base_sequence=sequence)
+            result = plog.append(
+                EntryKind.DATA, payload, len(payload), crc32(payload), n, producer_id=7, base_sequence=sequence
+            )
             if fault == "corrupt" and i == bad:
                 path = Path(url.removeprefix("file://")) / result_key(plog, result.slot)
                 data = bytearray(path.read_bytes())
@@ -82,11 +84,15 @@ def read_until_error(consumer: txn_core.Consumer, budgets: list[int]) -> tuple[l
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sizes=st.lists(st.integers(1, 5), min_size=2, max_size=7), data=st.data(),
-       fault=st.sampled_from(FAULTS), budgets=st.lists(st.integers(1, 9), min_size=1, max_size=4))
-def test_polls_return_everything_before_an_error_and_stop_on_it(tmp_path_factory: pytest.TempPathFactory,
-                                                                 sizes: list[int], data: st.DataObject,
-                                                                 fault: str, budgets: list[int]) -> None:
+@given(
+    sizes=st.lists(st.integers(1, 5), min_size=2, max_size=7),
+    data=st.data(),
+    fault=st.sampled_from(FAULTS),
+    budgets=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+)
+def test_polls_return_everything_before_an_error_and_stop_on_it(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], data: st.DataObject, fault: str, budgets: list[int]
+) -> None:
     bad = data.draw(st.integers(1 if fault == "gap" else 0, len(sizes) - 1))
     url = f"file://{tmp_path_factory.mktemp('log')}/log"
     bases = build(url, sizes, bad, fault)

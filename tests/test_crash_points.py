@@ -25,8 +25,8 @@ from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
 PARTITIONS = 3
-BASE = list(range(0, 30))          # committed before the crash
-TXN = list(range(1000, 1030))      # the transaction that crashes
+BASE = list(range(0, 30))  # committed before the crash
+TXN = list(range(1000, 1030))  # the transaction that crashes
 TID = "crashy"
 
 SETUP_TXN: dict[str, object] = {}
@@ -90,8 +90,11 @@ def _count_ops(action: Callable[[txn_core.Log], None]) -> int:
 def _commit_decided(inner: Storage, clock: FakeClock) -> bool:
     """Whether the crashed transaction's PrepareCommit record landed."""
     st = txn_core.Log(inner, clock=clock).coordinator.state(TID)
-    return st is not None and st.txn != SETUP_TXN["txn"] and st.state in (
-        CoordinatorState.PREPARE_COMMIT, CoordinatorState.COMPLETE_COMMIT)
+    return (
+        st is not None
+        and st.txn != SETUP_TXN["txn"]
+        and st.state in (CoordinatorState.PREPARE_COMMIT, CoordinatorState.COMPLETE_COMMIT)
+    )
 
 
 def _check_recovered(inner: Storage, clock: FakeClock, expect_commit: bool | None, recover: str) -> None:

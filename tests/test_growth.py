@@ -16,10 +16,17 @@ HOUR = 3600 * 1000
 
 
 def append(log: txn_core.Log, producer_id: int, sequence: int, ts: int) -> None:
-    payload = encode_arrow([pa.record_batch([pa.array([producer_id], pa.int64())], schema=SCHEMA)],
-                           SCHEMA).to_pybytes()
-    log.partition_log("topics/t/00000").append(EntryKind.DATA, payload, len(payload), crc32(payload), 1,
-                                               producer_id=producer_id, base_sequence=sequence, timestamp_ms=ts)
+    payload = encode_arrow([pa.record_batch([pa.array([producer_id], pa.int64())], schema=SCHEMA)], SCHEMA).to_pybytes()
+    log.partition_log("topics/t/00000").append(
+        EntryKind.DATA,
+        payload,
+        len(payload),
+        crc32(payload),
+        1,
+        producer_id=producer_id,
+        base_sequence=sequence,
+        timestamp_ms=ts,
+    )
 
 
 def producers(log: txn_core.Log) -> list[int]:

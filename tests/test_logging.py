@@ -32,8 +32,9 @@ def run(script: str, *args: str, level: str | None) -> subprocess.CompletedProce
     env = {k: v for k, v in os.environ.items() if k != "TXNLOG_LOG_LEVEL"}
     if level is not None:
         env["TXNLOG_LOG_LEVEL"] = level
-    return subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=True)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
 
 
 def test_module_loggers_live_under_txnlog() -> None:
@@ -45,7 +46,9 @@ def test_module_loggers_live_under_txnlog() -> None:
 
 def test_levels_parse_per_logger_and_bad_levels_are_named() -> None:
     assert parse_levels("INFO,txnlog.storage.requests=debug") == {
-        "txnlog": logging.INFO, "txnlog.storage.requests": logging.DEBUG}
+        "txnlog": logging.INFO,
+        "txnlog.storage.requests": logging.DEBUG,
+    }
     with pytest.raises(ValueError, match="'LOUD' is not a log level"):
         parse_levels("LOUD")
 

@@ -31,8 +31,6 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
     return open_storage(location.url, location.storage_options)
 
 
-
-
 def _entries(log: txn_core.Log, clock: FakeClock, n: int, start: int = 0) -> None:
     p = log.producer()
     for i in range(start, start + n):

@@ -30,8 +30,13 @@ def _run(location: Any, tmp_path: Path, jobs: list[tuple[Any, tuple[Any, ...]]])
 
 def test_concurrent_transactional_producers_with_aborts(shared_location: Any, tmp_path: Path) -> None:
     start = time.time() + 4
-    jobs = [(workers.transactional_copier, (shared_location.url, shared_location.storage_options, "t", f"tx-{w}",
-                                            w, 12, 9, 3, start)) for w in range(3)]
+    jobs = [
+        (
+            workers.transactional_copier,
+            (shared_location.url, shared_location.storage_options, "t", f"tx-{w}", w, 12, 9, 3, start),
+        )
+        for w in range(3)
+    ]
     outs, seen = _run(shared_location, tmp_path, jobs)
     committed = {i for o in outs for i in o["committed"]}
     aborted = {i for o in outs for i in o["aborted"]}
@@ -42,8 +47,10 @@ def test_concurrent_transactional_producers_with_aborts(shared_location: Any, tm
 
 def test_two_producers_racing_on_one_transactional_id(shared_location: Any, tmp_path: Path) -> None:
     start = time.time() + 4
-    jobs = [(workers.fencing_worker, (shared_location.url, shared_location.storage_options, "t", "shared-id",
-                                      w, 10, start)) for w in range(2)]
+    jobs = [
+        (workers.fencing_worker, (shared_location.url, shared_location.storage_options, "t", "shared-id", w, 10, start))
+        for w in range(2)
+    ]
     outs, seen = _run(shared_location, tmp_path, jobs)
     committed = {i for o in outs for i in o["committed"]}
     fenced = {i for o in outs for i in o["fenced"]}
@@ -56,10 +63,20 @@ def test_two_producers_racing_on_one_transactional_id(shared_location: Any, tmp_
 @pytest.mark.chaos
 def test_many_producers_and_readers_for_longer(shared_location: Any, tmp_path: Path) -> None:
     start = time.time() + 5
-    jobs = [(workers.transactional_copier, (shared_location.url, shared_location.storage_options, "t", f"tx-{w}",
-                                            w, 40, 17, 4, start)) for w in range(4)]
-    jobs += [(workers.fencing_worker, (shared_location.url, shared_location.storage_options, "t", "shared",
-                                       10 + w, 25, start)) for w in range(2)]
+    jobs = [
+        (
+            workers.transactional_copier,
+            (shared_location.url, shared_location.storage_options, "t", f"tx-{w}", w, 40, 17, 4, start),
+        )
+        for w in range(4)
+    ]
+    jobs += [
+        (
+            workers.fencing_worker,
+            (shared_location.url, shared_location.storage_options, "t", "shared", 10 + w, 25, start),
+        )
+        for w in range(2)
+    ]
     outs, seen = _run(shared_location, tmp_path, jobs)
     committed = {i for o in outs for i in o["committed"]}
     assert len(seen) == len(set(seen))

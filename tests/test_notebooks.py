@@ -25,8 +25,9 @@ def execute(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     copy = tmp_path / name
     shutil.copy(NOTEBOOKS / name, copy)
     nb = nbformat.read(copy, as_version=4)
-    NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     texts, kinds = [], []
     for cell in nb.cells:
         for out in cell.get("outputs", []):
@@ -38,8 +39,15 @@ def execute(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     return "".join(texts), kinds
 
 
-@pytest.mark.parametrize("name", ["01_transactions.ipynb", "02_spark_exactly_once.ipynb", "03_operations.ipynb",
-                                  "04_spark_sql_and_aggregations.ipynb"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "01_transactions.ipynb",
+        "02_spark_exactly_once.ipynb",
+        "03_operations.ipynb",
+        "04_spark_sql_and_aggregations.ipynb",
+    ],
+)
 def test_notebooks_are_committed_without_outputs(name: str) -> None:
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nbformat.validate(nb)

@@ -79,9 +79,13 @@ def test_multiprocess_appenders_never_collide_or_lose_an_append(shared_location:
     start_at = time.time() + 3.0
     workers_n, batches, rows = 4, 12, 7
     with ctx.Pool(workers_n) as pool:
-        results = pool.starmap(workers.append_rows, [
-            (shared_location.url, shared_location.storage_options, "mp", w, batches, rows, start_at)
-            for w in range(workers_n)])
+        results = pool.starmap(
+            workers.append_rows,
+            [
+                (shared_location.url, shared_location.storage_options, "mp", w, batches, rows, start_at)
+                for w in range(workers_n)
+            ],
+        )
     ranges = sorted(r for res in results for r in res)
     assert len(ranges) == workers_n * batches
     expected = 0

@@ -68,14 +68,17 @@ def test_without_key_or_partition_sends_spread_over_partitions() -> None:
     assert sorted(parts) == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
-@pytest.mark.parametrize(("data", "fragment"), [
-    (pa.table({"id": [1]}), "column 'key' (string) is missing"),
-    (pa.table({"id": ["x"], "key": ["a"]}), "column 'id' has type string, the topic expects int64"),
-    (pa.table({"id": [1], "key": ["a"], "extra": [1.0]}), "column 'extra' is not in the topic schema"),
-    ([{"id": 1, "key": "a", "oops": 2}], "column 'oops' is not in the topic schema"),
-    ([{"id": "not-a-number", "key": "a"}], "does not match the schema"),
-    ("a string", "pass a pyarrow.RecordBatch"),
-])
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (pa.table({"id": [1]}), "column 'key' (string) is missing"),
+        (pa.table({"id": ["x"], "key": ["a"]}), "column 'id' has type string, the topic expects int64"),
+        (pa.table({"id": [1], "key": ["a"], "extra": [1.0]}), "column 'extra' is not in the topic schema"),
+        ([{"id": 1, "key": "a", "oops": 2}], "column 'oops' is not in the topic schema"),
+        ([{"id": "not-a-number", "key": "a"}], "does not match the schema"),
+        ("a string", "pass a pyarrow.RecordBatch"),
+    ],
+)
 def test_schema_mismatch_is_reported_before_anything_is_written(data: object, fragment: str) -> None:
     log = _log()
     p = log.producer()
@@ -158,8 +161,15 @@ def _raw_append(log: txn_core.Log, ids: list[int], pid: int, epoch: int, seq: in
     payload = encode_arrow([pa.record_batch({"id": ids, "key": ["x"] * len(ids)})], SCHEMA)
     view = memoryview(payload)
     log.partition_log(paths.partition_log_path("t", 0)).append(
-        EntryKind.DATA, [view], len(view), crc32(view), len(ids), producer_id=pid, producer_epoch=epoch,
-        base_sequence=seq)
+        EntryKind.DATA,
+        [view],
+        len(view),
+        crc32(view),
+        len(ids),
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+    )
 
 
 def test_a_duplicate_entry_with_an_old_sequence_is_not_visible() -> None:

@@ -48,8 +48,7 @@ def send(p: txn_core.Producer, values: list[int]) -> None:
 
 def raw_append(log: txn_core.Log, values: list[int], **kw: object) -> None:
     raw = encode_arrow([pa.record_batch({"id": values})], SCHEMA)
-    log.partition_log(PATH).append(EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), len(values),
-                                   **kw)  # type: ignore[arg-type]
+    log.partition_log(PATH).append(EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), len(values), **kw)  # type: ignore[arg-type]
 
 
 def oracle(log: txn_core.Log, start: int, end: int, isolation: str = READ_COMMITTED) -> list[int]:
@@ -69,8 +68,7 @@ def oracle(log: txn_core.Log, start: int, end: int, isolation: str = READ_COMMIT
     return out
 
 
-def planned(log: txn_core.Log, start: int, end: int, isolation: str = READ_COMMITTED,
-            pieces: int = 1) -> list[int]:
+def planned(log: txn_core.Log, start: int, end: int, isolation: str = READ_COMMITTED, pieces: int = 1) -> list[int]:
     """Ids read_range delivers: planned on one Log (driver), read on a fresh one (worker)."""
     state = log.partition_state(PATH, shared=False)
     rng = plan_range(state, "t", 0, start, end, isolation)
@@ -138,8 +136,14 @@ class Scenario:
                 successor = txn_core.Log(log.storage, clock=clock).producer(p.transactional_id)
                 successor.init_transactions()
                 late = -next(next_id)
-                raw_append(log, [late], producer_id=p.producer_id, producer_epoch=p.epoch,
-                           base_sequence=1000 + step, txn=p.transaction_id)
+                raw_append(
+                    log,
+                    [late],
+                    producer_id=p.producer_id,
+                    producer_epoch=p.epoch,
+                    base_sequence=1000 + step,
+                    txn=p.transaction_id,
+                )
                 self.aborted.update([*sent, late])
             elif action == "tick":
                 clock.now += 1_500
@@ -171,8 +175,14 @@ def test_a_zombie_write_after_an_abort_marker_is_never_delivered() -> None:
     successor = txn_core.Log(log.storage).producer("z")
     successor.init_transactions()  # aborts the zombie's transaction: its marker lands in the partition
     marker_end = log.partition_log(PATH).end_offset()
-    raw_append(log, [-2], producer_id=zombie.producer_id, producer_epoch=zombie.epoch, base_sequence=7,
-               txn=zombie.transaction_id)
+    raw_append(
+        log,
+        [-2],
+        producer_id=zombie.producer_id,
+        producer_epoch=zombie.epoch,
+        base_sequence=7,
+        txn=zombie.transaction_id,
+    )
     send(log.producer(), [3])
     bound = available_end(log.partition_state(PATH, shared=False), READ_COMMITTED)
     # A range that starts after the abort marker still must not deliver the zombie's write.
@@ -220,8 +230,9 @@ def test_entries_removed_by_retention_are_data_loss_unless_accepted() -> None:
     # Retention: a new log start at slot 2 / offset 4, and the first two entries deleted.
     from txn_core import envelope
 
-    envelope.create_json(log.storage, paths.log_start(PATH) + paths.slot_name(2),
-                         envelope.ObjectKind.LOG_START, {"slot": 2, "offset": 4})
+    envelope.create_json(
+        log.storage, paths.log_start(PATH) + paths.slot_name(2), envelope.ObjectKind.LOG_START, {"slot": 2, "offset": 4}
+    )
     for slot in (0, 1):
         log.storage.delete(log.partition_log(PATH).entries.key(slot))
     worker = txn_core.Log(log.storage).partition_log(PATH)

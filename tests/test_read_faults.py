@@ -138,14 +138,13 @@ def test_a_consumer_catching_up_survives_a_bad_read_anywhere(written: tuple[str,
             assert got == committed, (fault, at)
             continue
         assert fault != "slow", f"a slow read is not an error: {error!r}"
-        assert got == committed[:len(got)], (fault, at, "only committed records, in order, none twice")
+        assert got == committed[: len(got)], (fault, at, "only committed records, in order, none twice")
         rest, _, again = consume(txn_core.open_log(url), position)  # the caller retries from its position
         assert again is None and got + rest == committed, (fault, at)
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_planning_and_reading_a_range_survive_a_bad_read_anywhere(written: tuple[str, list[int]],
-                                                                   fault: str) -> None:
+def test_planning_and_reading_a_range_survive_a_bad_read_anywhere(written: tuple[str, list[int]], fault: str) -> None:
     url, committed = written
     for at in range(reads_of(url, planned)):
         try:

@@ -75,15 +75,25 @@ def test_a_log_on_a_read_only_mount_reads_fully(tmp_path: Path) -> None:
     before = listing(source)
     with read_only_bind_mount(source, tmp_path / "ro") as ro:
         assert read_everything(f"file://{ro}") == list(range(11)), "committed only, every one"
-        cli = subprocess.run([sys.executable, "-m", "txn_core.cli", "topics", "describe", str(ro), "t"],
-                             capture_output=True, text=True, check=False)
+        cli = subprocess.run(
+            [sys.executable, "-m", "txn_core.cli", "topics", "describe", str(ro), "t"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert cli.returncode == 0, cli.stderr
-        dump = subprocess.run([sys.executable, "-m", "txn_core.cli", "dump", str(ro), "t", "--json"],
-                              capture_output=True, text=True, check=False)
+        dump = subprocess.run(
+            [sys.executable, "-m", "txn_core.cli", "dump", str(ro), "t", "--json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert dump.returncode == 0, dump.stderr
         assert "probably a bug" not in dump.stderr
-        with txn_core.open_log(f"file://{ro}", create=False) as log, \
-                pytest.raises(StoragePermissionError, match="refuses writes for want of permission"):
+        with (
+            txn_core.open_log(f"file://{ro}", create=False) as log,
+            pytest.raises(StoragePermissionError, match="refuses writes for want of permission"),
+        ):
             producer = log.producer()
             producer.send("t", pa.table({"id": [1]}, schema=SCHEMA), partition=0)
             producer.flush()
@@ -95,8 +105,12 @@ def test_a_mistyped_path_is_a_clear_error_that_creates_nothing(tmp_path: Path) -
     with pytest.raises(ConfigurationError, match="no txnlog at"):
         txn_core.open_log(f"file://{missing}", create=False)
     assert not missing.exists()
-    cli = subprocess.run([sys.executable, "-m", "txn_core.cli", "topics", "list", str(missing)],
-                         capture_output=True, text=True, check=False)
+    cli = subprocess.run(
+        [sys.executable, "-m", "txn_core.cli", "topics", "list", str(missing)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert cli.returncode != 0 and "no txnlog at" in cli.stderr
     assert not missing.exists()
 
@@ -120,8 +134,11 @@ def test_read_only_s3_credentials_read_fully(seaweed_s3: Any) -> None:
     seaweed_s3.shared_bucket = bucket
     url = f"s3://{bucket}/ro-{uuid.uuid4().hex[:8]}"
     make_log(url, seaweed_s3.storage_options())
-    reader = {"key": READ_ONLY_KEY, "secret": READ_ONLY_SECRET,
-              "client_kwargs": {"endpoint_url": seaweed_s3.endpoint, "region_name": "us-east-1"}}
+    reader = {
+        "key": READ_ONLY_KEY,
+        "secret": READ_ONLY_SECRET,
+        "client_kwargs": {"endpoint_url": seaweed_s3.endpoint, "region_name": "us-east-1"},
+    }
     client = seaweed_s3.client()
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=url.split("/", 3)[3])["Contents"])
     assert read_everything(url, reader) == list(range(11))

@@ -49,8 +49,9 @@ def test_every_readme_example_runs(tmp_path: Path) -> None:
     script = tmp_path / "readme_examples.py"
     script.write_text(relocate("\n\n".join(blocks("python")), tmp_path))
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONWARNINGS": "ignore"}
-    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         check=False, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=600
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     for job in blocks("python", jobs=True):
         run_job(job, tmp_path, env)
@@ -76,8 +77,13 @@ def run_job(source: str, root: Path, env: dict[str, str]) -> None:
     log_url = str(root / Path(PATHS[1]).name)
     output = root / f"{name}.log"
     with output.open("w") as out:
-        proc = subprocess.Popen([sys.executable, name, log_url, str(root / "job-checkpoint")], cwd=root,
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, name, log_url, str(root / "job-checkpoint")],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 300
         log = txn_core.open_log(log_url)

@@ -254,13 +254,30 @@ def test_read_ahead_returns_slots_in_order_and_raises_at_the_damaged_one() -> No
 
 def test_s3_options_map_to_obstore_or_keep_s3fs(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws here
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SHARED_CREDENTIALS_FILE",
-                 "AWS_CONFIG_FILE"):
+    for name in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_CONFIG_FILE",
+    ):
         monkeypatch.delenv(name, raising=False)
-    cfg = obstore_config({"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000",
-                                                                      "region_name": "eu-west-1"}})
-    assert cfg == {"config": {"access_key_id": "k", "secret_access_key": "s", "endpoint": "http://127.0.0.1:9000",
-                              "region": "eu-west-1"}, "client_options": {"allow_http": True}}
+    cfg = obstore_config(
+        {
+            "key": "k",
+            "secret": "s",
+            "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"},
+        }
+    )
+    assert cfg == {
+        "config": {
+            "access_key_id": "k",
+            "secret_access_key": "s",
+            "endpoint": "http://127.0.0.1:9000",
+            "region": "eu-west-1",
+        },
+        "client_options": {"allow_http": True},
+    }
     assert obstore_config({"anon": True}) == {"config": {"skip_signature": True}, "client_options": {}}
     assert obstore_config({"profile": "analytics"}) is None  # an s3fs-only setting: s3fs serves the URL
     assert obstore_config({"client_kwargs": {"verify": False}}) is None

@@ -44,11 +44,17 @@ GROUP = "copier"
 TRANSACTIONAL_ID = f"spark-sink-group-{GROUP}"  # the sink's default with consumerGroup
 #: The driver's environment: credentials and an endpoint that do not work, so only storage.* options can.
 HOSTILE_ENV: dict[str, str | None] = {
-    "AWS_ACCESS_KEY_ID": "not-the-key", "AWS_SECRET_ACCESS_KEY": "not-the-secret",
-    "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9",
-    "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-    "AWS_EC2_METADATA_DISABLED": "true", "AWS_PROFILE": None, "AWS_SESSION_TOKEN": None,
-    "AWS_DEFAULT_REGION": None, "AWS_REGION": None,
+    "AWS_ACCESS_KEY_ID": "not-the-key",
+    "AWS_SECRET_ACCESS_KEY": "not-the-secret",
+    "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9",
+    "AWS_CONFIG_FILE": "/nonexistent",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_PROFILE": None,
+    "AWS_SESSION_TOKEN": None,
+    "AWS_DEFAULT_REGION": None,
+    "AWS_REGION": None,
 }
 
 
@@ -66,9 +72,15 @@ def storage_flags(options: dict[str, Any], prefix: str = "storage.") -> dict[str
 
 def copy_config(location: LogLocation, chk: Path, **kw: Any) -> dict[str, Any]:
     flags = storage_flags(location.storage_options or {})
-    base = {"log": location.url, "checkpoint": str(chk), "source": "txnlog", "input": "in", "topic": "out",
-            "read": {"startingOffsets": "earliest", "maxOffsetsPerTrigger": 600, **flags},
-            "sink": {"partitions": 2, "keyColumn": "key", "consumerGroup": GROUP, **flags}}
+    base = {
+        "log": location.url,
+        "checkpoint": str(chk),
+        "source": "txnlog",
+        "input": "in",
+        "topic": "out",
+        "read": {"startingOffsets": "earliest", "maxOffsetsPerTrigger": 600, **flags},
+        "sink": {"partitions": 2, "keyColumn": "key", "consumerGroup": GROUP, **flags},
+    }
     base.update(kw)
     return base
 
@@ -97,8 +109,7 @@ def kill_in_commit(log: txn_core.Log, cfg: dict[str, Any], chk: Path, log_file: 
     """Run until the sink has decided ``batch`` (PrepareCommit durable) and SIGKILL the whole driver there."""
     cfg = {**cfg, "sink": {**cfg["sink"], "testing.fault": f"after_prepare:kill@{batch}"}}
     code = wait_driver(start_driver(cfg, log_file, HOSTILE_ENV), timeout=600)
-    assert code == -9, f"the driver was not killed in commit({batch}): " + \
-        log_file.read_text(errors="replace")[-4000:]
+    assert code == -9, f"the driver was not killed in commit({batch}): " + log_file.read_text(errors="replace")[-4000:]
     progress = log.transaction_metadata(TRANSACTIONAL_ID)
     assert progress is not None and progress["batch_id"] == batch, "the batch was decided before the kill"
     assert not (chk / "commits" / str(batch)).exists(), "but Spark never recorded it: the restart replays it"
@@ -113,10 +124,16 @@ def new_input(location: LogLocation, txns: int) -> tuple[txn_core.Log, InputProd
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("backend", [pytest.param("seaweedfs", marks=[pytest.mark.chaos, pytest.mark.seaweedfs]),
-                                     pytest.param("latency", marks=pytest.mark.latency)])
-def test_copy_on_s3_killed_mid_stream_and_in_a_commit_is_exactly_once(request: pytest.FixtureRequest,
-                                                                      tmp_path: Path, backend: str) -> None:
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("seaweedfs", marks=[pytest.mark.chaos, pytest.mark.seaweedfs]),
+        pytest.param("latency", marks=pytest.mark.latency),
+    ],
+)
+def test_copy_on_s3_killed_mid_stream_and_in_a_commit_is_exactly_once(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
     """On SeaweedFS as it is, and (latency tier) behind 25 ms of added round-trip time, where every
     request of the driver, the tasks and the commit answers late."""
     rng = random.Random(20261121)
@@ -146,23 +163,31 @@ def test_copy_on_s3_killed_mid_stream_and_in_a_commit_is_exactly_once(request: p
 @pytest.mark.spark
 @pytest.mark.cluster
 def test_copy_with_executors_in_separate_processes_killed_in_a_commit_is_exactly_once(
-        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     location = make_location("seaweedfs", request, tmp_path)
     log, producer = new_input(location, 24)
     chk = tmp_path / "chk"
     base = copy_config(location, chk, master="local-cluster[2,1,1024]")
     kill_in_commit(log, {**base, "probe": True}, chk, tmp_path / "driver-1.log", batch=2)
-    probe_lines = [line for line in (tmp_path / "driver-1.log").read_text(errors="replace").splitlines()
-                   if line.startswith("PROBE ")]
+    probe_lines = [
+        line
+        for line in (tmp_path / "driver-1.log").read_text(errors="replace").splitlines()
+        if line.startswith("PROBE ")
+    ]
     assert probe_lines, "the driver printed where its tasks ran"
-    probe = json.loads(probe_lines[0][len("PROBE "):])
+    probe = json.loads(probe_lines[0][len("PROBE ") :])
     jvms = {t[0] for t in probe["tasks"]}
-    assert len(jvms) == 2 and probe["driver_jvm"] not in jvms and None not in jvms, \
+    assert len(jvms) == 2 and probe["driver_jvm"] not in jvms and None not in jvms, (
         f"tasks ran in two executor JVMs, not the driver's: {probe}"
-    assert all(t[2] != probe["driver_cwd"] for t in probe["tasks"]), \
+    )
+    assert all(t[2] != probe["driver_cwd"] for t in probe["tasks"]), (
         f"executors' Python workers do not share the driver's working directory: {probe}"
+    )
     producer.produce(6)  # more input while the copier is down
     run_to_end(base, tmp_path / "driver-2.log")
     counts = check_exactly_once(log, producer, GROUP)
-    print(f"\nseaweedfs local-cluster[2,1,1024]: {counts}, {next_batch(chk)} batches; executor JVMs {sorted(jvms)} "
-          f"(driver JVM {probe['driver_jvm']})")
+    print(
+        f"\nseaweedfs local-cluster[2,1,1024]: {counts}, {next_batch(chk)} batches; executor JVMs {sorted(jvms)} "
+        f"(driver JVM {probe['driver_jvm']})"
+    )

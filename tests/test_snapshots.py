@@ -36,8 +36,16 @@ def _aborting_log(n_aborted: int, n_committed: int = 0) -> txn_core.Log:
 
 
 def _summary(b: TxnBuffer) -> tuple[object, ...]:
-    return (b.position, b.slot, b.max_read_position, b.aborted.to_table().sort_by("txn").to_pylist(),
-            b.skips.to_list(), b.producers.to_list(), b.committed_count, b.aborted_count)
+    return (
+        b.position,
+        b.slot,
+        b.max_read_position,
+        b.aborted.to_table().sort_by("txn").to_pylist(),
+        b.skips.to_list(),
+        b.producers.to_list(),
+        b.committed_count,
+        b.aborted_count,
+    )
 
 
 def test_large_aborted_set_is_split_into_parts_and_reloads_equal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,8 +94,9 @@ def test_a_snapshot_whose_final_object_is_missing_is_never_used(monkeypatch: pyt
     monkeypatch.setattr(envelope, "create_json", real_create)
     fresh = snapshots.SnapshotStore(log.storage, PATH)
     assert fresh.finals() == [first]
-    rebuilt = PartitionState(txn_core.Log(log.storage).partition_log(PATH), log.coordinator.resolve,
-                             write_snapshots=False)
+    rebuilt = PartitionState(
+        txn_core.Log(log.storage).partition_log(PATH), log.coordinator.resolve, write_snapshots=False
+    )
     rebuilt.scan_to_end()
     assert _summary(rebuilt.buffer) == _summary(state.buffer)
 
@@ -100,15 +109,19 @@ def test_a_damaged_snapshot_falls_back_to_an_older_one_or_replay(damage: str, mo
     state.scan_to_end()
     snapshots.SnapshotStore(log.storage, PATH).write(state.buffer)
     prefix = paths.buffer_snapshots(PATH)
-    key = prefix + ("parts/" + log.storage.list(prefix + "parts/")[0] if damage == "part" else
-                    [n for n in log.storage.list(prefix) if not n.endswith("/")][-1])
+    key = prefix + (
+        "parts/" + log.storage.list(prefix + "parts/")[0]
+        if damage == "part"
+        else [n for n in log.storage.list(prefix) if not n.endswith("/")][-1]
+    )
     data = bytearray(log.storage.read(key))
     data[-3] ^= 0xFF
     log.storage.delete(key)
     log.storage.create(key, [bytes(data)])
     assert snapshots.SnapshotStore(log.storage, PATH).load_latest(PATH) is None
-    rebuilt = PartitionState(txn_core.Log(log.storage).partition_log(PATH), log.coordinator.resolve,
-                             write_snapshots=False)
+    rebuilt = PartitionState(
+        txn_core.Log(log.storage).partition_log(PATH), log.coordinator.resolve, write_snapshots=False
+    )
     rebuilt.scan_to_end()
     assert _summary(rebuilt.buffer) == _summary(state.buffer)
 

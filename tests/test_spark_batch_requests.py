@@ -50,7 +50,8 @@ def test_a_steady_state_commit_reuses_its_producer(batches: list[dict[str, int]]
 
 
 def test_a_kept_producer_fenced_by_another_committer_turns_the_batch_into_a_replay(
-        log: txn_core.Log, tmp_path: Path) -> None:
+    log: txn_core.Log, tmp_path: Path
+) -> None:
     log.create_topic("out", 3, SCHEMA)
     opts = options(log)
     assert commit_batch(opts, ident(0), stage(log, ident(0), 0, 10)).outcome == "committed"

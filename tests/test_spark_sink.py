@@ -27,15 +27,27 @@ def sspark(spark: Any) -> Any:
     return spark
 
 
-def start_copy(spark: Any, url: str, checkpoint: Path, *, total: int, per_batch: int, topic: str = "out",
-               extra: dict[str, str] | None = None, select: str | None = None) -> Any:
+def start_copy(
+    spark: Any,
+    url: str,
+    checkpoint: Path,
+    *,
+    total: int,
+    per_batch: int,
+    topic: str = "out",
+    extra: dict[str, str] | None = None,
+    select: str | None = None,
+) -> Any:
     """Run the counter -> txnlog stream with availableNow until it ends; returns the query."""
-    df = (spark.readStream.format("sinktest_counter").option("total", total).option("perBatch", per_batch)
-          .load())
+    df = spark.readStream.format("sinktest_counter").option("total", total).option("perBatch", per_batch).load()
     if select:
         df = df.selectExpr(*select.split(";"))
-    writer = (df.writeStream.format("txnlog").option("checkpointLocation", str(checkpoint))
-              .option("topic", topic).trigger(availableNow=True))
+    writer = (
+        df.writeStream.format("txnlog")
+        .option("checkpointLocation", str(checkpoint))
+        .option("topic", topic)
+        .trigger(availableNow=True)
+    )
     for k, v in (extra or {}).items():
         writer = writer.option(k, v)
     return writer.start(url)
@@ -61,29 +73,25 @@ def progress(log: txn_core.Log, checkpoint: Path) -> dict[str, Any]:
     return value
 
 
-def test_each_micro_batch_is_one_transaction_routed_by_key(sspark: Any, log: txn_core.Log,
-                                                           tmp_path: Path) -> None:
-    run_copy(sspark, log.url, tmp_path / "chk", total=60, per_batch=20,
-             extra={"partitions": "3", "keyColumn": "key"})
+def test_each_micro_batch_is_one_transaction_routed_by_key(sspark: Any, log: txn_core.Log, tmp_path: Path) -> None:
+    run_copy(sspark, log.url, tmp_path / "chk", total=60, per_batch=20, extra={"partitions": "3", "keyColumn": "key"})
     out = read_topic(log, "out")
     assert ids(out) == list(range(60))
     for key, part in zip(out.column("key").to_pylist(), out.column("_partition").to_pylist(), strict=True):
         assert part == partition_for(key, 3)
     assert progress(log, tmp_path / "chk")["batch_id"] == 2
-    assert [p.committed_transactions for p in log.describe_topic("out").partitions] == [3, 3, 3], \
+    assert [p.committed_transactions for p in log.describe_topic("out").partitions] == [3, 3, 3], (
         "3 micro-batches, each one transaction over every partition"
+    )
     assert garbage(log, "out") == [], "committed batches leave no staged garbage"
     assert open_transactions(log, "out") == []
-    assert log.topics.get("out").schema == pa.schema([("id", pa.int64()), ("key", pa.string()),
-                                                      ("value", pa.string())])
+    assert log.topics.get("out").schema == pa.schema([("id", pa.int64()), ("key", pa.string()), ("value", pa.string())])
 
 
-def test_replayed_batch_after_lost_commit_log_entry_is_a_noop(sspark: Any, log: txn_core.Log,
-                                                              tmp_path: Path) -> None:
+def test_replayed_batch_after_lost_commit_log_entry_is_a_noop(sspark: Any, log: txn_core.Log, tmp_path: Path) -> None:
     chk = tmp_path / "chk"
     stats = tmp_path / "stats"
-    run_copy(sspark, log.url, chk, total=60, per_batch=20,
-             extra={"partitions": "2", "testing.stats": str(stats)})
+    run_copy(sspark, log.url, chk, total=60, per_batch=20, extra={"partitions": "2", "testing.stats": str(stats)})
     # Spark's crash window: the sink committed batch 2, but commits/2 never reached the checkpoint.
     (chk / "commits" / "2").unlink()
     (chk / "commits" / ".2.crc").unlink(missing_ok=True)
@@ -97,11 +105,13 @@ def test_replayed_batch_after_lost_commit_log_entry_is_a_noop(sspark: Any, log: 
     assert garbage(log, "out") == [], "the replay deleted the objects its tasks staged"
 
 
-def test_commit_failure_is_aborted_by_spark_and_restart_commits_once(sspark: Any, log: txn_core.Log,
-                                                                     tmp_path: Path) -> None:
+def test_commit_failure_is_aborted_by_spark_and_restart_commits_once(
+    sspark: Any, log: txn_core.Log, tmp_path: Path
+) -> None:
     chk = tmp_path / "chk"
-    err = run_copy_failing(sspark, log.url, chk, total=60, per_batch=20,
-                           extra={"partitions": "2", "testing.fault": "before_commit@1"})
+    err = run_copy_failing(
+        sspark, log.url, chk, total=60, per_batch=20, extra={"partitions": "2", "testing.fault": "before_commit@1"}
+    )
     assert "injected fault 'before_commit' in batch 1" in err
     assert ids(read_topic(log, "out")) == list(range(20)), "batch 1 sent its references but never committed"
     assert open_transactions(log, "out") == [], "Spark's abort settled the transaction at once"
@@ -111,11 +121,11 @@ def test_commit_failure_is_aborted_by_spark_and_restart_commits_once(sspark: Any
     assert ids(out) == list(range(60)), duplicates(ids(out))
 
 
-def test_commit_failing_after_its_commit_point_keeps_the_batch(sspark: Any, log: txn_core.Log,
-                                                               tmp_path: Path) -> None:
+def test_commit_failing_after_its_commit_point_keeps_the_batch(sspark: Any, log: txn_core.Log, tmp_path: Path) -> None:
     chk = tmp_path / "chk"
-    err = run_copy_failing(sspark, log.url, chk, total=60, per_batch=20,
-                           extra={"partitions": "2", "testing.fault": "after_prepare@1"})
+    err = run_copy_failing(
+        sspark, log.url, chk, total=60, per_batch=20, extra={"partitions": "2", "testing.fault": "after_prepare@1"}
+    )
     assert "injected fault 'after_prepare' in batch 1" in err
     # PrepareCommit was durable: the batch is committed although commit() raised and Spark called
     # abort(); abort must see that and keep the staged objects (they are data now).
@@ -127,11 +137,13 @@ def test_commit_failing_after_its_commit_point_keeps_the_batch(sspark: Any, log:
     assert garbage(log, "out") == [], "the replay of batch 1 finished its cleanup from the manifest"
 
 
-def test_failing_task_aborts_the_batch_and_its_staged_data_never_shows(sspark: Any, log: txn_core.Log,
-                                                                       tmp_path: Path) -> None:
+def test_failing_task_aborts_the_batch_and_its_staged_data_never_shows(
+    sspark: Any, log: txn_core.Log, tmp_path: Path
+) -> None:
     chk = tmp_path / "chk"
-    err = run_copy_failing(sspark, log.url, chk, total=60, per_batch=20,
-                           extra={"partitions": "2", "testing.fault": "write@1"})
+    err = run_copy_failing(
+        sspark, log.url, chk, total=60, per_batch=20, extra={"partitions": "2", "testing.fault": "write@1"}
+    )
     assert "injected fault 'write' in batch 1" in err
     assert ids(read_topic(log, "out")) == list(range(20))
     assert garbage(log, "out") != [], "the failed attempt's objects stay until the batch commits"
@@ -143,13 +155,18 @@ def test_failing_task_aborts_the_batch_and_its_staged_data_never_shows(sspark: A
 
 def test_source_metadata_columns_are_ignored(sspark: Any, log: txn_core.Log, tmp_path: Path) -> None:
     log.create_topic("out", 2, pa.schema([("id", pa.int64()), ("value", pa.string())]))
-    run_copy(sspark, log.url, tmp_path / "chk", total=10, per_batch=10,
-             select="id;value;'t' as _topic;0 as _partition;id as _offset;current_timestamp() as _timestamp")
+    run_copy(
+        sspark,
+        log.url,
+        tmp_path / "chk",
+        total=10,
+        per_batch=10,
+        select="id;value;'t' as _topic;0 as _partition;id as _offset;current_timestamp() as _timestamp",
+    )
     assert ids(read_topic(log, "out")) == list(range(10))
 
 
-def test_schema_mismatch_fails_before_anything_is_written(sspark: Any, log: txn_core.Log,
-                                                         tmp_path: Path) -> None:
+def test_schema_mismatch_fails_before_anything_is_written(sspark: Any, log: txn_core.Log, tmp_path: Path) -> None:
     log.create_topic("out", 2, pa.schema([("id", pa.int64()), ("value", pa.int32())]))
     err = run_copy_failing(sspark, log.url, tmp_path / "chk", total=10, per_batch=10, select="id;key;value")
     assert "column 'value' has type string, the topic expects int32" in err
@@ -158,8 +175,7 @@ def test_schema_mismatch_fails_before_anything_is_written(sspark: Any, log: txn_
     assert staged_objects(log) == []
 
 
-def test_missing_topic_without_partitions_is_a_clear_error(sspark: Any, log: txn_core.Log,
-                                                           tmp_path: Path) -> None:
+def test_missing_topic_without_partitions_is_a_clear_error(sspark: Any, log: txn_core.Log, tmp_path: Path) -> None:
     err = run_copy_failing(sspark, log.url, tmp_path / "chk", total=10, per_batch=10, topic="nope")
     assert "unknown topic 'nope'" in err
     assert ".option('partitions', N)" in err
@@ -167,17 +183,24 @@ def test_missing_topic_without_partitions_is_a_clear_error(sspark: Any, log: txn
 
 def test_complete_output_mode_is_refused(sspark: Any, log: txn_core.Log, tmp_path: Path) -> None:
     df = sspark.readStream.format("sinktest_counter").option("total", 10).load().groupBy("key").count()
-    q = (df.writeStream.format("txnlog").outputMode("complete")
-         .option("checkpointLocation", str(tmp_path / "c"))
-         .option("topic", "counts").option("partitions", "1").trigger(availableNow=True).start(log.url))
+    q = (
+        df.writeStream.format("txnlog")
+        .outputMode("complete")
+        .option("checkpointLocation", str(tmp_path / "c"))
+        .option("topic", "counts")
+        .option("partitions", "1")
+        .trigger(availableNow=True)
+        .start(log.url)
+    )
     with pytest.raises(Exception, match=r"outputMode\('append'\) only"):
         q.awaitTermination()
 
 
 def test_batch_append_is_one_transaction(sspark: Any, log: txn_core.Log) -> None:
     df = sspark.range(0, 1000, numPartitions=4).selectExpr("id", "cast(id % 10 as string) as key")
-    df.write.format("txnlog").mode("append").option("topic", "b").option("partitions", "3") \
-        .option("keyColumn", "key").option("transactionalId", "loader").save(log.url)
+    df.write.format("txnlog").mode("append").option("topic", "b").option("partitions", "3").option(
+        "keyColumn", "key"
+    ).option("transactionalId", "loader").save(log.url)
     out = read_topic(log, "b")
     assert ids(out) == list(range(1000))
     meta = log.transaction_metadata("loader")
@@ -187,14 +210,18 @@ def test_batch_append_is_one_transaction(sspark: Any, log: txn_core.Log) -> None
     assert all(p.committed_transactions == 1 for p in log.describe_topic("b").partitions)
 
 
-@pytest.mark.parametrize(("mode", "options", "message"), [
-    ("overwrite", {}, r"mode\('append'\) only"),
-    ("append", {"consumerGroup": "g"}, "consumerGroup applies to streaming writes"),
-    ("append", {"keyColum": "id"}, r"unknown txnlog sink option\(s\) \['keycolum'\]"),
-    ("append", {"partitions": "zero"}, "'partitions' must be an integer"),
-])
-def test_bad_batch_writes_fail_with_a_clear_message(sspark: Any, log: txn_core.Log, mode: str,
-                                                    options: dict[str, str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "options", "message"),
+    [
+        ("overwrite", {}, r"mode\('append'\) only"),
+        ("append", {"consumerGroup": "g"}, "consumerGroup applies to streaming writes"),
+        ("append", {"keyColum": "id"}, r"unknown txnlog sink option\(s\) \['keycolum'\]"),
+        ("append", {"partitions": "zero"}, "'partitions' must be an integer"),
+    ],
+)
+def test_bad_batch_writes_fail_with_a_clear_message(
+    sspark: Any, log: txn_core.Log, mode: str, options: dict[str, str], message: str
+) -> None:
     writer = sspark.range(3).write.format("txnlog").mode(mode).option("topic", "b").option("partitions", "1")
     for k, v in options.items():
         writer = writer.option(k, v)
@@ -203,14 +230,18 @@ def test_bad_batch_writes_fail_with_a_clear_message(sspark: Any, log: txn_core.L
     assert "b" not in log.list_topics() or read_topic(log, "b").num_rows == 0
 
 
-
 @pytest.mark.s3
 def test_stream_to_an_object_store_log_with_storage_options(sspark: Any, moto_s3: Any, tmp_path: Path) -> None:
     bucket = moto_s3.new_bucket()
     url = f"s3://{bucket}/log"
     so = moto_s3.storage_options()
-    extra = {"partitions": "2", "keyColumn": "key", "storage.key": so["key"], "storage.secret": so["secret"],
-             "storage.client_kwargs": json.dumps(so["client_kwargs"])}
+    extra = {
+        "partitions": "2",
+        "keyColumn": "key",
+        "storage.key": so["key"],
+        "storage.secret": so["secret"],
+        "storage.client_kwargs": json.dumps(so["client_kwargs"]),
+    }
     run_copy(sspark, url, tmp_path / "chk", total=40, per_batch=20, extra=extra)
     log = txn_core.open_log(url, so)
     out = read_topic(log, "out")

@@ -51,9 +51,14 @@ class InputProducer:
             self.txn += 1
             batch = list(range(t * TXN_ROWS, (t + 1) * TXN_ROWS))
             self.producer.begin_transaction()
-            self.producer.send("in", pa.table({"id": batch, "key": [f"k{i % 17}" for i in batch],
-                                               "payload": [f"p{i:08d}" * 4 for i in batch]}, schema=SCHEMA),
-                               key_column="key")
+            self.producer.send(
+                "in",
+                pa.table(
+                    {"id": batch, "key": [f"k{i % 17}" for i in batch], "payload": [f"p{i:08d}" * 4 for i in batch]},
+                    schema=SCHEMA,
+                ),
+                key_column="key",
+            )
             self.producer.flush()  # the rows reach the log either way; an abort must hide them
             if t % 4 == 3:
                 self.producer.abort_transaction()
@@ -128,7 +133,8 @@ def check_exactly_once(log: txn_core.Log, producer: InputProducer, group_id: str
 
 
 def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_input_exactly_once(
-        log: txn_core.Log, tmp_path: Path) -> None:
+    log: txn_core.Log, tmp_path: Path
+) -> None:
     seed = int(os.environ.get("TXNLOG_CHAOS_SEED", "20240611"))
     rng = random.Random(seed)
     log.create_topic("in", 3, SCHEMA)
@@ -140,12 +146,27 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
     reader = ConcurrentReader(log, forbidden=set())
     reader.start()
     chk = tmp_path / "chk"
-    base = {"log": log.url, "checkpoint": str(chk), "source": "txnlog", "input": "in", "topic": "out",
-            "read": {"startingOffsets": "earliest", "maxOffsetsPerTrigger": 900},
-            "sink": {"partitions": 2, "keyColumn": "key", "consumerGroup": "copier"}}
+    base = {
+        "log": log.url,
+        "checkpoint": str(chk),
+        "source": "txnlog",
+        "input": "in",
+        "topic": "out",
+        "read": {"startingOffsets": "earliest", "maxOffsetsPerTrigger": 900},
+        "sink": {"partitions": 2, "keyColumn": "key", "consumerGroup": "copier"},
+    }
     # Until the final run, the copier runs continuously (a batch a second) while input keeps arriving.
-    rounds = ["random", "before_commit:kill", "random", "after_prepare:kill", "write:kill", "random",
-              "after_commit:kill", "before_init:kill", "random"]
+    rounds = [
+        "random",
+        "before_commit:kill",
+        "random",
+        "after_prepare:kill",
+        "write:kill",
+        "random",
+        "after_commit:kill",
+        "before_init:kill",
+        "random",
+    ]
     outcomes = []
     for i, mode in enumerate(rounds):
         cfg = {**base, "trigger": 1}
@@ -163,8 +184,7 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
         else:
             code = wait_driver(proc, timeout=300)
         outcomes.append((mode, code))
-        assert code == -9, f"round {i} ({mode}) was not killed: " + \
-            (tmp_path / f"driver-{i}.log").read_text()[-3000:]
+        assert code == -9, f"round {i} ({mode}) was not killed: " + (tmp_path / f"driver-{i}.log").read_text()[-3000:]
         # forbidden rows are known once produced; the reader checks them as it goes
         reader.forbidden.update(producer.aborted)
     stop_input.set()
@@ -180,6 +200,8 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
     check_exactly_once(log, producer, "copier")
     assert reader.violations == []
     assert sorted(reader.seen) == got and max(reader.seen.values()) == 1
-    print(f"\nchaos seed {seed}: {len(outcomes)} kills ({', '.join(m for m, _ in outcomes)}), "
-          f"{len(producer.committed):,} committed and {len(producer.aborted):,} aborted input rows, "
-          f"{len(got):,} output rows, the reader saw {sum(reader.seen.values()):,}")
+    print(
+        f"\nchaos seed {seed}: {len(outcomes)} kills ({', '.join(m for m, _ in outcomes)}), "
+        f"{len(producer.committed):,} committed and {len(producer.aborted):,} aborted input rows, "
+        f"{len(got):,} output rows, the reader saw {sum(reader.seen.values()):,}"
+    )

@@ -30,8 +30,9 @@ def produce_input(log: txn_core.Log, txns: int = 12, rows: int = 100) -> list[in
     for t in range(txns):
         producer.begin_transaction()
         batch = list(range(t * rows, (t + 1) * rows))
-        producer.send("in", pa.table({"id": batch, "key": [f"k{i % 11}" for i in batch]}, schema=SCHEMA),
-                      key_column="key")
+        producer.send(
+            "in", pa.table({"id": batch, "key": [f"k{i % 11}" for i in batch]}, schema=SCHEMA), key_column="key"
+        )
         producer.flush()  # the rows reach the log either way; an abort must hide them
         if t % 3 == 2:
             producer.abort_transaction()
@@ -42,15 +43,31 @@ def produce_input(log: txn_core.Log, txns: int = 12, rows: int = 100) -> list[in
     return committed
 
 
-def copy(spark: Any, log: txn_core.Log, checkpoint: Path, *, starting: str, sink: dict[str, str],
-         read: dict[str, str] | None = None, source_log: str | None = None) -> Any:
-    reader = (spark.readStream.format("txnlog").option("topic", "in").option("startingOffsets", starting)
-              .option("maxOffsetsPerTrigger", "250"))
+def copy(
+    spark: Any,
+    log: txn_core.Log,
+    checkpoint: Path,
+    *,
+    starting: str,
+    sink: dict[str, str],
+    read: dict[str, str] | None = None,
+    source_log: str | None = None,
+) -> Any:
+    reader = (
+        spark.readStream.format("txnlog")
+        .option("topic", "in")
+        .option("startingOffsets", starting)
+        .option("maxOffsetsPerTrigger", "250")
+    )
     for k, v in (read or {}).items():
         reader = reader.option(k, v)
-    writer = (reader.load(source_log or log.url).writeStream.format("txnlog")
-              .option("checkpointLocation", str(checkpoint)).option("topic", "out")
-              .trigger(availableNow=True))
+    writer = (
+        reader.load(source_log or log.url)
+        .writeStream.format("txnlog")
+        .option("checkpointLocation", str(checkpoint))
+        .option("topic", "out")
+        .trigger(availableNow=True)
+    )
     for k, v in sink.items():
         writer = writer.option(k, v)
     return writer.start(log.url)
@@ -61,11 +78,11 @@ def group_offsets(log: txn_core.Log, group: str) -> dict[int, int]:
 
 
 def test_group_offsets_describe_the_output_and_a_new_checkpoint_resumes_from_them(
-        spark: Any, log: txn_core.Log, tmp_path: Path) -> None:
+    spark: Any, log: txn_core.Log, tmp_path: Path
+) -> None:
     committed = produce_input(log)
     sink = {"partitions": "2", "consumerGroup": "copier"}
-    q = copy(spark, log, tmp_path / "chk1", starting="earliest",
-             sink={**sink, "testing.fault": "before_commit@2"})
+    q = copy(spark, log, tmp_path / "chk1", starting="earliest", sink={**sink, "testing.fault": "before_commit@2"})
     with pytest.raises(Exception, match="injected fault 'before_commit' in batch 2"):
         q.awaitTermination()
     # Batches 0 and 1 are committed, 2 aborted: the group holds batch 1's end offsets, and the output is
@@ -89,13 +106,13 @@ def test_group_offsets_describe_the_output_and_a_new_checkpoint_resumes_from_the
     assert garbage(log, "out") == []
 
 
-def test_offsets_of_another_log_cannot_be_committed_with_the_output(spark: Any, log: txn_core.Log,
-                                                                     tmp_path: Path) -> None:
+def test_offsets_of_another_log_cannot_be_committed_with_the_output(
+    spark: Any, log: txn_core.Log, tmp_path: Path
+) -> None:
     other = txn_core.open_log(str(tmp_path / "other"))
     produce_input(other, txns=2)
     log.create_topic("out", 1, SCHEMA)
-    q = copy(spark, log, tmp_path / "chk", starting="earliest", source_log=other.url,
-             sink={"consumerGroup": "copier"})
+    q = copy(spark, log, tmp_path / "chk", starting="earliest", source_log=other.url, sink={"consumerGroup": "copier"})
     with pytest.raises(Exception, match="one transaction spans one log"):
         q.awaitTermination()
     assert read_topic(log, "out").num_rows == 0

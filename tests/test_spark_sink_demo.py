@@ -12,7 +12,8 @@ pytestmark = pytest.mark.spark
 
 
 def test_demo_crashes_the_job_mid_commit_and_still_outputs_every_committed_row_once(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert run_demo(str(tmp_path / "demo")) == 0
     printed = capsys.readouterr().out
     assert "18 committed (18,000 rows), 6 aborted (6,000 rows)" in printed

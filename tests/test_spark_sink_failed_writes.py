@@ -47,10 +47,19 @@ def test_a_failed_batch_write_leaves_no_topic_and_the_corrected_retry_succeeds(s
 def test_a_failed_stream_leaves_no_topic(spark: Any, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/log"
     spark.range(3).write.parquet(str(tmp_path / "in"))
-    stream = (spark.readStream.schema("id long").parquet(str(tmp_path / "in"))
-              .selectExpr("id", "if(id = 1, raise_error('bad row'), id) AS v"))
-    query = (stream.writeStream.format("txnlog").option("topic", "out").option("partitions", "1")
-             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start(url))
+    stream = (
+        spark.readStream.schema("id long")
+        .parquet(str(tmp_path / "in"))
+        .selectExpr("id", "if(id = 1, raise_error('bad row'), id) AS v")
+    )
+    query = (
+        stream.writeStream.format("txnlog")
+        .option("topic", "out")
+        .option("partitions", "1")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start(url)
+    )
     with pytest.raises(Exception, match="bad row"):
         query.awaitTermination()
     with txn_core.open_log(url) as log:
@@ -74,5 +83,7 @@ def test_topics_from_a_frame_are_nullable_so_later_frames_with_nulls_fit(spark: 
     with txn_core.open_log(url) as log:
         rows = read_topic(log, "t").select(["id", "st", "arr"]).to_pylist()
     assert sorted(rows, key=lambda r: (r["id"] is None, r["id"] or 0)) == [
-        {"id": 0, "st": {"x": 0}, "arr": [0]}, {"id": 1, "st": {"x": 1}, "arr": [1]},
-        {"id": None, "st": None, "arr": [None]}]
+        {"id": 0, "st": {"x": 0}, "arr": [0]},
+        {"id": 1, "st": {"x": 1}, "arr": [1]},
+        {"id": None, "st": None, "arr": [None]},
+    ]

@@ -29,8 +29,9 @@ def produce(log: txn_core.Log, first: int, txns: int, rows: int = 100) -> list[i
     for t in range(txns):
         batch = list(range(first + t * rows, first + (t + 1) * rows))
         producer.begin_transaction()
-        producer.send("in", pa.table({"id": batch, "key": [f"k{i % 7}" for i in batch]}, schema=SCHEMA),
-                      key_column="key")
+        producer.send(
+            "in", pa.table({"id": batch, "key": [f"k{i % 7}" for i in batch]}, schema=SCHEMA), key_column="key"
+        )
         producer.commit_transaction()
         out.extend(batch)
     producer.close()
@@ -39,11 +40,21 @@ def produce(log: txn_core.Log, first: int, txns: int, rows: int = 100) -> list[i
 
 def from_group(spark: Any, log: txn_core.Log, checkpoint: Path, *, per_trigger: int = 150) -> Any:
     """readStream(startingOffsets=group, consumerGroup=cg) -> writeStream(consumerGroup=cg), availableNow."""
-    return (spark.readStream.format("txnlog").option("topic", "in").option("startingOffsets", "group")
-            .option("consumerGroup", "cg").option("maxOffsetsPerTrigger", str(per_trigger)).load(log.url)
-            .writeStream.format("txnlog").option("checkpointLocation", str(checkpoint)).option("topic", "out")
-            .option("partitions", "2").option("consumerGroup", "cg").trigger(availableNow=True)
-            .start(log.url))
+    return (
+        spark.readStream.format("txnlog")
+        .option("topic", "in")
+        .option("startingOffsets", "group")
+        .option("consumerGroup", "cg")
+        .option("maxOffsetsPerTrigger", str(per_trigger))
+        .load(log.url)
+        .writeStream.format("txnlog")
+        .option("checkpointLocation", str(checkpoint))
+        .option("topic", "out")
+        .option("partitions", "2")
+        .option("consumerGroup", "cg")
+        .trigger(availableNow=True)
+        .start(log.url)
+    )
 
 
 def error_of(query: Any) -> str | None:
@@ -55,7 +66,8 @@ def error_of(query: Any) -> str | None:
 
 
 def test_an_old_checkpoint_resumed_after_a_new_query_consumed_the_group_is_fenced(
-        spark: Any, log: txn_core.Log, tmp_path: Path) -> None:
+    spark: Any, log: txn_core.Log, tmp_path: Path
+) -> None:
     first = produce(log, 0, 4)
     assert error_of(from_group(spark, log, tmp_path / "old")) is None
     second = produce(log, 10_000, 4)
@@ -75,8 +87,7 @@ def test_an_old_checkpoint_resumed_after_a_new_query_consumed_the_group_is_fence
     assert out == sorted(first + second + third)
 
 
-def test_two_concurrent_queries_on_one_group_copy_every_row_once(
-        spark: Any, log: txn_core.Log, tmp_path: Path) -> None:
+def test_two_concurrent_queries_on_one_group_copy_every_row_once(spark: Any, log: txn_core.Log, tmp_path: Path) -> None:
     expected = produce(log, 0, 12)
     queries = [from_group(spark, log, tmp_path / f"copy-{i}", per_trigger=120) for i in range(2)]
     errors = [error_of(q) for q in queries]

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.chaos, pytest.mark.seaweedfs]
 
 
 def test_two_copiers_racing_on_one_group_on_s3_copy_committed_input_exactly_once(
-        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     rng = random.Random(20261122)
     location = make_location("seaweedfs", request, tmp_path)
     log, producer = new_input(location, 12)
@@ -40,8 +41,9 @@ def test_two_copiers_racing_on_one_group_on_s3_copy_committed_input_exactly_once
     for _, proc in racers:
         kill_driver(proc)  # a survivor with trigger=1 never stops by itself
     background.join()
-    failures = [n for n, _ in racers if "consumer group 'copier'" in
-                (tmp_path / f"driver-{n}.log").read_text(errors="replace")]
+    failures = [
+        n for n, _ in racers if "consumer group 'copier'" in (tmp_path / f"driver-{n}.log").read_text(errors="replace")
+    ]
     # A third query from the group (new checkpoint) drains what is left.
     final = copy_config(location, tmp_path / "chk-final")
     final["read"] = {**final["read"], "startingOffsets": "group", "consumerGroup": GROUP}
@@ -49,5 +51,6 @@ def test_two_copiers_racing_on_one_group_on_s3_copy_committed_input_exactly_once
     counts = check_exactly_once(log, producer, GROUP)
     print(f"\ntwo-query race on seaweedfs: {counts}; killed {victim_name}; fenced: {failures or 'none'}")
     for name, proc in racers:
-        assert proc.returncode in (-9, 1), f"{name}: " + \
-            (tmp_path / f"driver-{name}.log").read_text(errors="replace")[-3000:]
+        assert proc.returncode in (-9, 1), (
+            f"{name}: " + (tmp_path / f"driver-{name}.log").read_text(errors="replace")[-3000:]
+        )

@@ -46,8 +46,7 @@ def test_two_queries_from_the_group_position_commit_it_once(out: txn_core.Log, t
     assert committed(out) == 10
 
 
-def test_a_zombie_driver_resuming_its_checkpoint_cannot_recommit_what_a_new_query_copied(
-        out: txn_core.Log) -> None:
+def test_a_zombie_driver_resuming_its_checkpoint_cannot_recommit_what_a_new_query_copied(out: txn_core.Log) -> None:
     opts = options(out, consumergroup="cg")
     a0 = batch("qA", 0)
     commit_batch(opts, a0, stage(out, a0, 0, 10), lambda url: pos(-1, 10))
@@ -65,8 +64,12 @@ def test_a_crashed_attempt_releases_its_claim_to_the_replay(out: txn_core.Log) -
     opts = options(out, consumergroup="cg")
     a0 = batch("qA", 0)
     with pytest.raises(InjectedFaultError):  # killed after the claim, before PrepareCommit
-        commit_batch(options(out, consumergroup="cg", **{"testing.fault": "before_commit"}), a0,
-                     stage(out, a0, 0, 10), lambda url: pos(-1, 10))
+        commit_batch(
+            options(out, consumergroup="cg", **{"testing.fault": "before_commit"}),
+            a0,
+            stage(out, a0, 0, 10),
+            lambda url: pos(-1, 10),
+        )
     assert commit_batch(opts, a0, stage(out, a0, 0, 10), lambda url: pos(-1, 10)).outcome == "committed"
     assert ids(read_topic(out, "out")) == list(range(10))
 

@@ -17,29 +17,49 @@ BASE = {"path": "/tmp/log", "topic": "out", "checkpointlocation": "/tmp/chk"}
 
 
 def test_options_parse_storage_options_into_nested_values() -> None:
-    opts = parse_sink_options({**BASE, "storage.key": "AK", "storage.client_kwargs.endpoint_url": "http://h:1",
-                               "storage.anon": "false", "storage.config_kwargs": '{"retries": 3}',
-                               "partitions": "4", "keycolumn": "k", "transactionalid": "copier-1",
-                               "transactiontimeoutms": "30000"}, streaming=True)
-    assert opts.storage_options == {"key": "AK", "client_kwargs": {"endpoint_url": "http://h:1"},
-                                    "anon": False,
-                                    "config_kwargs": {"retries": 3}}
-    assert (opts.partitions, opts.key_column, opts.transactional_id, opts.transaction_timeout_ms) == \
-        (4, "k", "copier-1", 30000)
+    opts = parse_sink_options(
+        {
+            **BASE,
+            "storage.key": "AK",
+            "storage.client_kwargs.endpoint_url": "http://h:1",
+            "storage.anon": "false",
+            "storage.config_kwargs": '{"retries": 3}',
+            "partitions": "4",
+            "keycolumn": "k",
+            "transactionalid": "copier-1",
+            "transactiontimeoutms": "30000",
+        },
+        streaming=True,
+    )
+    assert opts.storage_options == {
+        "key": "AK",
+        "client_kwargs": {"endpoint_url": "http://h:1"},
+        "anon": False,
+        "config_kwargs": {"retries": 3},
+    }
+    assert (opts.partitions, opts.key_column, opts.transactional_id, opts.transaction_timeout_ms) == (
+        4,
+        "k",
+        "copier-1",
+        30000,
+    )
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"partition": "3"}, r"unknown txnlog sink option\(s\) \['partition'\]. Accepted: path"),
-    ({"path": "memory://x"}, "memory:// log lives inside one process"),
-    ({"path": ""}, "'path' is required"),
-    ({"topic": "a/b"}, "invalid topic name 'a/b'"),
-    ({"partitions": "0"}, r"'partitions' must be in \[1, 10000\], got 0"),
-    ({"transactiontimeoutms": "1h"}, "'transactiontimeoutms' must be an integer"),
-    ({"transactionalid": "__x"}, "reserved"),
-    ({"consumergroup": "g h"}, "invalid group name"),
-    ({"testing.fault": "after_lunch"}, "testing.fault item 'after_lunch'"),
-    ({"storage.client_kwargs": '{"a": '}, "is not JSON"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"partition": "3"}, r"unknown txnlog sink option\(s\) \['partition'\]. Accepted: path"),
+        ({"path": "memory://x"}, "memory:// log lives inside one process"),
+        ({"path": ""}, "'path' is required"),
+        ({"topic": "a/b"}, "invalid topic name 'a/b'"),
+        ({"partitions": "0"}, r"'partitions' must be in \[1, 10000\], got 0"),
+        ({"transactiontimeoutms": "1h"}, "'transactiontimeoutms' must be an integer"),
+        ({"transactionalid": "__x"}, "reserved"),
+        ({"consumergroup": "g h"}, "invalid group name"),
+        ({"testing.fault": "after_lunch"}, "testing.fault item 'after_lunch'"),
+        ({"storage.client_kwargs": '{"a": '}, "is not JSON"),
+    ],
+)
 def test_bad_options_are_refused_with_the_fix(extra: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         parse_sink_options({**BASE, **extra}, streaming=True)
@@ -54,9 +74,11 @@ def test_streaming_needs_a_checkpoint_and_batch_writes_refuse_a_group() -> None:
 
 def test_fault_specs_parse_points_actions_and_batches() -> None:
     faults = parse_faults("write@3, after_prepare:kill@2,before_init")
-    assert [(f.point, f.action, f.batch) for f in faults] == [("write", "raise", 3),
-                                                               ("after_prepare", "kill", 2),
-                                                               ("before_init", "raise", None)]
+    assert [(f.point, f.action, f.batch) for f in faults] == [
+        ("write", "raise", 3),
+        ("after_prepare", "kill", 2),
+        ("before_init", "raise", None),
+    ]
 
 
 def write_checkpoint(root: Path, batch: int, sources: list[str], header: str = "v1") -> Path:
@@ -105,13 +127,16 @@ def test_group_offsets_come_from_every_txnlog_source_of_the_sink_log() -> None:
     assert group_offsets(sources, "file:///l", batch_id=2, group="g") == expected
 
 
-@pytest.mark.parametrize(("sources", "message"), [
-    ([source("file:///other", a={"0": 1})], "reads txnlog 'file:///other' but writes to 'file:///l'"),
-    ([source("file:///l", a={"0": 1}), source("file:///l", a={"0": 2})], "batch 2 at different offsets"),
-    ([{"n": 5}, None], "has no txnlog source offsets"),
-    ([source("file:///l", a={"0": -1})], "negative source offset"),
-    ([source("file:///l", a={"x": 1})], "malformed txnlog source offset"),
-])
+@pytest.mark.parametrize(
+    ("sources", "message"),
+    [
+        ([source("file:///other", a={"0": 1})], "reads txnlog 'file:///other' but writes to 'file:///l'"),
+        ([source("file:///l", a={"0": 1}), source("file:///l", a={"0": 2})], "batch 2 at different offsets"),
+        ([{"n": 5}, None], "has no txnlog source offsets"),
+        ([source("file:///l", a={"0": -1})], "negative source offset"),
+        ([source("file:///l", a={"x": 1})], "malformed txnlog source offset"),
+    ],
+)
 def test_unpairable_offsets_fail_the_batch_with_the_reason(sources: list[object], message: str) -> None:
     with pytest.raises(PairingError, match=message):
         group_offsets(sources, "file:///l", batch_id=2, group="g")

@@ -28,8 +28,9 @@ TID = "sink-test"
 
 
 def options(log: txn_core.Log, **extra: str) -> SinkOptions:
-    return parse_sink_options({"path": log.url, "topic": "out", "checkpointlocation": "/unused", **extra},
-                              streaming=True)
+    return parse_sink_options(
+        {"path": log.url, "topic": "out", "checkpointlocation": "/unused", **extra}, streaming=True
+    )
 
 
 def target(log: txn_core.Log, **kw: Any) -> TopicTarget:
@@ -38,12 +39,14 @@ def target(log: txn_core.Log, **kw: Any) -> TopicTarget:
 
 
 def batch(start: int, end: int) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([pa.array(range(start, end), pa.int64()),
-                                       pa.array([f"k{i % 5}" for i in range(start, end)])], schema=SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(range(start, end), pa.int64()), pa.array([f"k{i % 5}" for i in range(start, end)])], schema=SCHEMA
+    )
 
 
-def stage(log: txn_core.Log, ident: BatchIdentity, start: int, end: int, *, task: int = 0,
-          attempt: int = 0) -> list[StagedRef]:
+def stage(
+    log: txn_core.Log, ident: BatchIdentity, start: int, end: int, *, task: int = 0, attempt: int = 0
+) -> list[StagedRef]:
     """One task attempt writing ids [start, end) for ``ident``'s batch."""
     stager = PartitionStager(target(log), log.storage, ident.prefix, f"t{task}a{attempt}", start=task)
     return stager.stage_all([batch(start, end)])
@@ -61,9 +64,9 @@ def ident(batch_id: int, query: str = "q1", tid: str = TID) -> BatchIdentity:
 
 def test_only_the_attempts_named_in_the_messages_are_committed(out: txn_core.Log) -> None:
     b0 = ident(0)
-    failed = stage(out, b0, 0, 50, attempt=0)       # a failed first attempt of task 0
+    failed = stage(out, b0, 0, 50, attempt=0)  # a failed first attempt of task 0
     speculative = stage(out, b0, 0, 50, attempt=1)  # a speculative duplicate that lost
-    winner = stage(out, b0, 0, 50, attempt=2)       # the attempt Spark reports
+    winner = stage(out, b0, 0, 50, attempt=2)  # the attempt Spark reports
     other = stage(out, b0, 50, 100, task=1)
     result = commit_batch(options(out), b0, winner + other)
     assert result.outcome == "committed" and result.rows == 100
@@ -76,8 +79,10 @@ def test_rows_are_routed_by_a_stable_hash_of_the_key(out: txn_core.Log) -> None:
     b0 = ident(0)
     commit_batch(options(out), b0, stage(out, b0, 0, 200))
     table = read_topic(out, "out")
-    assert all(p == partition_for(k, 3) for k, p in zip(table.column("key").to_pylist(),
-                                                         table.column("_partition").to_pylist(), strict=True))
+    assert all(
+        p == partition_for(k, 3)
+        for k, p in zip(table.column("key").to_pylist(), table.column("_partition").to_pylist(), strict=True)
+    )
 
 
 def test_repeated_commit_of_a_batch_is_a_noop_that_deletes_only_its_own_objects(out: txn_core.Log) -> None:
@@ -161,13 +166,19 @@ def test_group_offsets_are_committed_with_the_output_and_only_then(out: txn_core
     opts = options(out, consumergroup="copier")
     out.create_topic("in", 2, SCHEMA)
     with pytest.raises(InjectedFaultError):
-        commit_batch(options(out, consumergroup="copier", **{"testing.fault": "before_commit"}), ident(0),
-                     stage(out, ident(0), 0, 10), lambda url: {("in", 0): 5, ("in", 1): 7})
+        commit_batch(
+            options(out, consumergroup="copier", **{"testing.fault": "before_commit"}),
+            ident(0),
+            stage(out, ident(0), 0, 10),
+            lambda url: {("in", 0): 5, ("in", 1): 7},
+        )
     abort_batch(opts, ident(0), [])
     assert out.groups.committed("copier") == {}, "an aborted batch commits no offsets"
     commit_batch(opts, ident(0), stage(out, ident(0), 0, 10), lambda url: {("in", 0): 5, ("in", 1): 7})
-    assert {(tp.topic, tp.partition): o.offset for tp, o in out.groups.committed("copier").items()} == \
-        {("in", 0): 5, ("in", 1): 7}
+    assert {(tp.topic, tp.partition): o.offset for tp, o in out.groups.committed("copier").items()} == {
+        ("in", 0): 5,
+        ("in", 1): 7,
+    }
     replay = commit_batch(opts, ident(0), stage(out, ident(0), 0, 10), lambda url: {("in", 0): 99})
     assert replay.outcome == "replayed"
     assert out.groups.committed("copier")[txn_core.TopicPartition("in", 0)].offset == 5
@@ -182,8 +193,12 @@ def test_a_new_query_on_the_group_settles_the_crashed_query_s_open_transaction(o
     commit_batch(opts, a, stage(out, a, 0, 10), lambda url: {("in", 0): 10})
     a1 = BatchIdentity(a.transactional_id, query_id="qA", batch_id=1)
     with pytest.raises(InjectedFaultError):  # killed: no abort follows, the transaction stays open
-        commit_batch(options(out, consumergroup="copier", **{"testing.fault": "before_commit"}), a1,
-                     stage(out, a1, 10, 20), lambda url: {("in", 0): 20})
+        commit_batch(
+            options(out, consumergroup="copier", **{"testing.fault": "before_commit"}),
+            a1,
+            stage(out, a1, 10, 20),
+            lambda url: {("in", 0): 20},
+        )
     assert out.groups.committed("copier")[txn_core.TopicPartition("in", 0)].offset == 10
     b = BatchIdentity(default_transactional_id("qB", "copier"), query_id="qB", batch_id=0)
     assert b.transactional_id == a.transactional_id
@@ -226,8 +241,7 @@ def test_without_a_key_each_staged_object_goes_to_the_next_partition(out: txn_co
 
 
 def test_spark_time_zone_labels_are_aligned_to_the_topic() -> None:
-    spark_batch = pa.RecordBatch.from_arrays([pa.array([1_000_000], pa.timestamp("us", "Etc/UTC"))],
-                                             names=["ts"])
+    spark_batch = pa.RecordBatch.from_arrays([pa.array([1_000_000], pa.timestamp("us", "Etc/UTC"))], names=["ts"])
     topic = pa.schema([("ts", pa.timestamp("us", "UTC"))])
     aligned = align_timestamps(spark_batch, topic)
     assert aligned.schema.field("ts").type == pa.timestamp("us", "UTC")
@@ -239,8 +253,7 @@ def test_staging_batches_of_two_queries_never_share_a_prefix() -> None:
     assert BatchIdentity(TID, write_id="a").prefix != BatchIdentity(TID, write_id="b").prefix
 
 
-def test_commits_in_one_process_cost_the_same_however_long_the_history(out: txn_core.Log,
-                                                                        tmp_path: Any) -> None:
+def test_commits_in_one_process_cost_the_same_however_long_the_history(out: txn_core.Log, tmp_path: Any) -> None:
     """Spark runs every commit of a query run in one Python worker: the sink reuses its log there, so a
     commit does not replay the transaction log since its last snapshot nor re-discover partition tails."""
     stats = tmp_path / "stats"

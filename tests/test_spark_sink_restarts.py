@@ -21,8 +21,14 @@ pytestmark = pytest.mark.spark
 
 
 def config(log: txn_core.Log, tmp_path: Path, **kw: Any) -> dict[str, Any]:
-    base = {"log": log.url, "checkpoint": str(tmp_path / "chk"), "source": "counter", "topic": "out",
-            "read": {"total": 60, "perBatch": 20}, "sink": {"partitions": 2, "keyColumn": "key"}}
+    base = {
+        "log": log.url,
+        "checkpoint": str(tmp_path / "chk"),
+        "source": "counter",
+        "topic": "out",
+        "read": {"total": 60, "perBatch": 20},
+        "sink": {"partitions": 2, "keyColumn": "key"},
+    }
     base.update(kw)
     return base
 
@@ -45,8 +51,7 @@ def test_a_failed_task_attempt_is_retried_and_contributes_nothing(log: txn_core.
 
 
 @pytest.mark.chaos  # the Quickstart demo's test covers the same crash in the default tier
-def test_a_driver_killed_after_the_commit_point_resumes_exactly_once(log: txn_core.Log,
-                                                                    tmp_path: Path) -> None:
+def test_a_driver_killed_after_the_commit_point_resumes_exactly_once(log: txn_core.Log, tmp_path: Path) -> None:
     cfg = config(log, tmp_path)
     cfg["sink"] = {**cfg["sink"], "testing.fault": "after_prepare:kill@1"}
     code, output = run(cfg, tmp_path)

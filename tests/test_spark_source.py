@@ -51,8 +51,7 @@ class Collector:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         rows = [
-            (r.id, r.txn, r._partition, r._offset)
-            for r in df.select("id", "txn", "_partition", "_offset").collect()
+            (r.id, r.txn, r._partition, r._offset) for r in df.select("id", "txn", "_partition", "_offset").collect()
         ]
         if self.check is not None:
             self.errors.extend(self.check(rows))
@@ -128,9 +127,7 @@ def test_stream_under_concurrent_commits_aborts_and_a_dead_producer_sees_every_c
 
     def check(rows: list[tuple[int, str, int, int]]) -> list[str]:
         with lock:
-            return [
-                f"row {r} of a transaction not committing at the time" for r in rows if r[1] not in committing
-            ]
+            return [f"row {r} of a transaction not committing at the time" for r in rows if r[1] not in committing]
 
     # A producer that dies with its transaction open: it must hold the stream no longer than its timeout.
     dead = transactional(txn_core.open_log(url), "dead", timeout_ms=3_000)
@@ -188,10 +185,7 @@ def test_stream_under_concurrent_commits_aborts_and_a_dead_producer_sees_every_c
     rows = [r for rows in sink.batches.values() for r in rows]
     for part in range(3):  # per partition, offsets strictly increase across batches
         offsets = [
-            r[3]
-            for b in sorted(sink.batches)
-            for r in sorted(sink.batches[b], key=lambda r: r[3])
-            if r[2] == part
+            r[3] for b in sorted(sink.batches) for r in sorted(sink.batches[b], key=lambda r: r[3]) if r[2] == part
         ]
         assert offsets == sorted(offsets)
     assert len(rows) == len(committed)
@@ -272,9 +266,7 @@ def test_available_now_with_max_offsets_runs_several_batches_and_reports_the_bac
     progress = [x for x in q.recentProgress if x["numInputRows"]]
     assert [x["numInputRows"] for x in progress] == [25, 25, 25, 25]
     first = progress[0]["sources"][0]
-    assert json.loads(first["latestOffset"])["topics"] == {
-        "t": {"0": 50, "1": 50}
-    }  # the true end, from batch 0
+    assert json.loads(first["latestOffset"])["topics"] == {"t": {"0": 50, "1": 50}}  # the true end, from batch 0
     assert json.loads(first["endOffset"])["topics"] == {"t": {"0": 12, "1": 13}}  # fair split of 25
     assert spark.sql("SELECT count(DISTINCT id) AS n FROM avail_now").first().n == 100
 
@@ -363,10 +355,19 @@ def run_out_of_process(mode: str, tmp_path: Path) -> dict[str, list[int]]:
     script = tmp_path / "read_out_of_process.py"
     script.write_text(OUT_OF_PROCESS_SCRIPT)
     root = str(Path(__file__).parent.parent)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(script), mode, url, str(tmp_path / "ck")], capture_output=True,
-                          text=True, timeout=300, env=env, check=False)
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script), mode, url, str(tmp_path / "ck")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     assert lines, done.stdout[-2000:] + done.stderr[-4000:]
     result: dict[str, list[int]] = json.loads(lines[0][len("RESULT ") :])
@@ -389,9 +390,7 @@ def test_reads_work_with_executors_in_separate_processes(tmp_path: Path) -> None
 
 
 @pytest.mark.chaos
-def test_stopping_and_restarting_mid_stream_many_times_loses_and_duplicates_nothing(
-    spark: Any, tmp_path: Path
-) -> None:
+def test_stopping_and_restarting_mid_stream_many_times_loses_and_duplicates_nothing(spark: Any, tmp_path: Path) -> None:
     url, _ = new_log(tmp_path, partitions=3)
     committed: set[int] = set()
     aborted: set[int] = set()

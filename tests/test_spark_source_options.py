@@ -132,13 +132,22 @@ def test_schema_time_parsing_accepts_both_kinds_of_read() -> None:
 def test_dotted_storage_options_nest_like_the_sinks() -> None:
     # One set of storage.* options must work for a source and a sink: a dotted key was passed to fsspec
     # verbatim ("client_kwargs.endpoint_url"), which s3fs silently ignores (it then talks to AWS).
-    opts = parse_options({**BASE, "storage.key": "k", "storage.client_kwargs.endpoint_url": "http://h:1",
-                          "storage.client_kwargs.region_name": "us-east-1",
-                          "storage.config_kwargs": '{"retries": {"max_attempts": 3}}',
-                          "storage.config_kwargs.connect_timeout": "5"}, streaming=True)
-    assert opts.storage_options == {"key": "k",
-                                    "client_kwargs": {"endpoint_url": "http://h:1", "region_name": "us-east-1"},
-                                    "config_kwargs": {"retries": {"max_attempts": 3}, "connect_timeout": "5"}}
+    opts = parse_options(
+        {
+            **BASE,
+            "storage.key": "k",
+            "storage.client_kwargs.endpoint_url": "http://h:1",
+            "storage.client_kwargs.region_name": "us-east-1",
+            "storage.config_kwargs": '{"retries": {"max_attempts": 3}}',
+            "storage.config_kwargs.connect_timeout": "5",
+        },
+        streaming=True,
+    )
+    assert opts.storage_options == {
+        "key": "k",
+        "client_kwargs": {"endpoint_url": "http://h:1", "region_name": "us-east-1"},
+        "config_kwargs": {"retries": {"max_attempts": 3}, "connect_timeout": "5"},
+    }
     with pytest.raises(SourceOptionError, match=r"storage\.key\.x"):
         parse_options({**BASE, "storage.key": "k", "storage.key.x": "1"}, streaming=True)
     with pytest.raises(SourceOptionError, match="bad storage option name"):

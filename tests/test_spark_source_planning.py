@@ -165,9 +165,7 @@ def retain_from(url: str, partition: int, slot: int, offset: int) -> None:
         log.storage.delete(log.partition_log(path).entries.key(s))
 
 
-def test_offsets_removed_by_retention_fail_the_query_unless_accepted(
-    url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_offsets_removed_by_retention_fail_the_query_unless_accepted(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(3):
         write(url, 0, [i * 2, i * 2 + 1])
     monkeypatch.setattr(partition_module, "LOG_START_RECHECK_S", 3600.0)
@@ -179,9 +177,7 @@ def test_offsets_removed_by_retention_fail_the_query_unless_accepted(
     early = reader.latestOffset(start, ReadAllAvailable())
     assert positions(early)["t-0"] == 0
     monkeypatch.setattr(partition_module, "LOG_START_RECHECK_S", 0.0)
-    with pytest.raises(
-        SourceDataLossError, match=r"t-0: offsets \[0, 4\) were removed.*failOnDataLoss=false"
-    ):
+    with pytest.raises(SourceDataLossError, match=r"t-0: offsets \[0, 4\) were removed.*failOnDataLoss=false"):
         reader.latestOffset(start, ReadAllAvailable())
     lenient = stream(url, failOnDataLoss="false")
     end = lenient.latestOffset(start, ReadAllAvailable())
@@ -243,8 +239,7 @@ def test_batch_reads_committed_data_between_starting_and_ending_offsets(url: str
     write(url, 1, [-1], commit=False, tid="open")  # past the last stable offset: never read
     reader, _ = batch(url)
     assert sorted(read_ids(reader, reader.partitions())) == list(range(20))
-    ranged, _ = batch(url, startingOffsets='{"t": {"0": 2, "1": -2}}',
-                      endingOffsets='{"t": {"0": 5, "1": 99}}')
+    ranged, _ = batch(url, startingOffsets='{"t": {"0": 2, "1": -2}}', endingOffsets='{"t": {"0": 5, "1": 99}}')
     assert sorted(read_ids(ranged, ranged.partitions())) == [2, 3, 4, *range(10, 20)]
 
 
@@ -262,8 +257,13 @@ def test_pushed_filters_prune_partitions_offsets_and_timestamps(url: str) -> Non
                 10,
                 timestamp_ms=1_700_000_000_000 + i * 1000,
             )
-    pushed = (EqualTo(("_partition",), 1), GreaterThanOrEqual(("_offset",), 15), LessThan(("_offset",), 35),
-              Not(EqualTo(("_offset",), 20)), In(("_offset",), (1, 2)))
+    pushed = (
+        EqualTo(("_partition",), 1),
+        GreaterThanOrEqual(("_offset",), 15),
+        LessThan(("_offset",), 35),
+        Not(EqualTo(("_offset",), 20)),
+        In(("_offset",), (1, 2)),
+    )
     reader, left = batch(url, pushed)
     assert [type(f).__name__ for f in left] == ["Not", "In"]  # the rest is applied exactly by the source
     parts = reader.partitions()
@@ -296,8 +296,14 @@ def test_several_topics_read_as_one_schema_with_nulls_where_a_topic_lacks_a_colu
     for part in reader.partitions(start, end):
         for b in reader.read(part):
             assert b.schema.equals(arrow_target(schema))  # large_string cast to string, as Spark requires
-            rows.extend(zip(b.column("_topic").to_pylist(), b.column("id").to_pylist(), b.column("note").to_pylist(),
-                            strict=True))
+            rows.extend(
+                zip(
+                    b.column("_topic").to_pylist(),
+                    b.column("id").to_pylist(),
+                    b.column("note").to_pylist(),
+                    strict=True,
+                )
+            )
     assert sorted(rows) == [("t", 1, None), ("wide", 7, "hi")]
     log.create_topic("clash", 1, pa.schema([("id", pa.string())]))
     with pytest.raises(txn_core.ConfigurationError, match=r"incompatible schemas.*separate queries"):

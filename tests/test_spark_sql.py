@@ -42,8 +42,9 @@ def topic_ids(url: str, topic: str = "orders") -> list[int]:
         return ids(read_topic(log, topic))
 
 
-def test_create_table_with_options_reads_streams_and_takes_inserts_by_name(spark: Any, orders: str,
-                                                                          tmp_path: Path) -> None:
+def test_create_table_with_options_reads_streams_and_takes_inserts_by_name(
+    spark: Any, orders: str, tmp_path: Path
+) -> None:
     table = name()
     spark.sql(f"CREATE TABLE {table} USING txnlog OPTIONS (path '{orders}', topic 'orders')")
     assert sorted(r.id for r in spark.sql(f"SELECT id FROM {table}").collect()) == [0, 1, 2, 3, 4]
@@ -61,8 +62,7 @@ def test_create_table_with_options_reads_streams_and_takes_inserts_by_name(spark
 def test_create_table_with_location_and_without_metadata_takes_positional_inserts(spark: Any, orders: str) -> None:
     table = name()
     path = orders.removeprefix("file://")
-    spark.sql(f"CREATE TABLE {table} USING txnlog OPTIONS (topic 'orders', includeMetadata 'false') "
-              f"LOCATION '{path}'")
+    spark.sql(f"CREATE TABLE {table} USING txnlog OPTIONS (topic 'orders', includeMetadata 'false') LOCATION '{path}'")
     assert spark.table(table).columns == ["id", "k"]
     spark.sql(f"INSERT INTO {table} VALUES (7, 'seven')")
     assert sorted(r.id for r in spark.table(table).collect()) == [0, 1, 2, 3, 4, 7]
@@ -70,22 +70,36 @@ def test_create_table_with_location_and_without_metadata_takes_positional_insert
 
 def test_a_view_with_source_options_takes_inserts(spark: Any, orders: str) -> None:
     view = name()
-    spark.sql(f"CREATE TEMPORARY VIEW {view} USING txnlog OPTIONS (path '{orders}', topic 'orders', "
-              "includeMetadata 'false', startingOffsets 'earliest', failOnDataLoss 'true')")
+    spark.sql(
+        f"CREATE TEMPORARY VIEW {view} USING txnlog OPTIONS (path '{orders}', topic 'orders', "
+        "includeMetadata 'false', startingOffsets 'earliest', failOnDataLoss 'true')"
+    )
     spark.sql(f"INSERT INTO {view} SELECT 8 AS id, 'eight' AS k")  # source-only options are ignored by the sink
     assert topic_ids(orders) == [0, 1, 2, 3, 4, 8]
 
 
 def test_sink_options_are_accepted_and_ignored_by_the_source(spark: Any, orders: str) -> None:
-    df = (spark.read.format("txnlog").option("topic", "orders").option("partitions", "3")
-          .option("keyColumn", "k").option("transactionTimeoutMs", "1000").load(orders))
+    df = (
+        spark.read.format("txnlog")
+        .option("topic", "orders")
+        .option("partitions", "3")
+        .option("keyColumn", "k")
+        .option("transactionTimeoutMs", "1000")
+        .load(orders)
+    )
     assert df.count() == 5
 
 
 def test_save_as_table_tables_say_what_to_do_instead(spark: Any, orders: str) -> None:
     table = name()
-    (spark.createDataFrame([(9, "nine")], "id long, k string").write.format("txnlog").option("topic", "orders")
-     .option("path", orders).mode("append").saveAsTable(table))
+    (
+        spark.createDataFrame([(9, "nine")], "id long, k string")
+        .write.format("txnlog")
+        .option("topic", "orders")
+        .option("path", orders)
+        .mode("append")
+        .saveAsTable(table)
+    )
     with pytest.raises(Exception, match="CREATE TABLE name USING txnlog OPTIONS") as info:
         spark.table(table).collect()
     assert "no options at all" in str(info.value)
@@ -100,8 +114,14 @@ def test_overwrite_and_complete_are_refused_with_the_alternative(spark: Any, ord
 
     df.write.parquet(str(tmp_path / "in"))
     counts = spark.readStream.schema("id long, k string").parquet(str(tmp_path / "in")).groupBy("k").count()
-    query = (counts.writeStream.format("txnlog").outputMode("complete").option("topic", "c")
-             .option("partitions", "1").option("checkpointLocation", str(tmp_path / "chk")).start(orders))
+    query = (
+        counts.writeStream.format("txnlog")
+        .outputMode("complete")
+        .option("topic", "c")
+        .option("partitions", "1")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .start(orders)
+    )
     with pytest.raises(Exception, match="idempotent_batch_writer"):
         query.awaitTermination(120)
 
@@ -112,11 +132,21 @@ def test_update_mode_aggregation_appends_each_batch_exactly_once(spark: Any, ord
     source = tmp_path / "in"
     frame = spark.createDataFrame([(i, f"k{i % 3}") for i in range(9)], "id long, k string")
     frame.write.parquet(str(source))
-    counts = (spark.readStream.schema("id long, k string").option("maxFilesPerTrigger", 1).parquet(str(source))
-              .groupBy("k").count())
+    counts = (
+        spark.readStream.schema("id long, k string")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(source))
+        .groupBy("k")
+        .count()
+    )
     write = idempotent_batch_writer(orders, "counts", "counts-job", partitions="1")
-    query = (counts.writeStream.outputMode("update").foreachBatch(write)
-             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    query = (
+        counts.writeStream.outputMode("update")
+        .foreachBatch(write)
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     with txn_core.open_log(orders) as log:
         first = read_topic(log, "counts")

@@ -35,8 +35,7 @@ LEAVES: list[tuple[str, str, list[Any]]] = [
     ("s", "string", ["", "grüße \u2603"]),
     ("bin", "binary", [b"", b"\x00\xff"]),
     ("d", "date", [datetime.date(1969, 12, 31), datetime.date(2024, 2, 29)]),
-    ("ts", "timestamp", [datetime.datetime(1969, 12, 31, 23, 59, 59, 999999),
-                         datetime.datetime(2024, 3, 10, 2, 30)]),
+    ("ts", "timestamp", [datetime.datetime(1969, 12, 31, 23, 59, 59, 999999), datetime.datetime(2024, 3, 10, 2, 30)]),
     ("ntz", "timestamp_ntz", [datetime.datetime(1900, 1, 1), datetime.datetime(2024, 3, 10, 2, 30)]),
 ]
 
@@ -99,8 +98,7 @@ def time_zone(spark: Any, request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.mark.parametrize("time_zone", TIME_ZONES, indirect=True)
-def test_every_type_round_trips_at_every_depth_in_batch_and_stream(spark: Any, tmp_path: Path,
-                                                                   time_zone: str) -> None:
+def test_every_type_round_trips_at_every_depth_in_batch_and_stream(spark: Any, tmp_path: Path, time_zone: str) -> None:
     url = f"file://{tmp_path}/log"
     frame = spark.createDataFrame(rows(), ddl())
     expected = collected(frame)
@@ -109,8 +107,14 @@ def test_every_type_round_trips_at_every_depth_in_batch_and_stream(spark: Any, t
 
     frame.write.parquet(str(tmp_path / "in"))
     stream = spark.readStream.schema(frame.schema).parquet(str(tmp_path / "in"))
-    query = (stream.writeStream.format("txnlog").option("topic", "stream").option("partitions", "2")
-             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start(url))
+    query = (
+        stream.writeStream.format("txnlog")
+        .option("topic", "stream")
+        .option("partitions", "2")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start(url)
+    )
     query.awaitTermination()
 
     for topic in ("batch", "stream"):
@@ -121,8 +125,9 @@ def test_every_type_round_trips_at_every_depth_in_batch_and_stream(spark: Any, t
 
 
 @pytest.mark.parametrize("time_zone", ["Etc/UTC", "America/New_York"], indirect=True)
-def test_windowed_aggregation_with_watermark_writes_with_default_settings(spark: Any, tmp_path: Path,
-                                                                          time_zone: str) -> None:
+def test_windowed_aggregation_with_watermark_writes_with_default_settings(
+    spark: Any, tmp_path: Path, time_zone: str
+) -> None:
     from pyspark.sql import functions as sf
 
     url = f"file://{tmp_path}/log"
@@ -131,14 +136,30 @@ def test_windowed_aggregation_with_watermark_writes_with_default_settings(spark:
     events.append((base + datetime.timedelta(minutes=30), "k0"))  # moves the watermark past every window
     spark.createDataFrame(events, "ts timestamp, k string").write.parquet(str(tmp_path / "in"))
 
-    counts = (spark.readStream.schema("ts timestamp, k string").parquet(str(tmp_path / "in"))
-              .withWatermark("ts", "1 minute").groupBy(sf.window("ts", "1 minute"), "k").count())
-    query = (counts.writeStream.format("txnlog").option("topic", "counts").option("partitions", "1")
-             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start(url))
+    counts = (
+        spark.readStream.schema("ts timestamp, k string")
+        .parquet(str(tmp_path / "in"))
+        .withWatermark("ts", "1 minute")
+        .groupBy(sf.window("ts", "1 minute"), "k")
+        .count()
+    )
+    query = (
+        counts.writeStream.format("txnlog")
+        .option("topic", "counts")
+        .option("partitions", "1")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start(url)
+    )
     query.awaitTermination()
     # availableNow ends after the data; a second run emits the windows the first one's watermark closed
-    query = (counts.writeStream.format("txnlog").option("topic", "counts")
-             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start(url))
+    query = (
+        counts.writeStream.format("txnlog")
+        .option("topic", "counts")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start(url)
+    )
     query.awaitTermination()
 
     back = spark.read.format("txnlog").option("topic", "counts").load(url)

@@ -25,9 +25,16 @@ from txn_core.storage.base import Chunks, DelegatingStorage
 from txn_core.storage.objectstore import classify_write_error
 
 
-@pytest.fixture(params=["local", "memory", "moto", "moto-fsspec",
-                        pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
-                        pytest.param("seaweedfs-fsspec", marks=pytest.mark.seaweedfs)])
+@pytest.fixture(
+    params=[
+        "local",
+        "memory",
+        "moto",
+        "moto-fsspec",
+        pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
+        pytest.param("seaweedfs-fsspec", marks=pytest.mark.seaweedfs),
+    ]
+)
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
     """Every backend; S3 through both clients (obstore by default, s3fs with ``client='fsspec'``)."""
     backend, _, client = str(request.param).partition("-")
@@ -108,8 +115,10 @@ def test_multiprocess_race_has_exactly_one_winner_per_key(shared_location: Any) 
     ctx = mp.get_context("spawn")
     start_at = time.time() + 3.0
     with ctx.Pool(6) as pool:
-        results = pool.starmap(workers.race_creates, [
-            (shared_location.url, shared_location.storage_options, w, keys, start_at) for w in range(6)])
+        results = pool.starmap(
+            workers.race_creates,
+            [(shared_location.url, shared_location.storage_options, w, keys, start_at) for w in range(6)],
+        )
     storage = open_storage(shared_location.url, shared_location.storage_options)
     for key in keys:
         winners = [w for w, won in enumerate(results) if key in won]
@@ -192,14 +201,17 @@ class _BotoLikeError(Exception):
         self.response = {"ResponseMetadata": {"HTTPStatusCode": status}, "Error": {"Code": code}}
 
 
-@pytest.mark.parametrize(("exc", "kind"), [
-    (FileExistsError("exists"), ObjectExistsError),
-    (_BotoLikeError(412, "PreconditionFailed"), ObjectExistsError),
-    (_BotoLikeError(409, "ConditionalRequestConflict"), RetryableStorageError),
-    (_BotoLikeError(503, "SlowDown"), RetryableStorageError),
-    (TimeoutError("read timed out"), UnknownOutcomeError),
-    (ConnectionResetError("reset"), UnknownOutcomeError),
-])
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (FileExistsError("exists"), ObjectExistsError),
+        (_BotoLikeError(412, "PreconditionFailed"), ObjectExistsError),
+        (_BotoLikeError(409, "ConditionalRequestConflict"), RetryableStorageError),
+        (_BotoLikeError(503, "SlowDown"), RetryableStorageError),
+        (TimeoutError("read timed out"), UnknownOutcomeError),
+        (ConnectionResetError("reset"), UnknownOutcomeError),
+    ],
+)
 def test_write_errors_are_normalised(exc: BaseException, kind: type) -> None:
     assert classify_write_error(exc) is kind
 
@@ -236,14 +248,19 @@ def test_bad_urls_are_refused_with_a_clear_message() -> None:
 
 
 #: An environment whose S3 settings do not work: only the storage options can reach the server.
-HOSTILE_S3_ENV = {"AWS_ACCESS_KEY_ID": "not-the-key", "AWS_SECRET_ACCESS_KEY": "not-the-secret",
-                  "AWS_SESSION_TOKEN": "not-a-token", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
-                  "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}
+HOSTILE_S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "not-the-key",
+    "AWS_SECRET_ACCESS_KEY": "not-the-secret",
+    "AWS_SESSION_TOKEN": "not-a-token",
+    "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9",
+}
 
 
 @pytest.mark.parametrize("client", ["obstore", "fsspec"])
-def test_storage_options_win_over_the_environment(request: pytest.FixtureRequest, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch, client: str) -> None:
+def test_storage_options_win_over_the_environment(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, client: str
+) -> None:
     """Keys and an endpoint given as options are used alone: an endpoint, keys or a session token in the
     environment (a shell set up for another account or store) change nothing."""
     location = make_location("moto", request, tmp_path)

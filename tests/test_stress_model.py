@@ -31,22 +31,28 @@ SCHEMA = pa.schema([("id", pa.int64())])
 PARTITIONS = 3
 
 
-
-
 @dataclass
 class Model:
     committed: set[int] = field(default_factory=set)
     aborted: set[int] = field(default_factory=set)
     open: dict[str, list[int]] = field(default_factory=dict)  # tid -> ids of its open transaction
-    dead: list[int] = field(default_factory=list)            # ids of crashed producers' open transactions
-    maybe: set[int] = field(default_factory=set)             # written or not, never committed
+    dead: list[int] = field(default_factory=list)  # ids of crashed producers' open transactions
+    maybe: set[int] = field(default_factory=set)  # written or not, never committed
 
 
 def _buffer_summary(b: TxnBuffer) -> tuple[object, ...]:
-    return (b.position, b.slot, b.max_read_position, sorted((str(o.txn), o.first_offset, o.last_offset)
-                                                            for o in b.ongoing.values()),
-            b.aborted.to_table().sort_by("txn").to_pylist(), b.skips.to_list(), b.producers.to_list(),
-            sorted(b.gaps.items()), b.committed_count, b.aborted_count)
+    return (
+        b.position,
+        b.slot,
+        b.max_read_position,
+        sorted((str(o.txn), o.first_offset, o.last_offset) for o in b.ongoing.values()),
+        b.aborted.to_table().sort_by("txn").to_pylist(),
+        b.skips.to_list(),
+        b.producers.to_list(),
+        sorted(b.gaps.items()),
+        b.committed_count,
+        b.aborted_count,
+    )
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -78,8 +84,9 @@ def test_random_operations_match_the_model(seed: int, monkeypatch: pytest.Monkey
         return p
 
     for _step in range(300):
-        op = rng.choice(["send", "send", "send", "commit", "commit", "abort", "plain", "crash", "reinit",
-                         "tick", "read", "read"])
+        op = rng.choice(
+            ["send", "send", "send", "commit", "commit", "abort", "plain", "crash", "reinit", "tick", "read", "read"]
+        )
         tid = f"p{rng.randrange(3)}"
         if op == "send":
             p = producer(tid)
@@ -94,8 +101,11 @@ def test_random_operations_match_the_model(seed: int, monkeypatch: pytest.Monkey
             except txn_core.ProducerFencedError:  # its transaction timed out: aborted, producer fenced
                 model.aborted.update(model.open.pop(tid, []))
                 model.maybe.update(vals)  # a write to an already registered partition lands anyway
-        elif op in ("commit", "abort") and tid in producers and \
-                producers[tid].state == txn_core.ClientState.IN_TRANSACTION:
+        elif (
+            op in ("commit", "abort")
+            and tid in producers
+            and producers[tid].state == txn_core.ClientState.IN_TRANSACTION
+        ):
             p = producers[tid]
             vals = model.open.pop(tid, [])
             try:
@@ -126,8 +136,12 @@ def test_random_operations_match_the_model(seed: int, monkeypatch: pytest.Monkey
                 pass
         elif op == "read":
             got = reader.poll()
-            for part, off, i in zip(got.column("_partition").to_pylist(), got.column("_offset").to_pylist(),
-                                    got.column("id").to_pylist(), strict=True):
+            for part, off, i in zip(
+                got.column("_partition").to_pylist(),
+                got.column("_offset").to_pylist(),
+                got.column("id").to_pylist(),
+                strict=True,
+            ):
                 assert i in model.committed, f"step {_step}: read id {i} which is not committed"
                 assert off > last_offset[part], "offsets went backwards"
                 last_offset[part] = off

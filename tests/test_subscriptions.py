@@ -54,7 +54,7 @@ def env() -> tuple[txn_core.Log, FakeClock, str]:
 def _produce(log: txn_core.Log, ids: list[int], per_entry: int = 4) -> None:
     p = log.producer()
     for i in range(0, len(ids), per_entry):
-        p.send("in", pa.table({"id": ids[i:i + per_entry]}), partition=0)
+        p.send("in", pa.table({"id": ids[i : i + per_entry]}), partition=0)
         p.flush()
     p.close()
 
@@ -130,7 +130,7 @@ def test_unacknowledged_records_are_redelivered_after_the_ack_timeout(env: Any) 
     clock.now += TIMEOUT // 2
     assert _offsets(c2.receive(10)) == [2, 3, 4, 5]
     assert not c1.receive(10).num_rows  # its lease expired: it delivers nothing of that range
-    c1.acknowledge([2])                 # a late acknowledgement of a delivered record still counts
+    c1.acknowledge([2])  # a late acknowledgement of a delivered record still counts
     c2.acknowledge([2, 3, 4, 5])
     assert c2.state().mark_delete == 6
 
@@ -143,8 +143,8 @@ def test_a_record_is_delivered_only_with_at_least_half_an_ack_timeout_ahead(env:
     clock.now += TIMEOUT * 6 // 10
     a.acknowledge([0, 1])
     _produce(log, [2, 3])
-    assert _offsets(a.receive(10)) == [2, 3]   # its lease was half spent: renewed before delivering
-    clock.now += TIMEOUT * 6 // 10             # past the first lease, within the renewed one
+    assert _offsets(a.receive(10)) == [2, 3]  # its lease was half spent: renewed before delivering
+    clock.now += TIMEOUT * 6 // 10  # past the first lease, within the renewed one
     assert not b.receive(10).num_rows
     clock.now += TIMEOUT * 5 // 10
     assert _offsets(b.receive(10)) == [2, 3]
@@ -160,13 +160,17 @@ def test_idle_consumers_write_nothing(env: Any) -> None:
             if got.num_rows:
                 c.acknowledge(got)
     assert consumers[0].state().mark_delete == 10
-    before = sorted(log.storage.list("subscriptions/in/00000/s/leases/")), log.partition_log(
-        consumers[0].ack_log_path).tail()
+    before = (
+        sorted(log.storage.list("subscriptions/in/00000/s/leases/")),
+        log.partition_log(consumers[0].ack_log_path).tail(),
+    )
     for _ in range(6):
         clock.now += TIMEOUT
         assert not any(c.receive(10).num_rows for c in consumers)
-    after = sorted(log.storage.list("subscriptions/in/00000/s/leases/")), log.partition_log(
-        consumers[0].ack_log_path).tail()
+    after = (
+        sorted(log.storage.list("subscriptions/in/00000/s/leases/")),
+        log.partition_log(consumers[0].ack_log_path).tail(),
+    )
     assert after[1] == before[1]  # no ack records
     assert set(after[0]) <= set(before[0])  # no new leases (old ones are cleaned up below the mark-delete)
 
@@ -178,7 +182,7 @@ def test_redeliver_unacknowledged_after_an_abort(env: Any) -> None:
     assert _offsets(c.receive(10)) == [0, 1, 2, 3]
     p = _txn(log, "t")
     p.send("out", pa.table({"id": [0]}), partition=0)
-    p.abort_transaction()       # e.g. processing failed before anything was acknowledged
+    p.abort_transaction()  # e.g. processing failed before anything was acknowledged
     assert not c.receive(10).num_rows
     c.redeliver_unacknowledged()
     assert _offsets(c.receive(10)) == [0, 1, 2, 3]
@@ -278,18 +282,18 @@ def test_an_ack_of_a_record_pending_in_another_transaction_fails_with_a_conflict
     _produce(log, list(range(4)))
     slow, fast = _sub(log, consumer_name="slow"), _sub(log, consumer_name="fast")
     assert _offsets(slow.receive(10)) == [0, 1, 2, 3]
-    clock.now += TIMEOUT                        # slow's lease expires: fast gets the records too
+    clock.now += TIMEOUT  # slow's lease expires: fast gets the records too
     assert _offsets(fast.receive(10)) == [0, 1, 2, 3]
     t1, t2 = _txn(log, "t1"), _txn(log, "t2")
     t1.send("out", pa.table({"id": [1]}), partition=0)
-    slow.acknowledge([1, 2], transaction=t1)    # first in the ack log: wins
+    slow.acknowledge([1, 2], transaction=t1)  # first in the ack log: wins
     t2.send("out", pa.table({"id": [2]}), partition=0)
     with pytest.raises(TransactionConflictError, match=r"1 \(pending in transaction .*\), 2 \(pending"):
         fast.acknowledge([0, 1, 2, 3], transaction=t2)
     with pytest.raises(InvalidTxnStateError, match="call abort_transaction"):
         t2.commit_transaction()
     t2.abort_transaction()
-    fast.acknowledge([0, 3])                    # its other records are still its own
+    fast.acknowledge([0, 3])  # its other records are still its own
     t1.commit_transaction()
     t1.wait_for_completion()
     st = fast.state()
@@ -300,7 +304,8 @@ def test_an_ack_of_a_record_pending_in_another_transaction_fails_with_a_conflict
 
 
 def test_a_plain_ack_of_a_record_another_transaction_committed_is_harmless_but_a_transactional_one_conflicts(
-        env: Any) -> None:
+    env: Any,
+) -> None:
     log, clock, _ = env
     _produce(log, [0])
     a, b = _sub(log, consumer_name="a"), _sub(log, consumer_name="b")
@@ -333,18 +338,17 @@ def test_batch_index_acks_of_interleaved_transactions_abort_restores_only_the_ab
     t1.abort_transaction()
     t1.wait_for_completion()
     st = c.state()
-    assert format(st.pending[0][1], "06b") == "100011"   # exactly t1's bits (0, 1, 5) are back
+    assert format(st.pending[0][1], "06b") == "100011"  # exactly t1's bits (0, 1, 5) are back
     t2.commit_transaction()
     t2.wait_for_completion()
     st = c.state()
     assert not st.pending and format(st.acked[0][1], "06b") == "100011"
-    assert _offsets(c.receive(10)) == [0, 1, 5]          # redelivered after the abort
+    assert _offsets(c.receive(10)) == [0, 1, 5]  # redelivered after the abort
     c.acknowledge([0, 1, 5])
     assert c.state().mark_delete == 6
 
 
-def test_a_zombie_ack_after_its_transaction_timed_out_has_no_effect(env: Any, monkeypatch: pytest.MonkeyPatch
-                                                                   ) -> None:
+def test_a_zombie_ack_after_its_transaction_timed_out_has_no_effect(env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     log, clock, _ = env
     monkeypatch.setattr(acklog_mod, "RESOLVE_EVERY_S", 0.0)
     _produce(log, [0, 1])
@@ -356,14 +360,15 @@ def test_a_zombie_ack_after_its_transaction_timed_out_has_no_effect(env: Any, mo
     c.state()  # meets the pending ack, finds its transaction past its timeout, aborts it
     assert c.state().status(0) is AckStatus.UNACKED and not c.state().txns
     with pytest.raises(TransactionConflictError, match="already ended"):
-        c.acknowledge([1], transaction=zombie)          # the frozen producer's late write lands, void
+        c.acknowledge([1], transaction=zombie)  # the frozen producer's late write lands, void
     assert c.state().status(1) is AckStatus.UNACKED
     with pytest.raises(txn_core.ProducerFencedError):
         zombie.abort_transaction()
 
 
 def test_a_zombie_ack_the_ended_cache_forgot_is_dropped_through_a_logged_abort_marker(
-        env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log, clock, name = env
     monkeypatch.setattr(acklog_mod, "RESOLVE_EVERY_S", 0.0)
     monkeypatch.setattr(state_mod, "ENDED_KEPT", 1)
@@ -396,8 +401,7 @@ def test_a_zombie_ack_the_ended_cache_forgot_is_dropped_through_a_logged_abort_m
 # --- crashes and recovery ------------------------------------------------------------------------------
 
 
-def test_consumer_crash_with_pending_acks_recovers_and_redelivers(env: Any, monkeypatch: pytest.MonkeyPatch
-                                                                  ) -> None:
+def test_consumer_crash_with_pending_acks_recovers_and_redelivers(env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     log, clock, name = env
     monkeypatch.setattr(acklog_mod, "RESOLVE_EVERY_S", 0.0)
     _produce(log, list(range(5)))

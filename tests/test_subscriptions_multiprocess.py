@@ -55,8 +55,9 @@ def _setup(url: str, n: int, rng: random.Random) -> tuple[list[int], int]:
     return committed, log.partition_log("topics/in/00000").end_offset()
 
 
-def _run(tmp_path: Path, *, workers: int, records: int, kills: int, freezes: int, seed: int,
-         budget_s: float) -> dict[str, Any]:
+def _run(
+    tmp_path: Path, *, workers: int, records: int, kills: int, freezes: int, seed: int, budget_s: float
+) -> dict[str, Any]:
     rng = random.Random(seed)
     url = f"file://{tmp_path}/log"
     expected, end = _setup(url, records, rng)
@@ -65,8 +66,10 @@ def _run(tmp_path: Path, *, workers: int, records: int, kills: int, freezes: int
     ack_timeout_ms, txn_timeout_ms = 1_500, 3_000
 
     def start(w: int) -> Any:
-        proc = ctx.Process(target=subscription_workers.exactly_once_worker,
-                           args=(url, None, w, stop, ack_timeout_ms, txn_timeout_ms, 4, 0.03, rng.random()))
+        proc = ctx.Process(
+            target=subscription_workers.exactly_once_worker,
+            args=(url, None, w, stop, ack_timeout_ms, txn_timeout_ms, 4, 0.03, rng.random()),
+        )
         proc.start()
         return proc
 
@@ -90,7 +93,7 @@ def _run(tmp_path: Path, *, workers: int, records: int, kills: int, freezes: int
                 ids = list(range(next_id, next_id + 100))
                 next_id += 100
                 for first in range(0, len(ids), 5):
-                    more.send("in", pa.table({"id": ids[first:first + 5]}), partition=0)
+                    more.send("in", pa.table({"id": ids[first : first + 5]}), partition=0)
                 more.flush()
                 expected = expected + ids
                 end = log.partition_log("topics/in/00000").end_offset()
@@ -105,7 +108,7 @@ def _run(tmp_path: Path, *, workers: int, records: int, kills: int, freezes: int
                 procs[w] = start(w)
                 done_kills += 1
             elif done_freezes < freezes:
-                os.kill(procs[w].pid, signal.SIGSTOP)   # a zombie: its leases and transaction time out
+                os.kill(procs[w].pid, signal.SIGSTOP)  # a zombie: its leases and transaction time out
                 time.sleep(txn_timeout_ms / 1000 + 1.0)
                 os.kill(procs[w].pid, signal.SIGCONT)
                 done_freezes += 1
@@ -123,10 +126,17 @@ def _run(tmp_path: Path, *, workers: int, records: int, kills: int, freezes: int
     while (t := c.poll()).num_rows:
         out += t.column("id").to_pylist()
     state = sub.state()
-    return {"expected": expected, "out": out, "end": end, "mark_delete": state.mark_delete,
-            "kills": done_kills, "freezes": done_freezes, "void": state.void_count,
-            "aborted_outputs": log.describe_topic("out").partitions[0].aborted_transactions,
-            "aborted_acks": sum(1 for committed in state.ended.values() if not committed)}
+    return {
+        "expected": expected,
+        "out": out,
+        "end": end,
+        "mark_delete": state.mark_delete,
+        "kills": done_kills,
+        "freezes": done_freezes,
+        "void": state.void_count,
+        "aborted_outputs": log.describe_topic("out").partitions[0].aborted_transactions,
+        "aborted_acks": sum(1 for committed in state.ended.values() if not committed),
+    }
 
 
 def _check(result: dict[str, Any]) -> None:
@@ -134,7 +144,8 @@ def _check(result: dict[str, Any]) -> None:
     dupes = sorted({i for i in out if out.count(i) > 1})
     assert not dupes, f"records processed twice: {dupes[:20]}"
     assert sorted(out) == sorted(expected), (
-        f"missing {sorted(set(expected) - set(out))[:20]}, unexpected {sorted(set(out) - set(expected))[:20]}")
+        f"missing {sorted(set(expected) - set(out))[:20]}, unexpected {sorted(set(out) - set(expected))[:20]}"
+    )
     assert result["mark_delete"] == result["end"]
 
 

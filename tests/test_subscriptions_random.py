@@ -47,10 +47,12 @@ def test_random_consumers_and_transactions_keep_every_invariant(seed: int) -> No
     size = rng.choice([4, 8, 16])
 
     def consumer(i: int) -> txn_core.SubscriptionConsumer:
-        return log.subscribe("in", 0, "s", consumer_name=f"c{i}", ack_timeout_ms=T,
-                             nack_delay_ms=rng.choice([0, 3000]), range_size=size)
+        return log.subscribe(
+            "in", 0, "s", consumer_name=f"c{i}", ack_timeout_ms=T, nack_delay_ms=rng.choice([0, 3000]), range_size=size
+        )
 
     consumers = [consumer(i) for i in range(3)]
+
     def producer(i: int) -> txn_core.Producer:
         p = log.producer(f"t{i}", transaction_timeout_ms=T)
         p.init_transactions()

@@ -26,8 +26,12 @@ class Driver:
     def __init__(self, mark_delete: int = 0) -> None:
         self.state = SubscriptionState(mark_delete)
 
-    def ack(self, entries: list[tuple[int, int, list[int]]], txn: TxnId | None = None,
-            skips: tuple[tuple[int, int], ...] = ()) -> bool:
+    def ack(
+        self,
+        entries: list[tuple[int, int, list[int]]],
+        txn: TxnId | None = None,
+        skips: tuple[tuple[int, int], ...] = (),
+    ) -> bool:
         acks = tuple(EntryAck(b, c, bitsets.from_indexes(idx, c)) for b, c, idx in entries)
         rec = AckRecord(AckOp.ACK, acks, 0, skips, "test")
         return self._record(txn, rec)
@@ -61,12 +65,12 @@ def test_abort_restores_exactly_the_bits_the_transaction_cleared() -> None:
     """The seed's example: batch of 4 at <1,1>; txn1 acks indexes 0 and 1, txn2 acks index 2, txn2 aborts."""
     d = Driver()
     assert d.ack([(100, 4, [0])], T1)
-    assert d.combined(100) == "TTTF"          # printed like the seed: index 3 .. index 0
+    assert d.combined(100) == "TTTF"  # printed like the seed: index 3 .. index 0
     assert d.ack([(100, 4, [1])], T1)
-    assert d.combined(100) == "TTFF"          # TTTF AND TTFT
+    assert d.combined(100) == "TTFF"  # TTTF AND TTFT
     assert d.ack([(100, 4, [2])], T2)
-    assert d.combined(100) == "TFFF"          # TTFF AND TFTT
-    d.end(T2, commit=False)                   # flip(TFTT) = FTFF; TFFF OR FTFF = TTFF
+    assert d.combined(100) == "TFFF"  # TTFF AND TFTT
+    d.end(T2, commit=False)  # flip(TFTT) = FTFF; TFFF OR FTFF = TTFF
     assert d.combined(100) == "TTFF"
     assert d.state.status(102) is AckStatus.UNACKED
     assert [d.state.status(o) for o in (100, 101)] == [AckStatus.PENDING] * 2
@@ -81,7 +85,7 @@ def test_interleaved_transactions_on_one_entry_each_get_back_only_their_own_bits
     assert d.ack([(0, 6, [3])], T2)
     assert d.ack([(0, 6, [1, 5])], T1)
     assert d.ack([(0, 6, [4])], T2)
-    assert d.ack([(0, 6, [2])])                     # a plain ack of a record nobody holds
+    assert d.ack([(0, 6, [2])])  # a plain ack of a record nobody holds
     d.end(T1, commit=False)
     assert {o for o in range(6) if d.state.status(o) is AckStatus.UNACKED} == {0, 1, 5}
     d.end(T2, commit=True)
@@ -93,33 +97,33 @@ def test_interleaved_transactions_on_one_entry_each_get_back_only_their_own_bits
 def test_the_first_acknowledgement_in_log_order_wins_and_the_loser_has_no_effect() -> None:
     d = Driver()
     assert d.ack([(0, 4, [1])], T1)
-    assert not d.ack([(0, 4, [0, 1])], T2)          # 1 is pending in T1: the whole request is void
+    assert not d.ack([(0, 4, [0, 1])], T2)  # 1 is pending in T1: the whole request is void
     assert d.state.status(0) is AckStatus.UNACKED
-    assert not d.ack([(0, 4, [1])])                 # a plain ack of a pending record is refused too
-    assert d.ack([(0, 4, [1])], T1)                 # the holder acking again changes nothing
+    assert not d.ack([(0, 4, [1])])  # a plain ack of a pending record is refused too
+    assert d.ack([(0, 4, [1])], T1)  # the holder acking again changes nothing
     d.end(T1, commit=True)
-    assert not d.ack([(0, 4, [1])], T2)             # already acknowledged: a second processing
-    assert d.ack([(0, 4, [1])])                     # a plain duplicate is harmless
+    assert not d.ack([(0, 4, [1])], T2)  # already acknowledged: a second processing
+    assert d.ack([(0, 4, [1])])  # a plain duplicate is harmless
     assert d.state.void_count == 3
 
 
 def test_acks_of_a_transaction_after_its_marker_are_void() -> None:
     d = Driver()
-    d.end(T1, commit=False)                         # marker of a transaction with nothing here yet
-    assert not d.ack([(0, 1, [0])], T1)             # the zombie's write
+    d.end(T1, commit=False)  # marker of a transaction with nothing here yet
+    assert not d.ack([(0, 1, [0])], T1)  # the zombie's write
     assert d.state.status(0) is AckStatus.UNACKED
 
 
 def test_cumulative_acks_plain_and_transactional() -> None:
     d = Driver()
-    assert d.ack([(5, 3, [1])], T1)                 # offset 6 pending in T1
-    assert not d.cumulative(8)                      # plain cumulative over a pending record
+    assert d.ack([(5, 3, [1])], T1)  # offset 6 pending in T1
+    assert not d.cumulative(8)  # plain cumulative over a pending record
     assert not d.cumulative(7, T2)
-    assert d.cumulative(6, T2)                      # below T1's record: fine
-    assert not d.ack([(0, 5, [2])], T3)             # 2 is under T2's pending cumulative ack
+    assert d.cumulative(6, T2)  # below T1's record: fine
+    assert not d.ack([(0, 5, [2])], T3)  # 2 is under T2's pending cumulative ack
     d.end(T2, commit=True)
     assert d.state.mark_delete == 6
-    assert not d.cumulative(3, T3)                  # everything below 3 is already acknowledged
+    assert not d.cumulative(3, T3)  # everything below 3 is already acknowledged
     d.end(T1, commit=False)
     assert d.cumulative(8)
     assert d.state.mark_delete == 8 and not d.state.acked
@@ -144,12 +148,20 @@ def test_an_entry_with_other_bounds_than_the_known_one_is_refused() -> None:
     assert not d.ack([(12, 4, [0])], T2)
 
 
-@pytest.mark.parametrize("payload", [b"{", b"[]", b'{"v":1,"op":"nope"}', b'{"v":1,"op":"ack","acks":[]}',
-                                     b'{"v":1,"op":"ack","acks":[[0,4,"f"]]}',        # acknowledges nothing
-                                     b'{"v":1,"op":"ack","acks":[[0,4,"1f"]]}',       # bits beyond the entry
-                                     b'{"v":1,"op":"ack","acks":[[4,2,"0"],[0,8,"0"]]}',
-                                     b'{"v":1,"op":"cumulative","upto":0}',
-                                     b'{"v":1,"op":"skip","skips":[[5,5]]}'])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"{",
+        b"[]",
+        b'{"v":1,"op":"nope"}',
+        b'{"v":1,"op":"ack","acks":[]}',
+        b'{"v":1,"op":"ack","acks":[[0,4,"f"]]}',  # acknowledges nothing
+        b'{"v":1,"op":"ack","acks":[[0,4,"1f"]]}',  # bits beyond the entry
+        b'{"v":1,"op":"ack","acks":[[4,2,"0"],[0,8,"0"]]}',
+        b'{"v":1,"op":"cumulative","upto":0}',
+        b'{"v":1,"op":"skip","skips":[[5,5]]}',
+    ],
+)
 def test_malformed_ack_records_are_corrupt_data(payload: bytes) -> None:
     with pytest.raises(CorruptDataError):
         AckRecord.decode(payload, "subscriptions/t/00000/s/acks/log/00000000000000000007")
@@ -159,7 +171,10 @@ def test_entry_acks_group_offsets_into_bitsets() -> None:
     bounds = {0: (0, 4), 1: (0, 4), 3: (0, 4), 4: (4, 1), 9: (5, 10)}
     acks = entry_acks([3, 0, 9, 4, 1, 0], bounds.__getitem__)
     assert [(a.base, a.count, format(a.ack_set, f"0{a.count}b")) for a in acks] == [
-        (0, 4, "0100"), (4, 1, "0"), (5, 10, "1111101111")]
+        (0, 4, "0100"),
+        (4, 1, "0"),
+        (5, 10, "1111101111"),
+    ]
     assert acks[0].offsets() == [0, 1, 3]
 
 
@@ -249,7 +264,7 @@ def test_random_acks_and_markers_match_a_per_offset_model(seed: int) -> None:
         entries.append((o, n))
         o += n
     end = o
-    hidden = {e for e in entries if rng.random() < 0.15}            # markers / aborted data: never delivered
+    hidden = {e for e in entries if rng.random() < 0.15}  # markers / aborted data: never delivered
     visible = [e for e in entries if e not in hidden]
     d, m = Driver(), Model()
     txns = [TxnId(rng.randrange(4), s) for s in range(1, 1000)]

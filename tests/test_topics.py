@@ -58,13 +58,16 @@ def test_racing_creators_have_exactly_one_winner(log: txn_core.Log) -> None:
     assert log.topics.get("race").partitions == wins[0] + 1
 
 
-@pytest.mark.parametrize(("partitions", "schema", "fragment"), [
-    (0, SCHEMA, "partitions must be an integer"),
-    (True, SCHEMA, "partitions must be an integer"),
-    (2, pa.schema([("_offset", pa.int64())]), "reserved column name"),
-    (2, "id long", "must be a pyarrow.Schema"),
-    (2, pa.schema([]), "no columns"),
-])
+@pytest.mark.parametrize(
+    ("partitions", "schema", "fragment"),
+    [
+        (0, SCHEMA, "partitions must be an integer"),
+        (True, SCHEMA, "partitions must be an integer"),
+        (2, pa.schema([("_offset", pa.int64())]), "reserved column name"),
+        (2, "id long", "must be a pyarrow.Schema"),
+        (2, pa.schema([]), "no columns"),
+    ],
+)
 def test_bad_topic_definitions(log: txn_core.Log, partitions: object, schema: object, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         log.create_topic("t", partitions, schema)  # type: ignore[arg-type]

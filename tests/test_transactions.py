@@ -27,15 +27,18 @@ from txn_core.storage import MemoryStorage, open_storage
 SCHEMA = pa.schema([("id", pa.int64())])
 
 
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(1_800_000_000_000)
 
 
-@pytest.fixture(params=["memory", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
-                        pytest.param("latency", marks=pytest.mark.latency)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
+        pytest.param("latency", marks=pytest.mark.latency),
+    ]
+)
 def log(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> txn_core.Log:
     """The transaction suite runs on memory by default, on a real S3 server (SeaweedFS) in its tier, and
     on that server behind 25 ms of added round-trip time in the latency tier (where overlapped requests
@@ -189,8 +192,16 @@ def test_zombie_producer_is_fenced_after_restart(log: txn_core.Log) -> None:
     # Its late writes land (storage cannot refuse them) but are never visible.
     zombie_raw = encode_arrow([pa.record_batch({"id": [666]})], SCHEMA)
     log.partition_log(paths.partition_log_path("t", 0)).append(
-        EntryKind.DATA, [memoryview(zombie_raw)], len(zombie_raw), crc32(zombie_raw), 1,
-        producer_id=zombie.producer_id, producer_epoch=zombie.epoch, base_sequence=99, txn=zombie.transaction_id)
+        EntryKind.DATA,
+        [memoryview(zombie_raw)],
+        len(zombie_raw),
+        crc32(zombie_raw),
+        1,
+        producer_id=zombie.producer_id,
+        producer_epoch=zombie.epoch,
+        base_sequence=99,
+        txn=zombie.transaction_id,
+    )
     successor.begin_transaction()
     send(successor, [10])
     successor.commit_transaction()
@@ -337,8 +348,16 @@ def test_find_hanging_reports_data_the_coordinator_never_registered(log: txn_cor
     txn = p.transaction_id
     raw = encode_arrow([pa.record_batch({"id": [2]})], SCHEMA)
     log.partition_log(paths.partition_log_path("t", 1)).append(
-        EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, producer_id=p.producer_id,
-        producer_epoch=p.epoch, base_sequence=0, txn=txn)
+        EntryKind.DATA,
+        [memoryview(raw)],
+        len(raw),
+        crc32(raw),
+        1,
+        producer_id=p.producer_id,
+        producer_epoch=p.epoch,
+        base_sequence=0,
+        txn=txn,
+    )
     p.commit_transaction()
     p.wait_for_completion()
     hanging = log.find_hanging_transactions("t")
@@ -358,17 +377,32 @@ def test_data_in_an_unregistered_partition_is_never_visible(log: txn_core.Log) -
     p.flush()
     raw = encode_arrow([pa.record_batch({"id": [2]})], SCHEMA)
     log.partition_log(paths.partition_log_path("t", 1)).append(
-        EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, producer_id=p.producer_id,
-        producer_epoch=p.epoch, base_sequence=0, txn=p.transaction_id)
-    prepared = log.coordinator.end("tx", p.producer_id, p.epoch, p.transaction_id, True,  # type: ignore[arg-type]
-                                   complete=False)
+        EntryKind.DATA,
+        [memoryview(raw)],
+        len(raw),
+        crc32(raw),
+        1,
+        producer_id=p.producer_id,
+        producer_epoch=p.epoch,
+        base_sequence=0,
+        txn=p.transaction_id,
+    )
+    prepared = log.coordinator.end(
+        "tx",
+        p.producer_id,
+        p.epoch,
+        p.transaction_id,
+        True,  # type: ignore[arg-type]
+        complete=False,
+    )
     assert ids(txn_core.Log(log.storage, clock=log.clock)) == [1]
     log.coordinator.complete(prepared)
     assert ids(txn_core.Log(log.storage, clock=log.clock)) == [1]
 
 
-def test_a_write_after_the_commit_marker_is_dropped_even_when_forgotten(log: txn_core.Log,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_after_the_commit_marker_is_dropped_even_when_forgotten(
+    log: txn_core.Log, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A zombie write landing after its transaction's commit marker, read by a buffer that no longer
     remembers that transaction ended, is still dropped (the coordinator says finished; no marker follows)."""
     import txn_core.buffer as buffer_module
@@ -381,8 +415,16 @@ def test_a_write_after_the_commit_marker_is_dropped_even_when_forgotten(log: txn
     txn, epoch = log.coordinator.state("tx").txn, p.epoch - 1  # type: ignore[union-attr]
     raw = encode_arrow([pa.record_batch({"id": [666]})], SCHEMA)
     log.partition_log(paths.partition_log_path("t", 0)).append(
-        EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, producer_id=p.producer_id,
-        producer_epoch=epoch, base_sequence=-1, txn=txn)
+        EntryKind.DATA,
+        [memoryview(raw)],
+        len(raw),
+        crc32(raw),
+        1,
+        producer_id=p.producer_id,
+        producer_epoch=epoch,
+        base_sequence=-1,
+        txn=txn,
+    )
     monkeypatch.setattr(buffer_module, "ENDED_CACHE", 0)  # the buffer forgets ended transactions at once
     assert ids(txn_core.Log(log.storage, clock=log.clock)) == [1]
 
@@ -406,8 +448,16 @@ def test_an_operator_can_abort_a_hanging_transaction_in_one_partition(log: txn_c
     p.flush()
     raw = encode_arrow([pa.record_batch({"id": [2]})], SCHEMA)
     log.partition_log(paths.partition_log_path("t", 1)).append(
-        EntryKind.DATA, [memoryview(raw)], len(raw), crc32(raw), 1, producer_id=p.producer_id,
-        producer_epoch=p.epoch, base_sequence=0, txn=p.transaction_id)
+        EntryKind.DATA,
+        [memoryview(raw)],
+        len(raw),
+        crc32(raw),
+        1,
+        producer_id=p.producer_id,
+        producer_epoch=p.epoch,
+        base_sequence=0,
+        txn=p.transaction_id,
+    )
     txn = p.transaction_id
     assert txn is not None
     with pytest.raises(txn_core.ConfigurationError, match=r"still ongoing .* transactional id 'tx'"):

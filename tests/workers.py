@@ -28,8 +28,9 @@ def race_creates(url: str, options: dict[str, Any] | None, worker: int, keys: li
     return won
 
 
-def append_rows(url: str, options: dict[str, Any] | None, topic: str, worker: int, batches: int,
-                rows: int, start_at: float) -> list[tuple[int, int]]:
+def append_rows(
+    url: str, options: dict[str, Any] | None, topic: str, worker: int, batches: int, rows: int, start_at: float
+) -> list[tuple[int, int]]:
     """Idempotent producer appending ``batches`` entries to partition 0; returns (base offset, count)."""
     import txn_core
 
@@ -47,8 +48,17 @@ def append_rows(url: str, options: dict[str, Any] | None, topic: str, worker: in
     return out
 
 
-def transactional_copier(url: str, options: dict[str, Any] | None, topic: str, tid: str, worker: int,
-                         txns: int, rows: int, abort_every: int, start_at: float) -> dict[str, list[int]]:
+def transactional_copier(
+    url: str,
+    options: dict[str, Any] | None,
+    topic: str,
+    tid: str,
+    worker: int,
+    txns: int,
+    rows: int,
+    abort_every: int,
+    start_at: float,
+) -> dict[str, list[int]]:
     """Run transactions of ``rows`` ids on every partition; abort every ``abort_every``-th one."""
     import txn_core
 
@@ -82,8 +92,9 @@ def pid() -> int:
     return os.getpid()
 
 
-def fencing_worker(url: str, options: dict[str, Any] | None, topic: str, tid: str, worker: int, txns: int,
-                   start_at: float) -> dict[str, list[int]]:
+def fencing_worker(
+    url: str, options: dict[str, Any] | None, topic: str, tid: str, worker: int, txns: int, start_at: float
+) -> dict[str, list[int]]:
     """Two of these share one transactional id: each re-inits when fenced. Returns committed ids."""
     import txn_core
 
@@ -102,9 +113,16 @@ def fencing_worker(url: str, options: dict[str, Any] | None, topic: str, tid: st
                 p.init_transactions()
             p.begin_transaction()
             for part in range(parts):
-                p.send(topic, pa.table({"id": [i for i in ids if i % parts == part],
-                                        "worker": [worker] * len([i for i in ids if i % parts == part])}),
-                       partition=part)
+                p.send(
+                    topic,
+                    pa.table(
+                        {
+                            "id": [i for i in ids if i % parts == part],
+                            "worker": [worker] * len([i for i in ids if i % parts == part]),
+                        }
+                    ),
+                    partition=part,
+                )
             p.flush()
             p.commit_transaction()
             committed.extend(ids)

@@ -30,9 +30,14 @@ MAX_COORDINATOR = (1 << (64 - SEQ_BITS)) - 1
 #: Recent rows are merged into the sorted arrays once there are this many.
 MERGE_AT = 4096
 
-ABORTED_SCHEMA = pa.schema([
-    ("txn", pa.uint64()), ("first", pa.int64()), ("last", pa.int64()), ("marker", pa.int64()),
-])
+ABORTED_SCHEMA = pa.schema(
+    [
+        ("txn", pa.uint64()),
+        ("first", pa.int64()),
+        ("last", pa.int64()),
+        ("marker", pa.int64()),
+    ]
+)
 
 
 def txn_key(txn: TxnId) -> int:
@@ -145,8 +150,15 @@ class AbortedIndex:
         """All rows ordered by abort-marker offset (the order snapshot parts are cut in)."""
         self._merge()
         order = np.argsort(self._marker, kind="stable")
-        return pa.table([pa.array(self._keys[order]), pa.array(self._first[order]),
-                         pa.array(self._last[order]), pa.array(self._marker[order])], schema=ABORTED_SCHEMA)
+        return pa.table(
+            [
+                pa.array(self._keys[order]),
+                pa.array(self._first[order]),
+                pa.array(self._last[order]),
+                pa.array(self._marker[order]),
+            ],
+            schema=ABORTED_SCHEMA,
+        )
 
     @classmethod
     def from_tables(cls, tables: list[pa.Table]) -> AbortedIndex:

@@ -58,10 +58,24 @@ class HangingTransaction:
 
 
 def _describe(log: Log, st: TidState) -> TransactionDescription:
-    age = log.clock() - st.start_ms if st.state in (CoordinatorState.ONGOING, CoordinatorState.PREPARE_COMMIT,
-                                                      CoordinatorState.PREPARE_ABORT) else None
-    return TransactionDescription(st.tid, st.producer_id, st.epoch, st.state.value, st.txn, st.timeout_ms,
-                                  st.start_ms, age, st.participants, st.last_committed, st.abort_reason)
+    age = (
+        log.clock() - st.start_ms
+        if st.state in (CoordinatorState.ONGOING, CoordinatorState.PREPARE_COMMIT, CoordinatorState.PREPARE_ABORT)
+        else None
+    )
+    return TransactionDescription(
+        st.tid,
+        st.producer_id,
+        st.epoch,
+        st.state.value,
+        st.txn,
+        st.timeout_ms,
+        st.start_ms,
+        age,
+        st.participants,
+        st.last_committed,
+        st.abort_reason,
+    )
 
 
 def list_transactions(log: Log, *, include_complete: bool = False) -> list[TransactionListing]:
@@ -89,8 +103,9 @@ def abort_transaction(log: Log, transactional_id: str) -> TransactionDescription
     return _describe(log, result or st)
 
 
-def find_hanging_transactions(log: Log, topic: str | None = None, *,
-                              max_age_ms: int | None = None) -> list[HangingTransaction]:
+def find_hanging_transactions(
+    log: Log, topic: str | None = None, *, max_age_ms: int | None = None
+) -> list[HangingTransaction]:
     """Open transactions holding a partition's read bound too long (see module doc).
 
     ``max_age_ms`` flags anything open for longer than that, whatever its timeout.
@@ -116,8 +131,11 @@ def find_hanging_transactions(log: Log, topic: str | None = None, *,
                 elif max_age_ms is not None and age is not None and age > max_age_ms:
                     reason = f"open for {age} ms (more than {max_age_ms} ms)"
                 if reason:
-                    out.append(HangingTransaction(TopicPartition(t, p), o.txn, status.tid if status else None,
-                                                  o.first_offset, age, reason))
+                    out.append(
+                        HangingTransaction(
+                            TopicPartition(t, p), o.txn, status.tid if status else None, o.first_offset, age, reason
+                        )
+                    )
     return out
 
 
@@ -138,21 +156,40 @@ def abort_hanging(log: Log, topic: str, partition: int, txn: TxnId) -> int:
     state.scan_to_end()
     ongoing = state.buffer.by_txn.get(txn)
     if ongoing is None:
-        raise ConfigurationError(f"transaction {txn} holds no data without a marker in {topic}-{partition}; "
-                                 "nothing to abort (see find_hanging_transactions)")
+        raise ConfigurationError(
+            f"transaction {txn} holds no data without a marker in {topic}-{partition}; "
+            "nothing to abort (see find_hanging_transactions)"
+        )
     view = log.views.get(txn.coordinator)
     view.refresh()
     status = view.status(txn)
     if status is not None and status.state == CoordinatorState.ONGOING:
-        raise ConfigurationError(f"transaction {txn} is still ongoing in the transaction log; abort it by its "
-                                 f"transactional id {status.tid!r} instead")
+        raise ConfigurationError(
+            f"transaction {txn} is still ongoing in the transaction log; abort it by its "
+            f"transactional id {status.tid!r} instead"
+        )
     if status is not None and status.committed and path in status.participants:
-        raise ConfigurationError(f"transaction {txn} committed and {topic}-{partition} is one of its "
-                                 "participants; its marker is being written, nothing to abort")
-    payload = encode_json({"outcome": "ABORT", "txn": str(txn), "tid": status.tid if status else None,
-                           "reason": "aborted as hanging by an operator"})
-    result = log.partition_log(path).append(EntryKind.ABORT, payload, len(payload), crc32(payload), 1,
-                                            producer_id=ongoing.producer_id, producer_epoch=ongoing.producer_epoch,
-                                            txn=txn)
+        raise ConfigurationError(
+            f"transaction {txn} committed and {topic}-{partition} is one of its "
+            "participants; its marker is being written, nothing to abort"
+        )
+    payload = encode_json(
+        {
+            "outcome": "ABORT",
+            "txn": str(txn),
+            "tid": status.tid if status else None,
+            "reason": "aborted as hanging by an operator",
+        }
+    )
+    result = log.partition_log(path).append(
+        EntryKind.ABORT,
+        payload,
+        len(payload),
+        crc32(payload),
+        1,
+        producer_id=ongoing.producer_id,
+        producer_epoch=ongoing.producer_epoch,
+        txn=txn,
+    )
     state.scan_to_end()
     return result.base_offset

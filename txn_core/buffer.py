@@ -37,11 +37,11 @@ ENDED_CACHE = 100_000
 class Disposition(enum.Enum):
     """What an applied entry is to a read_committed reader."""
 
-    DATA = "data"          # non-transactional data: visible below the read bound
-    TXN_DATA = "txn"       # transactional data: visible iff its transaction commits
-    CONTROL = "control"    # a marker: never delivered
-    SKIP = "skip"          # duplicate, fenced or zombie write: never delivered
-    ABORTED = "aborted"    # data of an already-aborted transaction: never delivered
+    DATA = "data"  # non-transactional data: visible below the read bound
+    TXN_DATA = "txn"  # transactional data: visible iff its transaction commits
+    CONTROL = "control"  # a marker: never delivered
+    SKIP = "skip"  # duplicate, fenced or zombie write: never delivered
+    ABORTED = "aborted"  # data of an already-aborted transaction: never delivered
 
 
 @dataclass(slots=True)
@@ -85,7 +85,8 @@ class TxnBuffer:
         if header.base_offset != self.position:
             raise ValueError(
                 f"{self.where}: entry at slot {slot} starts at offset {header.base_offset}, buffer is at "
-                f"{self.position}")
+                f"{self.position}"
+            )
         txn = header.txn
         if header.kind.is_control:
             self._advance(slot, header, size)
@@ -102,8 +103,15 @@ class TxnBuffer:
             self._advance(slot, header, size)
             self.skips.add(header.base_offset, header.last_offset)
             return Disposition.SKIP  # a write after its transaction's commit marker
-        check = self.producers.check(header.producer_id, header.producer_epoch, header.base_sequence,
-                                     header.record_count, header.timestamp_ms, self.where, header.base_offset)
+        check = self.producers.check(
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            header.record_count,
+            header.timestamp_ms,
+            self.where,
+            header.base_offset,
+        )
         self._advance(slot, header, size)
         if check is SequenceCheck.GAP:
             expected, got = self.producers.last_gap
@@ -119,8 +127,7 @@ class TxnBuffer:
             return Disposition.SKIP
         cur = self.by_txn.get(txn)
         if cur is None:
-            cur = OngoingTxn(txn, header.base_offset, header.last_offset, header.producer_id,
-                             header.producer_epoch, 1)
+            cur = OngoingTxn(txn, header.base_offset, header.last_offset, header.producer_id, header.producer_epoch, 1)
             self.by_txn[txn] = cur
             self.ongoing[header.base_offset] = cur
         else:
@@ -213,8 +220,12 @@ class TxnBuffer:
     def copy(self) -> TxnBuffer:
         """An independent copy (used to snapshot while scanning continues)."""
         b = TxnBuffer(self.position, self.slot)
-        b.ongoing = SortedDict({k: OngoingTxn(v.txn, v.first_offset, v.last_offset, v.producer_id,
-                                              v.producer_epoch, v.entries) for k, v in self.ongoing.items()})
+        b.ongoing = SortedDict(
+            {
+                k: OngoingTxn(v.txn, v.first_offset, v.last_offset, v.producer_id, v.producer_epoch, v.entries)
+                for k, v in self.ongoing.items()
+            }
+        )
         b.by_txn = {v.txn: v for v in b.ongoing.values()}
         b.aborted = AbortedIndex.from_tables([self.aborted.to_table()])
         b.skips = SkipRanges.from_list(self.skips.to_list())

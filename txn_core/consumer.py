@@ -43,11 +43,17 @@ def _tp(tp: tuple[str, int] | TopicPartition) -> TopicPartition:
 class Consumer:
     """Reads assigned partitions in offset order; see module doc. Thread-safe (one poller at a time)."""
 
-    def __init__(self, log: Log, group_id: str | None = None, *, isolation_level: str = "read_committed",
-                 auto_offset_reset: str = "earliest", window_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        log: Log,
+        group_id: str | None = None,
+        *,
+        isolation_level: str = "read_committed",
+        auto_offset_reset: str = "earliest",
+        window_bytes: int = 64 << 20,
+    ) -> None:
         if isolation_level not in ISOLATION_LEVELS:
-            raise ConfigurationError(
-                f"isolation_level must be one of {ISOLATION_LEVELS}, got {isolation_level!r}")
+            raise ConfigurationError(f"isolation_level must be one of {ISOLATION_LEVELS}, got {isolation_level!r}")
         if auto_offset_reset not in OFFSET_RESETS:
             raise ConfigurationError(f"auto_offset_reset must be one of {OFFSET_RESETS}, got {auto_offset_reset!r}")
         if group_id is not None:
@@ -83,17 +89,20 @@ class Consumer:
                 if not 0 <= tp.partition < meta.partitions:
                     raise ConfigurationError(
                         f"partition {tp.partition} does not exist in topic {tp.topic!r} "
-                        f"(partitions 0..{meta.partitions - 1})")
+                        f"(partitions 0..{meta.partitions - 1})"
+                    )
                 schemas.append(meta.schema)
             try:
                 unified = pa.unify_schemas(schemas) if schemas else None
                 if unified is not None and len({id(x) for x in schemas}) > 1:
                     # A column some assigned topics lack is null in their rows.
-                    unified = pa.schema([f if all(f.name in x.names for x in schemas) else f.with_nullable(True)
-                                         for f in unified])
+                    unified = pa.schema(
+                        [f if all(f.name in x.names for x in schemas) else f.with_nullable(True) for f in unified]
+                    )
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
                 raise ConfigurationError(
-                    f"the assigned topics have incompatible schemas ({exc}); use one consumer per schema") from exc
+                    f"the assigned topics have incompatible schemas ({exc}); use one consumer per schema"
+                ) from exc
             committed = self.log.groups.committed(self.group_id, require_stable=True) if self.group_id else {}
 
             def open_reader(tp: TopicPartition) -> PartitionReader:
@@ -187,6 +196,7 @@ class Consumer:
         reader did not move past it), which keeps the order of delivery and errors of :meth:`poll`."""
         idle = [r for r in self._readers.values() if r.wants_data()]
         if len(idle) > 1:
+
             def fill(reader: PartitionReader) -> None:
                 with contextlib.suppress(TxnLogError):
                     reader.fill()
@@ -203,8 +213,10 @@ class Consumer:
             return pa.Table.from_batches(batches, schema=schema)
         aligned = []
         for b in batches:
-            cols = [b.column(f.name).cast(f.type) if f.name in b.schema.names else pa.nulls(b.num_rows, f.type)
-                    for f in schema]
+            cols = [
+                b.column(f.name).cast(f.type) if f.name in b.schema.names else pa.nulls(b.num_rows, f.type)
+                for f in schema
+            ]
             aligned.append(pa.RecordBatch.from_arrays(cols, schema=schema))
         return pa.Table.from_batches(aligned, schema=schema)
 
@@ -215,8 +227,9 @@ class Consumer:
         c = self.log.groups.committed(self.group_id).get(_tp(tp))
         return c.offset if c else None
 
-    def commit(self, offsets: Mapping[tuple[str, int] | TopicPartition, int] | None = None,
-               metadata: str | None = None) -> None:
+    def commit(
+        self, offsets: Mapping[tuple[str, int] | TopicPartition, int] | None = None, metadata: str | None = None
+    ) -> None:
         """Commit offsets for the group outside any transaction (default: current positions)."""
         with self._lock:
             self._check_open()

@@ -92,8 +92,16 @@ class EntryHeader:
 
     def with_base_offset(self, base_offset: int) -> EntryHeader:
         return EntryHeader(
-            self.kind, base_offset, self.record_count, self.producer_id, self.producer_epoch,
-            self.base_sequence, self.txn, self.timestamp_ms, self.payload_len, self.payload_crc,
+            self.kind,
+            base_offset,
+            self.record_count,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self.txn,
+            self.timestamp_ms,
+            self.payload_len,
+            self.payload_crc,
             self.writer_id,
         )
 
@@ -101,9 +109,24 @@ class EntryHeader:
         txn_hi, txn_lo = (self.txn.coordinator, self.txn.sequence) if self.txn else (0, 0)
         flags = FLAG_TRANSACTIONAL if self.txn is not None else 0
         body = _STRUCT.pack(
-            MAGIC, VERSION, int(self.kind), flags, HEADER_SIZE, 0, self.base_offset, self.record_count,
-            self.producer_id, self.producer_epoch, self.base_sequence, txn_hi, txn_lo, self.timestamp_ms,
-            self.payload_len, self.payload_crc, self.writer_id, b"\0" * 32,
+            MAGIC,
+            VERSION,
+            int(self.kind),
+            flags,
+            HEADER_SIZE,
+            0,
+            self.base_offset,
+            self.record_count,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            txn_hi,
+            txn_lo,
+            self.timestamp_ms,
+            self.payload_len,
+            self.payload_crc,
+            self.writer_id,
+            b"\0" * 32,
         )
         return body + _CRC.pack(crc32c(body))
 
@@ -114,26 +137,54 @@ def decode_header(data: Any, key: str) -> EntryHeader:
         if len(data) >= 4 and bytes(memoryview(data)[:4]) != MAGIC:
             raise CorruptDataError(
                 f"{key} is not a txnlog entry (bad magic {bytes(memoryview(data)[:4])!r}); a foreign or damaged object "
-                "sits in the log. Move it away; nothing after it is read until then.", key)
+                "sits in the log. Move it away; nothing after it is read until then.",
+                key,
+            )
         raise CorruptDataError(
             f"{key} is truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte entry header. "
-            "The object is damaged; restore it from a replica or remove the partition's tail.", key)
+            "The object is damaged; restore it from a replica or remove the partition's tail.",
+            key,
+        )
     body = bytes(memoryview(data)[:124])
-    (magic, version, kind, flags, header_size, _r, base_offset, count, pid, epoch, seq, txn_hi, txn_lo,
-     ts, plen, pcrc, writer_id, _pad) = _STRUCT.unpack(body)
+    (
+        magic,
+        version,
+        kind,
+        flags,
+        header_size,
+        _r,
+        base_offset,
+        count,
+        pid,
+        epoch,
+        seq,
+        txn_hi,
+        txn_lo,
+        ts,
+        plen,
+        pcrc,
+        writer_id,
+        _pad,
+    ) = _STRUCT.unpack(body)
     if magic != MAGIC:
         raise CorruptDataError(
             f"{key} is not a txnlog entry (bad magic {magic!r}); a foreign or damaged object sits in the "
-            "log. Move it away; nothing after it is read until then.", key)
+            "log. Move it away; nothing after it is read until then.",
+            key,
+        )
     (crc,) = _CRC.unpack(bytes(memoryview(data)[124:128]))
     if crc != crc32c(body):
         raise CorruptDataError(
             f"{key}: entry header checksum mismatch (stored {crc:#010x}, computed {crc32c(body):#010x}); "
-            "the object is corrupt.", key)
+            "the object is corrupt.",
+            key,
+        )
     if version != VERSION or header_size != HEADER_SIZE:
         raise CorruptDataError(
             f"{key}: entry format version {version} (header {header_size} bytes) is not supported by this "
-            f"txnlog (version {VERSION}); upgrade txnlog.", key)
+            f"txnlog (version {VERSION}); upgrade txnlog.",
+            key,
+        )
     try:
         ekind = EntryKind(kind)
     except ValueError as exc:
@@ -148,12 +199,16 @@ def verify_payload(header: EntryHeader, data: Any, key: str) -> memoryview:
     if len(view) != header.payload_len:
         raise CorruptDataError(
             f"{key} is truncated: payload has {len(view)} bytes, header says {header.payload_len}. "
-            "The object is damaged; nothing after it is read.", key)
+            "The object is damaged; nothing after it is read.",
+            key,
+        )
     crc = crc32c(view)
     if crc != header.payload_crc:
         raise CorruptDataError(
             f"{key}: payload checksum mismatch (stored {header.payload_crc:#010x}, computed {crc:#010x}); "
-            "the object is corrupt.", key)
+            "the object is corrupt.",
+            key,
+        )
     return view
 
 

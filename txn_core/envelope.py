@@ -76,13 +76,13 @@ class Envelope:
             raise CorruptDataError(f"{key}: payload is not a valid Arrow IPC stream: {exc}", key) from exc
 
 
-def encode(kind: ObjectKind, payload: bytes | pa.Buffer, *, is_arrow: bool = False,
-           writer_id: bytes | None = None) -> tuple[bytes, bytes | pa.Buffer]:
+def encode(
+    kind: ObjectKind, payload: bytes | pa.Buffer, *, is_arrow: bool = False, writer_id: bytes | None = None
+) -> tuple[bytes, bytes | pa.Buffer]:
     """Header and payload of a new object. The header is unique (fresh writer id unless given)."""
     wid = writer_id or uuid.uuid4().bytes
     view = memoryview(payload)
-    body = _STRUCT.pack(MAGIC, VERSION, int(kind), FLAG_ARROW if is_arrow else 0, wid, len(view),
-                        crc32c(view))
+    body = _STRUCT.pack(MAGIC, VERSION, int(kind), FLAG_ARROW if is_arrow else 0, wid, len(view), crc32c(view))
     return body + _CRC.pack(crc32c(body)), payload
 
 
@@ -96,7 +96,8 @@ def decode(data: bytes, key: str, expected: ObjectKind | None = None) -> Envelop
     """Decode and verify an object; raises :class:`CorruptDataError` naming ``key`` on any damage."""
     if len(data) < HEADER_SIZE:
         raise CorruptDataError(
-            f"{key} is truncated ({len(data)} bytes) or not a txnlog object; remove or restore it.", key)
+            f"{key} is truncated ({len(data)} bytes) or not a txnlog object; remove or restore it.", key
+        )
     body = data[: _STRUCT.size]
     magic, version, kind, flags, wid, plen, pcrc = _STRUCT.unpack(body)
     if magic != MAGIC:
@@ -114,8 +115,7 @@ def decode(data: bytes, key: str, expected: ObjectKind | None = None) -> Envelop
         raise CorruptDataError(f"{key}: expected a {expected.name} object, found {okind.name}", key)
     payload = memoryview(data)[HEADER_SIZE:]
     if len(payload) != plen:
-        raise CorruptDataError(
-            f"{key} is truncated: payload has {len(payload)} bytes, header says {plen}.", key)
+        raise CorruptDataError(f"{key} is truncated: payload has {len(payload)} bytes, header says {plen}.", key)
     if crc32c(payload) != pcrc:
         raise CorruptDataError(f"{key}: payload checksum mismatch; the object is corrupt.", key)
     return Envelope(okind, wid, payload, bool(flags & FLAG_ARROW))

@@ -41,13 +41,15 @@ from txn_core.storage.guarded import opportunistic
 if TYPE_CHECKING:
     from txn_core.log import Log
 
-OFFSETS_SCHEMA = pa.schema([
-    pa.field("topic", pa.string(), nullable=False),
-    pa.field("partition", pa.int32(), nullable=False),
-    pa.field("offset", pa.int64(), nullable=False),
-    pa.field("metadata", pa.string()),
-    pa.field("commit_ms", pa.int64(), nullable=False),
-])
+OFFSETS_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("metadata", pa.string()),
+        pa.field("commit_ms", pa.int64(), nullable=False),
+    ]
+)
 GROUP_SNAPSHOT_EVERY = 256
 GROUP_SNAPSHOTS_KEPT = 2
 
@@ -92,8 +94,10 @@ class GroupView:
                 value = envelope.read_json(self.log.storage, prefix + name, envelope.ObjectKind.GROUP_SNAPSHOT)
             except (ObjectNotFoundError, CorruptDataError):
                 continue
-            self.offsets = {TopicPartition(t, int(p)): GroupOffset(t, int(p), int(o), m, int(ts))
-                            for t, p, o, m, ts in value["offsets"]}
+            self.offsets = {
+                TopicPartition(t, int(p)): GroupOffset(t, int(p), int(o), m, int(ts))
+                for t, p, o, m, ts in value["offsets"]
+            }
             return int(value["position"])
         return 0
 
@@ -107,8 +111,14 @@ class GroupView:
                     break
                 for batch in batches:
                     cols = batch.to_pydict()
-                    for t, p, o, m, ts in zip(cols["topic"], cols["partition"], cols["offset"], cols["metadata"],
-                                              cols["commit_ms"], strict=True):
+                    for t, p, o, m, ts in zip(
+                        cols["topic"],
+                        cols["partition"],
+                        cols["offset"],
+                        cols["metadata"],
+                        cols["commit_ms"],
+                        strict=True,
+                    ):
                         self.offsets[TopicPartition(t, p)] = GroupOffset(t, p, o, m, ts)
                     self._since_snapshot += batch.num_rows
             if self._since_snapshot >= GROUP_SNAPSHOT_EVERY:
@@ -134,11 +144,17 @@ class GroupView:
 
     def _write_snapshot(self, position: int) -> None:
         prefix = group_snapshots(self.group)
-        value = {"group": self.group, "position": position,
-                 "offsets": [[o.topic, o.partition, o.offset, o.metadata, o.commit_ms]
-                             for o in sorted(self.offsets.values(), key=lambda x: (x.topic, x.partition))]}
-        envelope.create_json(self.log.storage, prefix + paths.slot_name(position),
-                             envelope.ObjectKind.GROUP_SNAPSHOT, value)
+        value = {
+            "group": self.group,
+            "position": position,
+            "offsets": [
+                [o.topic, o.partition, o.offset, o.metadata, o.commit_ms]
+                for o in sorted(self.offsets.values(), key=lambda x: (x.topic, x.partition))
+            ],
+        }
+        envelope.create_json(
+            self.log.storage, prefix + paths.slot_name(position), envelope.ObjectKind.GROUP_SNAPSHOT, value
+        )
         self._since_snapshot = 0
         names = sorted(n for n in self.log.storage.list(prefix) if not n.endswith("/"))
         for name in names[:-GROUP_SNAPSHOTS_KEPT]:
@@ -163,8 +179,7 @@ class GroupStore:
             return v
 
     @staticmethod
-    def offsets_table(offsets: Mapping[tuple[str, int] | TopicPartition, int],
-                      metadata: str | None = None) -> pa.Table:
+    def offsets_table(offsets: Mapping[tuple[str, int] | TopicPartition, int], metadata: str | None = None) -> pa.Table:
         topics, parts, offs = [], [], []
         for tp, off in offsets.items():
             topic, partition = (tp.topic, tp.partition) if isinstance(tp, TopicPartition) else tp
@@ -176,13 +191,20 @@ class GroupStore:
             parts.append(partition)
             offs.append(off)
         now = int(time.time() * 1000)
-        return pa.table({"topic": topics, "partition": pa.array(parts, pa.int32()),
-                         "offset": pa.array(offs, pa.int64()),
-                         "metadata": pa.array([metadata] * len(topics), pa.string()),
-                         "commit_ms": pa.array([now] * len(topics), pa.int64())}, schema=OFFSETS_SCHEMA)
+        return pa.table(
+            {
+                "topic": topics,
+                "partition": pa.array(parts, pa.int32()),
+                "offset": pa.array(offs, pa.int64()),
+                "metadata": pa.array([metadata] * len(topics), pa.string()),
+                "commit_ms": pa.array([now] * len(topics), pa.int64()),
+            },
+            schema=OFFSETS_SCHEMA,
+        )
 
-    def commit(self, group: str, offsets: Mapping[tuple[str, int] | TopicPartition, int],
-               metadata: str | None = None) -> None:
+    def commit(
+        self, group: str, offsets: Mapping[tuple[str, int] | TopicPartition, int], metadata: str | None = None
+    ) -> None:
         """Commit offsets outside any transaction (visible at once)."""
         validate_name("group", group)
         table = self.offsets_table(offsets, metadata)
@@ -191,10 +213,12 @@ class GroupStore:
         payload = encode_arrow(table.to_batches(), OFFSETS_SCHEMA)
         view = memoryview(payload)
         self.log.partition_log(paths.group_log_path(group)).append(
-            EntryKind.DATA, [view], len(view), crc32(view), table.num_rows)
+            EntryKind.DATA, [view], len(view), crc32(view), table.num_rows
+        )
 
-    def committed(self, group: str, *, require_stable: bool = False,
-                  timeout_s: float = 60.0) -> dict[TopicPartition, GroupOffset]:
+    def committed(
+        self, group: str, *, require_stable: bool = False, timeout_s: float = 60.0
+    ) -> dict[TopicPartition, GroupOffset]:
         """The group's committed offsets as read_committed readers see them.
 
         With ``require_stable`` (Kafka's ``require_stable``), waits while a transaction that wrote offsets
@@ -217,7 +241,8 @@ class GroupStore:
                     f"group {group!r} has offsets pending in open transaction {txn}"
                     + (f" of transactional id {tid!r}" if tid else "")
                     + f" after waiting {timeout_s:.0f} s; wait for it to commit or time out, or abort it "
-                    f"(txnlog transactions abort URL {tid or '...'}), then retry")
+                    f"(txnlog transactions abort URL {tid or '...'}), then retry"
+                )
             time.sleep(0.1)
 
     def list(self) -> list[str]:
@@ -232,7 +257,15 @@ class GroupStore:
                 lso, end = desc.last_stable_offset, desc.log_end_offset
             except TxnLogError:  # the topic was deleted or shrank: no lag to report
                 lso = end = -1
-            rows.append({"topic": tp.topic, "partition": tp.partition, "committed": off.offset,
-                         "last_stable_offset": lso, "log_end_offset": end,
-                         "lag": max(0, lso - off.offset) if lso >= 0 else None, "metadata": off.metadata})
+            rows.append(
+                {
+                    "topic": tp.topic,
+                    "partition": tp.partition,
+                    "committed": off.offset,
+                    "last_stable_offset": lso,
+                    "log_end_offset": end,
+                    "lag": max(0, lso - off.offset) if lso >= 0 else None,
+                    "metadata": off.metadata,
+                }
+            )
         return rows

@@ -80,9 +80,15 @@ class TopicDescription:
 LOG_TOP_LEVEL = frozenset({"_txnlog/", "topics/", "groups/", "subscriptions/", "staging/", "segments/"})
 
 
-def open_log(url: str, storage_options: dict[str, Any] | None = None, *,
-             coordinator_partitions: int = DEFAULT_COORDINATOR_PARTITIONS,
-             clock: Callable[[], int] | None = None, create: bool = True, allow_non_empty: bool = False) -> Log:
+def open_log(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    coordinator_partitions: int = DEFAULT_COORDINATOR_PARTITIONS,
+    clock: Callable[[], int] | None = None,
+    create: bool = True,
+    allow_non_empty: bool = False,
+) -> Log:
     """Open (creating if needed) the log at ``url``: a path, ``file://``, ``memory://``, ``s3://``, ...
 
     ``storage_options`` go to fsspec (credentials, endpoint); they are never logged or written.
@@ -92,15 +98,27 @@ def open_log(url: str, storage_options: dict[str, Any] | None = None, *,
     Opening an existing log writes nothing: it works with read-only access.
     """
     storage = open_storage(url, storage_options)
-    return Log(storage, coordinator_partitions=coordinator_partitions, clock=clock, create=create,
-               allow_non_empty=allow_non_empty)
+    return Log(
+        storage,
+        coordinator_partitions=coordinator_partitions,
+        clock=clock,
+        create=create,
+        allow_non_empty=allow_non_empty,
+    )
 
 
 class Log:
     """A client of one log URL (see module doc). Thread-safe; cheap to create."""
 
-    def __init__(self, storage: Storage, *, coordinator_partitions: int = DEFAULT_COORDINATOR_PARTITIONS,
-                 clock: Callable[[], int] | None = None, create: bool = True, allow_non_empty: bool = False) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        coordinator_partitions: int = DEFAULT_COORDINATOR_PARTITIONS,
+        clock: Callable[[], int] | None = None,
+        create: bool = True,
+        allow_non_empty: bool = False,
+    ) -> None:
         self.storage = storage
         self.url = storage.url
         self.clock = clock or (lambda: int(time.time() * 1000))
@@ -110,8 +128,9 @@ class Log:
         self._states: dict[str, PartitionState] = {}
         self._lock = threading.Lock()
         self.views = CoordinatorViews(storage, self.coordinator_partitions, self.clock)
-        self.coordinator = TransactionCoordinator(storage, self.views, self.partition_log,
-                                                  self.coordinator_partitions, self.clock)
+        self.coordinator = TransactionCoordinator(
+            storage, self.views, self.partition_log, self.coordinator_partitions, self.clock
+        )
         self.groups = GroupStore(self)
 
     def __repr__(self) -> str:
@@ -126,7 +145,8 @@ class Log:
             if not create:
                 raise ConfigurationError(
                     f"no txnlog at {self.storage.url} (it has no {paths.FORMAT_KEY}): check the URL and the storage "
-                    "options; a reader never creates a log (producers and txn_core.open_log do)") from None
+                    "options; a reader never creates a log (producers and txn_core.open_log do)"
+                ) from None
             if not allow_non_empty:
                 foreign = [n for n in self.storage.list("") if n not in LOG_TOP_LEVEL]
                 if foreign:
@@ -134,15 +154,25 @@ class Log:
                     raise ConfigurationError(
                         f"{self.storage.url} is not a txnlog log but holds other files ({shown}); refusing to "
                         "create a log beside them. Use an empty directory or prefix, or opt in with "
-                        "open_log(..., allow_non_empty=True) (Spark sink: option allowNonEmptyPath=true).") from None
-            envelope.create_json(self.storage, paths.FORMAT_KEY, envelope.ObjectKind.FORMAT, {
-                "format": "txnlog", "version": FORMAT_VERSION, "coordinator_partitions": coordinator_partitions,
-                "created_ms": int(time.time() * 1000)})
+                        "open_log(..., allow_non_empty=True) (Spark sink: option allowNonEmptyPath=true)."
+                    ) from None
+            envelope.create_json(
+                self.storage,
+                paths.FORMAT_KEY,
+                envelope.ObjectKind.FORMAT,
+                {
+                    "format": "txnlog",
+                    "version": FORMAT_VERSION,
+                    "coordinator_partitions": coordinator_partitions,
+                    "created_ms": int(time.time() * 1000),
+                },
+            )
             value = envelope.read_json(self.storage, paths.FORMAT_KEY, envelope.ObjectKind.FORMAT)
         if value.get("format") != "txnlog" or int(value.get("version", 0)) > FORMAT_VERSION:
             raise ConfigurationError(
                 f"{self.storage.describe()} holds a txnlog of format version {value.get('version')}; this "
-                f"txnlog reads version {FORMAT_VERSION}. Upgrade txnlog.")
+                f"txnlog reads version {FORMAT_VERSION}. Upgrade txnlog."
+            )
         return int(value["coordinator_partitions"])
 
     # --- internals shared by producers, consumers and admin ------------------------------------
@@ -169,8 +199,15 @@ class Log:
 
     # --- topics ---------------------------------------------------------------------------------
 
-    def create_topic(self, name: str, partitions: int, schema: pa.Schema, *, retention_ms: int | None = None,
-                     retention_bytes: int | None = None) -> TopicMeta:
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        schema: pa.Schema,
+        *,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> TopicMeta:
         """Create a topic; :class:`TopicExistsError` if it exists (exactly one of racing creators wins)."""
         return self.topics.create(name, partitions, schema, TopicConfig(retention_ms, retention_bytes))
 
@@ -181,8 +218,9 @@ class Log:
         """Grow ``name`` to ``total`` partitions (readers pick the new ones up from their beginning)."""
         return self.topics.update(name, partitions=total)
 
-    def set_retention(self, name: str, *, retention_ms: int | None = None,
-                      retention_bytes: int | None = None) -> TopicMeta:
+    def set_retention(
+        self, name: str, *, retention_ms: int | None = None, retention_bytes: int | None = None
+    ) -> TopicMeta:
         return self.topics.update(name, config=TopicConfig(retention_ms, retention_bytes))
 
     def describe_topic(self, name: str) -> TopicDescription:
@@ -217,40 +255,87 @@ class Log:
             else:
                 label = "Finished (no marker here)"
             age = now - status.start_ms if status is not None and status.start_ms else None
-            ongoing.append(OngoingTransaction(o.txn, status.tid if status else None, o.first_offset, o.last_offset,
-                                              o.producer_id, o.producer_epoch, label, age))
+            ongoing.append(
+                OngoingTransaction(
+                    o.txn,
+                    status.tid if status else None,
+                    o.first_offset,
+                    o.last_offset,
+                    o.producer_id,
+                    o.producer_epoch,
+                    label,
+                    age,
+                )
+            )
         start = state.log.log_start(refresh=True)
-        return PartitionDescription(partition, start.offset, buffer.position, bound, tuple(ongoing),
-                                    len(buffer.aborted), buffer.committed_count,
-                                    max(0, buffer.size_bytes - start.bytes_before))
+        return PartitionDescription(
+            partition,
+            start.offset,
+            buffer.position,
+            bound,
+            tuple(ongoing),
+            len(buffer.aborted),
+            buffer.committed_count,
+            max(0, buffer.size_bytes - start.bytes_before),
+        )
 
     # --- clients --------------------------------------------------------------------------------
 
-    def producer(self, transactional_id: str | None = None, *, transaction_timeout_ms: int = 60000,
-                 batch_bytes: int = DEFAULT_BATCH_BYTES) -> Producer:
+    def producer(
+        self,
+        transactional_id: str | None = None,
+        *,
+        transaction_timeout_ms: int = 60000,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+    ) -> Producer:
         """An idempotent producer, or a transactional one when ``transactional_id`` is given."""
-        return Producer(self, transactional_id, transaction_timeout_ms=transaction_timeout_ms,
-                        batch_bytes=batch_bytes)
+        return Producer(self, transactional_id, transaction_timeout_ms=transaction_timeout_ms, batch_bytes=batch_bytes)
 
-    def consumer(self, group_id: str | None = None, *, isolation_level: str = "read_committed",
-                 auto_offset_reset: str = "earliest") -> Consumer:
+    def consumer(
+        self,
+        group_id: str | None = None,
+        *,
+        isolation_level: str = "read_committed",
+        auto_offset_reset: str = "earliest",
+    ) -> Consumer:
         return Consumer(self, group_id, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset)
 
     # --- subscriptions (txn_core.subscriptions; PROTOCOL.md "Subscriptions") ------------------------
 
-    def subscribe(self, topic: str, partition: int, subscription: str, *, consumer_name: str | None = None,
-                  ack_timeout_ms: int = 30_000, nack_delay_ms: int = 1_000, create: bool = True,
-                  initial_position: str = "earliest", range_size: int | None = None, max_unacked: int = 1000,
-                  trim_min_age_ms: int = 10 * 60 * 1000) -> SubscriptionConsumer:
+    def subscribe(
+        self,
+        topic: str,
+        partition: int,
+        subscription: str,
+        *,
+        consumer_name: str | None = None,
+        ack_timeout_ms: int = 30_000,
+        nack_delay_ms: int = 1_000,
+        create: bool = True,
+        initial_position: str = "earliest",
+        range_size: int | None = None,
+        max_unacked: int = 1000,
+        trim_min_age_ms: int = 10 * 60 * 1000,
+    ) -> SubscriptionConsumer:
         """A consumer of the named subscription on one topic partition (created unless ``create=False``),
         shared with every other consumer of it; acknowledgements may be transactional. See
         :class:`txn_core.subscriptions.SubscriptionConsumer`."""
         from txn_core.subscriptions import SubscriptionConsumer
 
-        return SubscriptionConsumer(self, topic, partition, subscription, consumer_name=consumer_name,
-                                    ack_timeout_ms=ack_timeout_ms, nack_delay_ms=nack_delay_ms, create=create,
-                                    initial_position=initial_position, range_size=range_size,
-                                    max_unacked=max_unacked, trim_min_age_ms=trim_min_age_ms)
+        return SubscriptionConsumer(
+            self,
+            topic,
+            partition,
+            subscription,
+            consumer_name=consumer_name,
+            ack_timeout_ms=ack_timeout_ms,
+            nack_delay_ms=nack_delay_ms,
+            create=create,
+            initial_position=initial_position,
+            range_size=range_size,
+            max_unacked=max_unacked,
+            trim_min_age_ms=trim_min_age_ms,
+        )
 
     def subscription(self, topic: str, partition: int, subscription: str) -> Subscription:
         """An existing subscription, for its state, description and trimming."""
@@ -276,8 +361,9 @@ class Log:
 
         return admin.abort_transaction(self, transactional_id)
 
-    def find_hanging_transactions(self, topic: str | None = None, *,
-                                  max_age_ms: int | None = None) -> list[HangingTransaction]:
+    def find_hanging_transactions(
+        self, topic: str | None = None, *, max_age_ms: int | None = None
+    ) -> list[HangingTransaction]:
         from txn_core import admin
 
         return admin.find_hanging_transactions(self, topic, max_age_ms=max_age_ms)

@@ -45,8 +45,15 @@ class RetentionResult:
     bytes_deleted: int
 
 
-def apply_retention(log: Log, topic: str, *, retention_ms: int | None = None, retention_bytes: int | None = None,
-                    min_age_ms: int = MIN_ENTRY_AGE_MS, now_ms: int | None = None) -> list[RetentionResult]:
+def apply_retention(
+    log: Log,
+    topic: str,
+    *,
+    retention_ms: int | None = None,
+    retention_bytes: int | None = None,
+    min_age_ms: int = MIN_ENTRY_AGE_MS,
+    now_ms: int | None = None,
+) -> list[RetentionResult]:
     """Delete what the topic's retention (or the arguments) no longer keeps, for every partition."""
     meta = log.topics.get(topic)
     retention_ms = meta.config.retention_ms if retention_ms is None else retention_ms
@@ -54,14 +61,21 @@ def apply_retention(log: Log, topic: str, *, retention_ms: int | None = None, re
     if retention_ms is None and retention_bytes is None:
         raise ConfigurationError(
             f"topic {topic!r} keeps everything (no retention_ms or retention_bytes set); set one with "
-            "Log.set_retention() or pass it explicitly")
+            "Log.set_retention() or pass it explicitly"
+        )
     now_ms = log.clock() if now_ms is None else now_ms
-    return [_retain(log, topic, p, retention_ms, retention_bytes, min_age_ms, now_ms)
-            for p in range(meta.partitions)]
+    return [_retain(log, topic, p, retention_ms, retention_bytes, min_age_ms, now_ms) for p in range(meta.partitions)]
 
 
-def _retain(log: Log, topic: str, partition: int, retention_ms: int | None, retention_bytes: int | None,
-            min_age_ms: int, now_ms: int) -> RetentionResult:
+def _retain(
+    log: Log,
+    topic: str,
+    partition: int,
+    retention_ms: int | None,
+    retention_bytes: int | None,
+    min_age_ms: int,
+    now_ms: int,
+) -> RetentionResult:
     path = paths.partition_log_path(topic, partition)
     plog = log.partition_log(path)
     state = log.partition_state(path)
@@ -86,9 +100,12 @@ def _retain(log: Log, topic: str, partition: int, retention_ms: int | None, rete
     if slot == start.slot:
         return RetentionResult(topic, partition, start.offset, start.offset, 0, 0)
     # 2. publish the new start before deleting anything
-    envelope.create_json(log.storage, paths.log_start(path) + paths.slot_name(slot), envelope.ObjectKind.LOG_START,
-                         {"slot": slot, "offset": offset, "time_ms": now_ms,
-                          "bytes_before": start.bytes_before + freed})
+    envelope.create_json(
+        log.storage,
+        paths.log_start(path) + paths.slot_name(slot),
+        envelope.ObjectKind.LOG_START,
+        {"slot": slot, "offset": offset, "time_ms": now_ms, "bytes_before": start.bytes_before + freed},
+    )
     plog.log_start(refresh=True)
     # 3. a snapshot at or after the new start, so no reader rebuilds from the start (readers prune what
     #    a snapshot still says about deleted offsets when they load it)

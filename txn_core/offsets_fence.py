@@ -53,8 +53,9 @@ def _describe(start: Position, limit: int = 4) -> str:
     return text + (f" (+{len(rows) - limit} more)" if len(rows) > limit else "")
 
 
-def claim(log: Log, group: str, start: Position, end: Position, *, tid: str, producer_id: int, epoch: int,
-          txn: TxnId) -> int:
+def claim(
+    log: Log, group: str, start: Position, end: Position, *, tid: str, producer_id: int, epoch: int, txn: TxnId
+) -> int:
     """Claim ``start`` for transaction ``txn`` of ``tid``; returns the generation won (-1: nothing to
     claim, the transaction consumed no input: ``end`` equals ``start``).
 
@@ -64,8 +65,15 @@ def claim(log: Log, group: str, start: Position, end: Position, *, tid: str, pro
     if _rows(start) == _rows(end):
         return -1  # no input: committing offsets equal to the start commits nothing twice (no claim)
     prefix = claims_prefix(group, start)
-    value = {"group": group, "start": _rows(start), "end": _rows(end), "tid": tid,
-             "producer_id": producer_id, "epoch": epoch, "txn": str(txn)}
+    value = {
+        "group": group,
+        "start": _rows(start),
+        "end": _rows(end),
+        "tid": tid,
+        "producer_id": producer_id,
+        "epoch": epoch,
+        "txn": str(txn),
+    }
     gen = 0
     while True:
         key = prefix + paths.slot_name(gen)
@@ -83,17 +91,22 @@ def claim(log: Log, group: str, start: Position, end: Position, *, tid: str, pro
             gen += 1  # released: its transaction aborted
             continue
         if status.state == CoordinatorState.ONGOING:
-            how = (f"is held by open transaction {other} of transactional id {held.get('tid')!r}; if that "
-                   "writer is gone, the claim is released when its transaction is aborted (at its timeout, or "
-                   "at once with `txnlog transactions abort`)")
+            how = (
+                f"is held by open transaction {other} of transactional id {held.get('tid')!r}; if that "
+                "writer is gone, the claim is released when its transaction is aborted (at its timeout, or "
+                "at once with `txnlog transactions abort`)"
+            )
         else:
-            how = (f"was already committed by transaction {other} of transactional id {held.get('tid')!r}"
-                   if status.committed else
-                   f"was taken by transaction {other} of transactional id {held.get('tid')!r}, whose outcome "
-                   "is no longer kept (treated as committed)")
+            how = (
+                f"was already committed by transaction {other} of transactional id {held.get('tid')!r}"
+                if status.committed
+                else f"was taken by transaction {other} of transactional id {held.get('tid')!r}, whose outcome "
+                "is no longer kept (treated as committed)"
+            )
         raise GroupFencedError(
             f"consumer group {group!r}: the input starting at {_describe(start)} {how}. Another writer "
             f"(a second query, or a zombie driver) consumes this group; this transaction commits nothing. Stop "
             f"the other writer, or give each query its own consumer group; to continue where the group is, "
             "restart from the group's committed offsets (Spark: a new checkpoint with startingOffsets=group).",
-            group)
+            group,
+        )

@@ -225,8 +225,9 @@ class PartitionLog:
         chunks = [payload] if isinstance(payload, bytes | memoryview) else list(payload)
         wid = writer_id or uuid.uuid4().bytes
         ts = self.clock() if timestamp_ms is None else timestamp_ms
-        template = EntryHeader(kind, 0, record_count, producer_id, producer_epoch, base_sequence, txn, ts,
-                               payload_len, payload_crc, wid)
+        template = EntryHeader(
+            kind, 0, record_count, producer_id, producer_epoch, base_sequence, txn, ts, payload_len, payload_crc, wid
+        )
         with self._lock:
             slot, offset = self._tail_locked(False)
             while True:
@@ -276,7 +277,9 @@ class PartitionLog:
         if len(data) != HEADER_SIZE + header.payload_len:
             raise CorruptDataError(
                 f"{key} is truncated: {len(data)} bytes, header says {HEADER_SIZE + header.payload_len}. "
-                "The object is damaged; nothing after it is read.", key)
+                "The object is damaged; nothing after it is read.",
+                key,
+            )
         return Entry(slot, header, data, key)
 
     def remember(self, slot: int, header: EntryHeader) -> None:
@@ -308,8 +311,7 @@ class PartitionLog:
         start = self.log_start()
         tail_slot, end = self.tail()
         if offset < start.offset or offset > end:
-            raise OffsetOutOfRangeError(
-                f"offset {offset} is outside {self.path}'s range [{start.offset}, {end}]")
+            raise OffsetOutOfRangeError(f"offset {offset} is outside {self.path}'s range [{start.offset}, {end}]")
         if offset == end:
             return tail_slot
         idx = self._index.bisect_right(offset) - 1

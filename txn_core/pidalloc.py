@@ -37,9 +37,16 @@ def allocate_producer_id(storage: Storage) -> int:
         slots = SlotLog(storage, paths.PRODUCER_IDS)
         block = slots.find_tail(_hint.get(storage.url, 0), near=True)
         while True:
-            header, payload = envelope.encode_json(envelope.ObjectKind.PRODUCER_ID_BLOCK, {
-                "block": block, "size": BLOCK_SIZE, "host": socket.gethostname(), "pid": os.getpid(),
-                "time_ms": int(time.time() * 1000)})
+            header, payload = envelope.encode_json(
+                envelope.ObjectKind.PRODUCER_ID_BLOCK,
+                {
+                    "block": block,
+                    "size": BLOCK_SIZE,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "time_ms": int(time.time() * 1000),
+                },
+            )
             try:
                 create_resolving(storage, slots.key(block), [header, payload], header)
                 break

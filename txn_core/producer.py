@@ -100,13 +100,20 @@ class RecordMetadata:
 class Producer:
     """Sends Arrow data to topics; see module doc. Thread-safe."""
 
-    def __init__(self, log: Log, transactional_id: str | None = None, *, transaction_timeout_ms: int = 60000,
-                 batch_bytes: int = DEFAULT_BATCH_BYTES) -> None:
+    def __init__(
+        self,
+        log: Log,
+        transactional_id: str | None = None,
+        *,
+        transaction_timeout_ms: int = 60000,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+    ) -> None:
         if transactional_id is not None:
             validate_name("transactional id", transactional_id)
         if not isinstance(transaction_timeout_ms, int) or transaction_timeout_ms <= 0:
             raise ConfigurationError(
-                f"transaction_timeout_ms must be a positive integer, got {transaction_timeout_ms!r}")
+                f"transaction_timeout_ms must be a positive integer, got {transaction_timeout_ms!r}"
+            )
         if batch_bytes <= 0:
             raise ConfigurationError(f"batch_bytes must be positive, got {batch_bytes}")
         self.log = log
@@ -154,8 +161,8 @@ class Producer:
             raise ProducerClosedError(f"producer {self.transactional_id or self.producer_id} is closed")
         if self._state == _S.FATAL_ERROR:
             raise ProducerFencedError(
-                f"producer {self.transactional_id!r} is in a fatal state ({self._error}); close it and create "
-                "a new one") from self._error
+                f"producer {self.transactional_id!r} is in a fatal state ({self._error}); close it and create a new one"
+            ) from self._error
 
     def _fatal(self, exc: BaseException) -> None:
         self._error = exc
@@ -185,10 +192,13 @@ class Producer:
             self._participants = set()
             self._pending.clear()
 
-    def send_offsets_to_transaction(self, offsets: dict[tuple[str, int] | TopicPartition, int],
-                                    group_id: str, *,
-                                    start_offsets: dict[tuple[str, int] | TopicPartition, int] | None = None
-                                    ) -> None:
+    def send_offsets_to_transaction(
+        self,
+        offsets: dict[tuple[str, int] | TopicPartition, int],
+        group_id: str,
+        *,
+        start_offsets: dict[tuple[str, int] | TopicPartition, int] | None = None,
+    ) -> None:
         """Commit consumer-group offsets atomically with this transaction (visible only if it commits).
 
         ``start_offsets`` (where this transaction's input for the group started: the group's committed
@@ -202,15 +212,21 @@ class Producer:
             if self._state != _S.IN_TRANSACTION:
                 raise InvalidTxnStateError(
                     f"transactional id {self.transactional_id!r}: send_offsets_to_transaction needs an open "
-                    f"transaction (state {self._state.value}); call begin_transaction() first")
+                    f"transaction (state {self._state.value}); call begin_transaction() first"
+                )
             validate_name("group", group_id)
             table = self.log.groups.offsets_table(offsets)
             path = paths.group_log_path(group_id)
             self._ensure_registered([path])
             self._write_offsets(group_id, table, offsets, start_offsets)
 
-    def _write_offsets(self, group_id: str, table: pa.Table, offsets: dict[tuple[str, int] | TopicPartition, int],
-                       start_offsets: dict[tuple[str, int] | TopicPartition, int] | None) -> None:
+    def _write_offsets(
+        self,
+        group_id: str,
+        table: pa.Table,
+        offsets: dict[tuple[str, int] | TopicPartition, int],
+        start_offsets: dict[tuple[str, int] | TopicPartition, int] | None,
+    ) -> None:
         """Append the group's offsets entry (its log registered already) and, with ``start_offsets``, claim
         the start in parallel (PROTOCOL.md "Offsets fence"). May run on a pool thread: takes no lock."""
         path = paths.group_log_path(group_id)
@@ -221,8 +237,11 @@ class Producer:
         if txn is None:  # pragma: no cover - registration always yields a transaction id
             raise InvalidTxnStateError(f"transactional id {self.transactional_id!r}: no transaction id")
         tid, pid, epoch = self.transactional_id or "", self.producer_id, self.epoch
-        fence = submit(lambda: offsets_fence.claim(self.log, group_id, start_offsets, offsets, tid=tid,
-                                                   producer_id=pid, epoch=epoch, txn=txn))
+        fence = submit(
+            lambda: offsets_fence.claim(
+                self.log, group_id, start_offsets, offsets, tid=tid, producer_id=pid, epoch=epoch, txn=txn
+            )
+        )
         try:
             self._append_data(path, table, sequence=False)
         finally:
@@ -233,8 +252,14 @@ class Producer:
                 self._error = exc
                 raise
 
-    def append_to_transaction(self, path: str, payload: bytes, *, record_count: int = 1,
-                              check: Callable[[TxnId | None, AppendResult], None] | None = None) -> AppendResult:
+    def append_to_transaction(
+        self,
+        path: str,
+        payload: bytes,
+        *,
+        record_count: int = 1,
+        check: Callable[[TxnId | None, AppendResult], None] | None = None,
+    ) -> AppendResult:
         """Append one transactional DATA entry with an opaque ``payload`` to the internal log ``path``.
 
         ``path`` is registered as a participant first (like AddPartitionsToTxn), so it gets this
@@ -250,12 +275,20 @@ class Producer:
             if self._state != _S.IN_TRANSACTION:
                 raise InvalidTxnStateError(
                     f"transactional id {self.transactional_id!r}: append_to_transaction needs an open "
-                    f"transaction (state {self._state.value}); call begin_transaction() first")
+                    f"transaction (state {self._state.value}); call begin_transaction() first"
+                )
             self._ensure_registered([path])
             try:
                 result = self.log.partition_log(path).append(
-                    EntryKind.DATA, payload, len(payload), crc32(payload), record_count,
-                    producer_id=self.producer_id, producer_epoch=self.epoch, txn=self._txn)
+                    EntryKind.DATA,
+                    payload,
+                    len(payload),
+                    crc32(payload),
+                    record_count,
+                    producer_id=self.producer_id,
+                    producer_epoch=self.epoch,
+                    txn=self._txn,
+                )
                 if check is not None:
                     check(self._txn, result)
             except TxnLogError as exc:
@@ -276,15 +309,23 @@ class Producer:
             if self._state == _S.ABORTABLE_ERROR:
                 raise InvalidTxnStateError(
                     f"transactional id {self.transactional_id!r}: the transaction failed ({self._error}); "
-                    "call abort_transaction()") from self._error
+                    "call abort_transaction()"
+                ) from self._error
             self._transition(_S.COMMITTING)
             try:
                 self._flush_locked()
                 if self._txn is None and metadata is not None:
                     self._begin_remote([])
                 if self._txn is not None:
-                    state = self.log.coordinator.end(self.transactional_id or "", self.producer_id, self.epoch,
-                                                     self._txn, True, metadata, complete=False)
+                    state = self.log.coordinator.end(
+                        self.transactional_id or "",
+                        self.producer_id,
+                        self.epoch,
+                        self._txn,
+                        True,
+                        metadata,
+                        complete=False,
+                    )
                     self._after_decision(state)
             except ProducerFencedError as exc:
                 self._fatal(exc)
@@ -307,8 +348,9 @@ class Producer:
             self._pending.clear()
             try:
                 if self._txn is not None:
-                    state = self.log.coordinator.end(self.transactional_id or "", self.producer_id, self.epoch,
-                                                     self._txn, False, complete=False)
+                    state = self.log.coordinator.end(
+                        self.transactional_id or "", self.producer_id, self.epoch, self._txn, False, complete=False
+                    )
                     self._after_decision(state)
             except ProducerFencedError as exc:
                 self._fatal(exc)
@@ -356,8 +398,9 @@ class Producer:
             with pending.lock:
                 if pending.completed is None and begin_participants is not None:
                     pending.folded = True
-                    begun = self.log.coordinator.complete_and_begin(pending.prepared, self.transaction_timeout_ms,
-                                                                     begin_participants)
+                    begun = self.log.coordinator.complete_and_begin(
+                        pending.prepared, self.transaction_timeout_ms, begin_participants
+                    )
                     self._pending_completion = None
                     self._sequences.clear()
                     self.epoch = begun.epoch
@@ -404,14 +447,14 @@ class Producer:
 
     def _require_transactional(self, what: str) -> None:
         if self.transactional_id is None:
-            raise InvalidTxnStateError(
-                f"{what}() needs a transactional producer: Log.producer(transactional_id='...')")
+            raise InvalidTxnStateError(f"{what}() needs a transactional producer: Log.producer(transactional_id='...')")
 
     def _begin_remote(self, participants: list[str]) -> None:
         state = self._take_completion(begin_participants=participants)
         if state is None:
-            state = self.log.coordinator.begin(self.transactional_id or "", self.producer_id, self.epoch,
-                                               self.transaction_timeout_ms, participants)
+            state = self.log.coordinator.begin(
+                self.transactional_id or "", self.producer_id, self.epoch, self.transaction_timeout_ms, participants
+            )
         self._txn = state.txn
         self._participants.update(participants)
 
@@ -434,8 +477,7 @@ class Producer:
 
     # --- sending --------------------------------------------------------------------------------
 
-    def send(self, topic: str, data: object, *, partition: int | None = None,
-             key_column: str | None = None) -> None:
+    def send(self, topic: str, data: object, *, partition: int | None = None, key_column: str | None = None) -> None:
         """Buffer ``data`` for ``topic``; written when a partition's buffer fills or on flush/commit.
 
         Routing: ``partition`` if given, else a stable hash of ``key_column``, else one partition per call
@@ -446,10 +488,12 @@ class Producer:
             if self.transactional_id is not None and self._state != _S.IN_TRANSACTION:
                 if self._state == _S.UNINITIALIZED:
                     raise InvalidTxnStateError(
-                        f"transactional id {self.transactional_id!r}: call init_transactions() before send()")
+                        f"transactional id {self.transactional_id!r}: call init_transactions() before send()"
+                    )
                 raise InvalidTxnStateError(
                     f"transactional id {self.transactional_id!r}: send() needs an open transaction "
-                    f"(state {self._state.value}); call begin_transaction() first")
+                    f"(state {self._state.value}); call begin_transaction() first"
+                )
             meta = self.log.topics.get(topic, refresh=topic not in self._schemas)
             self._schemas[topic] = meta.schema
             table = conform(data, meta.schema, topic=topic)
@@ -458,15 +502,17 @@ class Producer:
             for p, part in self._route(meta, table, partition, key_column).items():
                 self._buffer(paths.partition_log_path(topic, p), part)
 
-    def _route(self, meta: TopicMeta, table: pa.Table, partition: int | None,
-               key_column: str | None) -> dict[int, pa.Table]:
+    def _route(
+        self, meta: TopicMeta, table: pa.Table, partition: int | None, key_column: str | None
+    ) -> dict[int, pa.Table]:
         if partition is not None:
             if not isinstance(partition, int) or not 0 <= partition < meta.partitions:
                 meta = self.log.topics.get(meta.name)
                 if not isinstance(partition, int) or not 0 <= partition < meta.partitions:
                     raise ConfigurationError(
                         f"partition {partition!r} does not exist in topic {meta.name!r} "
-                        f"(partitions 0..{meta.partitions - 1})")
+                        f"(partitions 0..{meta.partitions - 1})"
+                    )
             return {partition: table}
         if key_column is not None:
             return split_by_key(table, key_column, meta.partitions)
@@ -480,10 +526,14 @@ class Producer:
         if pending.nbytes >= self.batch_bytes:
             self._write_pending({path: pending})
 
-    def send_staged(self, refs: list[StagedRef], *,
-                    offsets: dict[tuple[str, int] | TopicPartition, int] | None = None, group_id: str | None = None,
-                    start_offsets: dict[tuple[str, int] | TopicPartition, int] | None = None
-                    ) -> list[RecordMetadata]:
+    def send_staged(
+        self,
+        refs: list[StagedRef],
+        *,
+        offsets: dict[tuple[str, int] | TopicPartition, int] | None = None,
+        group_id: str | None = None,
+        start_offsets: dict[tuple[str, int] | TopicPartition, int] | None = None,
+    ) -> list[RecordMetadata]:
         """Append one DATA_REF entry per staged object (see :mod:`txn_core.staging`), in this transaction.
 
         The staged rows become visible exactly when the transaction commits; nothing is re-read or copied.
@@ -499,7 +549,8 @@ class Producer:
             if self.transactional_id is not None and self._state != _S.IN_TRANSACTION:
                 raise InvalidTxnStateError(
                     f"transactional id {self.transactional_id!r}: send_staged() needs an open transaction "
-                    f"(state {self._state.value}); call begin_transaction() first")
+                    f"(state {self._state.value}); call begin_transaction() first"
+                )
             offsets_table: pa.Table | None = None
             if offsets is not None:
                 self._require_transactional("send_staged(offsets=...)")
@@ -512,8 +563,10 @@ class Producer:
                 meta = self.log.topics.get(ref.topic, refresh=ref.topic not in self._schemas)
                 self._schemas[ref.topic] = meta.schema
                 if not 0 <= ref.partition < meta.partitions:
-                    raise ConfigurationError(f"staged data for partition {ref.partition} of topic {ref.topic!r}, "
-                                             f"which has {meta.partitions} partitions")
+                    raise ConfigurationError(
+                        f"staged data for partition {ref.partition} of topic {ref.topic!r}, "
+                        f"which has {meta.partitions} partitions"
+                    )
                 by_path.setdefault(paths.partition_log_path(ref.topic, ref.partition), []).append(ref)
             group_path = paths.group_log_path(group_id) if offsets_table is not None and group_id else None
             if not by_path and group_path is None:
@@ -527,15 +580,24 @@ class Producer:
                 for ref in items:
                     payload = reference_payload(ref)
                     seq = self._sequences.get(path, 0)
-                    r = plog.append(EntryKind.DATA_REF, payload, len(payload), crc32(payload), ref.rows,
-                                    producer_id=self.producer_id, producer_epoch=self.epoch, base_sequence=seq,
-                                    txn=self._txn)
+                    r = plog.append(
+                        EntryKind.DATA_REF,
+                        payload,
+                        len(payload),
+                        crc32(payload),
+                        ref.rows,
+                        producer_id=self.producer_id,
+                        producer_epoch=self.epoch,
+                        base_sequence=seq,
+                        txn=self._txn,
+                    )
                     self._sequences[path] = seq + ref.rows
                     out.append(RecordMetadata(ref.topic, ref.partition, r.base_offset, ref.rows, r.timestamp_ms))
                 return out
 
             work: list[Callable[[], list[RecordMetadata]]] = [
-                functools.partial(one, path, items) for path, items in by_path.items()]
+                functools.partial(one, path, items) for path, items in by_path.items()
+            ]
             if offsets_table is not None and group_id is not None and offsets is not None:
                 table, group = offsets_table, group_id
 
@@ -616,8 +678,17 @@ class Producer:
         writer_id, payload, rows, seq = pending.inflight
         view = memoryview(payload)
         result = self.log.partition_log(path).append(
-            EntryKind.DATA, [view], len(view), crc32(view), rows, producer_id=self.producer_id,
-            producer_epoch=self.epoch, base_sequence=seq, txn=self._txn, writer_id=writer_id)
+            EntryKind.DATA,
+            [view],
+            len(view),
+            crc32(view),
+            rows,
+            producer_id=self.producer_id,
+            producer_epoch=self.epoch,
+            base_sequence=seq,
+            txn=self._txn,
+            writer_id=writer_id,
+        )
         pending.inflight = None
         self._sequences[path] = seq + rows
         topic, partition = _split_path(path)
@@ -629,8 +700,16 @@ class Producer:
         view = memoryview(payload)
         seq = self._sequences.get(path, 0) if sequence else -1
         self.log.partition_log(path).append(
-            EntryKind.DATA, [view], len(view), crc32(view), table.num_rows, producer_id=self.producer_id,
-            producer_epoch=self.epoch, base_sequence=seq, txn=self._txn)
+            EntryKind.DATA,
+            [view],
+            len(view),
+            crc32(view),
+            table.num_rows,
+            producer_id=self.producer_id,
+            producer_epoch=self.epoch,
+            base_sequence=seq,
+            txn=self._txn,
+        )
         if sequence:
             self._sequences[path] = seq + table.num_rows
 

@@ -52,8 +52,9 @@ class ProducerStates:
         self.producers: dict[int, ProducerEntry] = {}
         self.last_gap: tuple[int, int] = (0, 0)
 
-    def check(self, producer_id: int, epoch: int, base_sequence: int, count: int, timestamp_ms: int,
-              where: str, offset: int) -> SequenceCheck:
+    def check(
+        self, producer_id: int, epoch: int, base_sequence: int, count: int, timestamp_ms: int, where: str, offset: int
+    ) -> SequenceCheck:
         """Classify an entry and update the state (see module doc)."""
         if producer_id < 0 or base_sequence < 0:
             return SequenceCheck.ACCEPT
@@ -91,15 +92,18 @@ class ProducerStates:
 
     def copy(self) -> ProducerStates:
         s = ProducerStates()
-        s.producers = {p: ProducerEntry(e.epoch, e.next_sequence, e.last_timestamp_ms)
-                       for p, e in self.producers.items()}
+        s.producers = {
+            p: ProducerEntry(e.epoch, e.next_sequence, e.last_timestamp_ms) for p, e in self.producers.items()
+        }
         return s
 
 
-def gap_error(where: str, offset: int, producer_id: int, epoch: int, expected: int,
-              got: int) -> OutOfOrderSequenceError:
+def gap_error(
+    where: str, offset: int, producer_id: int, epoch: int, expected: int, got: int
+) -> OutOfOrderSequenceError:
     return OutOfOrderSequenceError(
         f"{where}: producer id {producer_id} epoch {epoch} skipped sequence numbers at offset {offset}: "
         f"expected sequence {expected}, got {got} ({got - expected} records missing). A batch of this "
         "producer was lost; the log cannot be read past this point without data loss. Investigate the "
-        "writer; restore the missing entry if it exists elsewhere.")
+        "writer; restore the missing entry if it exists elsewhere."
+    )

@@ -89,9 +89,17 @@ def available_end(state: PartitionState, isolation: str) -> int:
     return state.read_bound() if isolation == READ_COMMITTED else state.buffer.position
 
 
-def plan_range(state: PartitionState, topic: str, partition: int, start: int, end: int,
-               isolation: str, *, min_timestamp_ms: int | None = None,
-               max_timestamp_ms: int | None = None) -> OffsetRange:
+def plan_range(
+    state: PartitionState,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    isolation: str,
+    *,
+    min_timestamp_ms: int | None = None,
+    max_timestamp_ms: int | None = None,
+) -> OffsetRange:
     """The :class:`OffsetRange` for ``[start, end)``, with its filters (see module doc for invariants).
 
     Raises :class:`DataLossError` if ``start`` is below the log start, :class:`OffsetOutOfRangeError` if
@@ -109,20 +117,32 @@ def plan_range(state: PartitionState, topic: str, partition: int, start: int, en
     if state.buffer.position < end:
         raise OffsetOutOfRangeError(
             f"{plog.path}: offset {end} is beyond the log end {state.buffer.position}; the offsets do not "
-            "belong to this log (was it deleted and re-created?)")
+            "belong to this log (was it deleted and re-created?)"
+        )
     if isolation == READ_COMMITTED:
         bound = state.read_bound()  # also decides every open transaction below the bound
         if end > bound:
             raise TxnLogError(
                 f"{plog.path}: range [{start}, {end}) extends past the last stable offset {bound}; reading "
-                "it would expose an open transaction")
+                "it would expose an open transaction"
+            )
         keys, skips = state.filters(start, end)
     else:  # aborted keys are not filters here; they excuse aborted staged data already cleaned up
         keys, skips = state.buffer.aborted.overlapping(start, end), state.buffer.skips.overlapping(start, end)
     slot = plog.slot_for_offset(start)
-    return OffsetRange(plog.path, topic, partition, start, end, slot, isolation,
-                       tuple(sorted(set(keys))), tuple((int(a), int(b)) for a, b in skips),
-                       min_timestamp_ms, max_timestamp_ms)
+    return OffsetRange(
+        plog.path,
+        topic,
+        partition,
+        start,
+        end,
+        slot,
+        isolation,
+        tuple(sorted(set(keys))),
+        tuple((int(a), int(b)) for a, b in skips),
+        min_timestamp_ms,
+        max_timestamp_ms,
+    )
 
 
 def _check_not_removed(plog: PartitionLog, start: int) -> None:
@@ -131,7 +151,8 @@ def _check_not_removed(plog: PartitionLog, start: int) -> None:
     if start < first.offset:
         raise DataLossError(
             f"{plog.path}: offsets [{start}, {first.offset}) were removed by retention; the log now starts "
-            f"at offset {first.offset}")
+            f"at offset {first.offset}"
+        )
 
 
 def split_range(plog: PartitionLog, rng: OffsetRange, pieces: int) -> list[OffsetRange]:
@@ -144,12 +165,17 @@ def split_range(plog: PartitionLog, rng: OffsetRange, pieces: int) -> list[Offse
         return [rng]
     pieces = min(pieces, rng.size)
     cuts = [rng.start + rng.size * i // pieces for i in range(pieces + 1)]
-    return [replace(rng, start=lo, end=hi, start_slot=plog.slot_for_offset(lo))
-            for lo, hi in itertools.pairwise(cuts)]
+    return [replace(rng, start=lo, end=hi, start_slot=plog.slot_for_offset(lo)) for lo, hi in itertools.pairwise(cuts)]
 
 
-def read_range(plog: PartitionLog, rng: OffsetRange, *, metadata: bool = True, fail_on_data_loss: bool = True,
-               max_batch_rows: int = MAX_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+def read_range(
+    plog: PartitionLog,
+    rng: OffsetRange,
+    *,
+    metadata: bool = True,
+    fail_on_data_loss: bool = True,
+    max_batch_rows: int = MAX_BATCH_ROWS,
+) -> Iterator[pa.RecordBatch]:
     """Yield the deliverable records of ``rng`` in offset order (see module doc). Memory: one entry."""
     _check_isolation(rng.isolation)
     committed = rng.isolation == READ_COMMITTED
@@ -169,18 +195,24 @@ def read_range(plog: PartitionLog, rng: OffsetRange, *, metadata: bool = True, f
             expected = None
             continue
         header = entry.header
-        if (expected is not None and header.base_offset != expected) or \
-                not header.base_offset <= pos < header.next_offset:
+        if (
+            expected is not None and header.base_offset != expected
+        ) or not header.base_offset <= pos < header.next_offset:
             raise CorruptDataError(
                 f"{entry.key}: holds offsets [{header.base_offset}, {header.next_offset}), expected the "
-                f"entry containing offset {pos}", entry.key)
+                f"entry containing offset {pos}",
+                entry.key,
+            )
         slot += 1
         expected = header.next_offset
         take_end = min(end, header.next_offset)
-        deliver = not header.is_control and not skips.covers(header.base_offset) and not (
-            committed and header.txn is not None and txn_key(header.txn) in aborted) and not (
-            lo_ts is not None and header.timestamp_ms < lo_ts) and not (
-            hi_ts is not None and header.timestamp_ms > hi_ts)
+        deliver = (
+            not header.is_control
+            and not skips.covers(header.base_offset)
+            and not (committed and header.txn is not None and txn_key(header.txn) in aborted)
+            and not (lo_ts is not None and header.timestamp_ms < lo_ts)
+            and not (hi_ts is not None and header.timestamp_ms > hi_ts)
+        )
         if deliver:
             try:
                 yield from _slices(plog, entry, (pos, take_end), meta, max_batch_rows)
@@ -191,8 +223,9 @@ def read_range(plog: PartitionLog, rng: OffsetRange, *, metadata: bool = True, f
         pos = take_end
 
 
-def _slices(plog: PartitionLog, entry: Entry, span: tuple[int, int], meta: MetadataColumns | None,
-            max_rows: int) -> Iterator[pa.RecordBatch]:
+def _slices(
+    plog: PartitionLog, entry: Entry, span: tuple[int, int], meta: MetadataColumns | None, max_rows: int
+) -> Iterator[pa.RecordBatch]:
     header = entry.header
     pos, stop = span
     table = entry_table(plog.storage, entry).slice(pos - header.base_offset, stop - pos)
@@ -205,16 +238,19 @@ def _slices(plog: PartitionLog, entry: Entry, span: tuple[int, int], meta: Metad
         first += n
 
 
-def _after_missing_entry(plog: PartitionLog, slot: int, pos: int, end: int,
-                         fail_on_data_loss: bool) -> tuple[int, int]:
+def _after_missing_entry(plog: PartitionLog, slot: int, pos: int, end: int, fail_on_data_loss: bool) -> tuple[int, int]:
     """Where to continue after the entry at ``slot`` (containing ``pos``) was not found."""
     start = plog.log_start(refresh=True)
     if start.slot <= slot:
         raise CorruptDataError(
             f"{plog.path}: entry slot {slot} (offset {pos}) is missing although the log starts at slot "
-            f"{start.slot}; the partition log is damaged", plog.entries.key(slot))
-    message = (f"{plog.path}: offsets [{pos}, {min(start.offset, end)}) were removed by retention before "
-               f"they were read; the log now starts at offset {start.offset}")
+            f"{start.slot}; the partition log is damaged",
+            plog.entries.key(slot),
+        )
+    message = (
+        f"{plog.path}: offsets [{pos}, {min(start.offset, end)}) were removed by retention before "
+        f"they were read; the log now starts at offset {start.offset}"
+    )
     if fail_on_data_loss:
         raise DataLossError(message)
     log.warning("%s; continuing at the log start", message)

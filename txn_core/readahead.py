@@ -44,8 +44,16 @@ MAX_BYTES = 32 << 20
 class _Ahead(Generic[T]):
     """Results of ``fetch(slot)`` from a slot on, in slot order (see module doc); ``size`` weighs one."""
 
-    def __init__(self, plog: PartitionLog, slot: int, fetch: Callable[[int], T], header: Callable[[T], EntryHeader],
-                 size: Callable[[T], int], max_depth: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        plog: PartitionLog,
+        slot: int,
+        fetch: Callable[[int], T],
+        header: Callable[[T], EntryHeader],
+        size: Callable[[T], int],
+        max_depth: int,
+        max_bytes: int,
+    ) -> None:
         self.plog = plog
         self.max_depth = max(1, max_depth)
         self.max_bytes = max_bytes
@@ -94,10 +102,10 @@ class _Ahead(Generic[T]):
 class ReadAhead(_Ahead[Entry]):
     """Whole entries of ``plog`` from slot ``slot`` on, in order (see module doc)."""
 
-    def __init__(self, plog: PartitionLog, slot: int = 0, *, max_depth: int = MAX_DEPTH,
-                 max_bytes: int = MAX_BYTES) -> None:
-        super().__init__(plog, slot, plog.fetch_entry, lambda e: e.header, lambda e: len(e.data), max_depth,
-                         max_bytes)
+    def __init__(
+        self, plog: PartitionLog, slot: int = 0, *, max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES
+    ) -> None:
+        super().__init__(plog, slot, plog.fetch_entry, lambda e: e.header, lambda e: len(e.data), max_depth, max_bytes)
 
     def next(self) -> Entry:
         """The entry at :attr:`slot`, then advance. Raises what reading that slot raised (the position

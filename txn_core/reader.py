@@ -114,8 +114,9 @@ class PartitionState:
     def maybe_snapshot(self) -> None:
         if self.write_snapshots and self._buffer is not None and self.snapshots.due(self._buffer):
             buffer = self._buffer
-            opportunistic(self.log.storage, "buffer snapshot",
-                          lambda: self.snapshots.write(buffer, self.log.log_start().offset))
+            opportunistic(
+                self.log.storage, "buffer snapshot", lambda: self.snapshots.write(buffer, self.log.log_start().offset)
+            )
 
     # --- decisions ------------------------------------------------------------------------------
 
@@ -251,8 +252,9 @@ class _Slot:
 class PartitionReader:
     """Delivers one partition's records from ``position`` on (see module doc)."""
 
-    def __init__(self, state: PartitionState, topic: str, partition: int, isolation: str,
-                 window_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self, state: PartitionState, topic: str, partition: int, isolation: str, window_bytes: int = 64 << 20
+    ) -> None:
         self.state = state
         self.log = state.log
         self.topic = topic
@@ -275,7 +277,8 @@ class PartitionReader:
         start = self.log.log_start_for(offset)
         if offset < start.offset:
             raise DataLossError(
-                f"{self.log.path}: offset {offset} was removed by retention; the log starts at {start.offset}")
+                f"{self.log.path}: offset {offset} was removed by retention; the log starts at {start.offset}"
+            )
         buffer = self.state.buffer
         if buffer.position < start.offset:  # retention passed this buffer: rebuild from its snapshot
             buffer = self.state.reload()
@@ -326,7 +329,8 @@ class PartitionReader:
                     start = self.log.log_start()
                     self._error = DataLossError(
                         f"{self.log.path}: offsets from {self.position} up to {start.offset} were removed by "
-                        f"retention while this reader was behind; seek to {start.offset} or later to go on")
+                        f"retention while this reader was behind; seek to {start.offset} or later to go on"
+                    )
                 break
             except CorruptDataError as exc:
                 # Deliver what precedes the damage first; then fail, and keep failing (never skip it).
@@ -336,13 +340,17 @@ class PartitionReader:
             if header.base_offset >= buffer.position:
                 if header.base_offset != buffer.position:
                     raise CorruptDataError(
-                        f"{entry.key}: starts at offset {header.base_offset}, expected {buffer.position}",
-                        entry.key)
+                        f"{entry.key}: starts at offset {header.base_offset}, expected {buffer.position}", entry.key
+                    )
                 disposition = self.state.apply(self._cursor, header, len(entry.data))
             else:
                 disposition = self.state.classify(header)
-            keep = entry if disposition in (Disposition.DATA, Disposition.TXN_DATA) or (
-                disposition is Disposition.ABORTED and self.isolation == READ_UNCOMMITTED) else None
+            keep = (
+                entry
+                if disposition in (Disposition.DATA, Disposition.TXN_DATA)
+                or (disposition is Disposition.ABORTED and self.isolation == READ_UNCOMMITTED)
+                else None
+            )
             self._window.append(_Slot(self._cursor, header, keep, disposition))
             self._window_size += len(entry.data) if keep is not None else 0
             self._cursor += 1
@@ -396,7 +404,8 @@ class PartitionReader:
                 table = entry_table(self.log.storage, item.entry)
             except StagedDataMissingError:
                 aborted = d is Disposition.ABORTED or (
-                    header.txn is not None and self.state.visible(header.txn) is False)
+                    header.txn is not None and self.state.visible(header.txn) is False
+                )
                 if not aborted:
                     if out:
                         break  # deliver what precedes the problem; the next poll raises it

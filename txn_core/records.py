@@ -69,8 +69,9 @@ class MetadataColumns:
         return pa.RecordBatch.from_arrays([*batch.columns, *cols], schema=with_metadata_schema(batch.schema))
 
 
-def add_metadata(table: pa.Table | pa.RecordBatch, topic: str, partition: int, first_offset: int,
-                 timestamp_ms: int) -> pa.RecordBatch | pa.Table:
+def add_metadata(
+    table: pa.Table | pa.RecordBatch, topic: str, partition: int, first_offset: int, timestamp_ms: int
+) -> pa.RecordBatch | pa.Table:
     cols = MetadataColumns(topic, partition).columns(table.num_rows, first_offset, timestamp_ms)
     schema = with_metadata_schema(table.schema)
     if isinstance(table, pa.RecordBatch):
@@ -89,8 +90,8 @@ def entry_table(storage: Storage, entry: Entry) -> pa.Table:
         raise CorruptDataError(f"{entry.key}: a {entry.header.kind.name} entry has no records", entry.key)
     if table.num_rows != entry.header.record_count:
         raise CorruptDataError(
-            f"{entry.key}: payload holds {table.num_rows} records, header says {entry.header.record_count}",
-            entry.key)
+            f"{entry.key}: payload holds {table.num_rows} records, header says {entry.header.record_count}", entry.key
+        )
     return table
 
 
@@ -105,8 +106,8 @@ def _resolve_ref(storage: Storage, ref: dict[str, Any], key: str) -> pa.Table:
         data = storage.read(target)
     except ObjectNotFoundError as exc:
         raise StagedDataMissingError(
-            f"{key} references {target}, which does not exist (deleted by hand or by a faulty cleanup)",
-            target) from exc
+            f"{key} references {target}, which does not exist (deleted by hand or by a faulty cleanup)", target
+        ) from exc
     header = decode_header(data, target)
     if header.payload_crc != int(ref["crc"]) or len(data) != int(ref["size"]):
         raise CorruptDataError(f"{target} does not match the reference in {key} (size or checksum)", target)

@@ -53,7 +53,8 @@ def split_by_key(table: pa.Table, key_column: str, partitions: int) -> dict[int,
     """Rows of ``table`` grouped by the partition of ``key_column``; order within a partition kept."""
     if key_column not in table.column_names:
         raise SchemaMismatchError(
-            f"key column {key_column!r} is not a column of the data; columns are {table.column_names}")
+            f"key column {key_column!r} is not a column of the data; columns are {table.column_names}"
+        )
     parts = partitions_for_column(table.column(key_column), partitions)
     if len(parts) == 0:
         return {}

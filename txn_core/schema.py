@@ -88,7 +88,8 @@ def conform(data: object, schema: pa.Schema, *, topic: str, ignore: tuple[str, .
     else:
         raise SchemaMismatchError(
             f"cannot send a {type(data).__name__} to topic {topic!r}: pass a pyarrow.RecordBatch, a "
-            "pyarrow.Table or a list of dicts")
+            "pyarrow.Table or a list of dicts"
+        )
     if ignore:
         table = table.drop_columns([c for c in ignore if c in table.column_names])
     return _conform_table(table, schema, topic)
@@ -145,5 +146,7 @@ def _conform_table(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
 def _message(topic: str, schema: pa.Schema, diffs: tuple[str, ...]) -> str:
     listing = "; ".join(diffs)
     expected = ", ".join(f"{f.name}: {f.type}" for f in schema)
-    return (f"data does not match the schema of topic {topic!r}: {listing}. The topic expects "
-            f"({expected}); nothing was written.")
+    return (
+        f"data does not match the schema of topic {topic!r}: {listing}. The topic expects "
+        f"({expected}); nothing was written."
+    )

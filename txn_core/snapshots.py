@@ -63,8 +63,13 @@ class PartRef:
     last_marker: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "rows": self.rows, "crc": self.crc, "first_marker": self.first_marker,
-                "last_marker": self.last_marker}
+        return {
+            "key": self.key,
+            "rows": self.rows,
+            "crc": self.crc,
+            "first_marker": self.first_marker,
+            "last_marker": self.last_marker,
+        }
 
     @classmethod
     def from_json(cls, v: dict[str, Any]) -> PartRef:
@@ -100,8 +105,10 @@ class SnapshotStore:
     def due(self, buffer: TxnBuffer, now_ms: int | None = None) -> bool:
         if buffer.position <= self.last_position:
             return False
-        if (buffer.ended_since_snapshot >= SNAPSHOT_EVERY_TXNS
-                or buffer.entries_since_snapshot >= SNAPSHOT_EVERY_ENTRIES):
+        if (
+            buffer.ended_since_snapshot >= SNAPSHOT_EVERY_TXNS
+            or buffer.entries_since_snapshot >= SNAPSHOT_EVERY_ENTRIES
+        ):
             return True
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         changed = bool(buffer.ended_since_snapshot) or buffer.entries_since_snapshot >= SNAPSHOT_MIN_ENTRIES
@@ -138,8 +145,10 @@ class SnapshotStore:
             "log_start": log_start,
             "parts": [p.to_json() for p in parts],
             "aborted": [tail.column(c).to_pylist() for c in ABORTED_SCHEMA.names],
-            "ongoing": [[txn_key(o.txn), o.first_offset, o.last_offset, o.producer_id, o.producer_epoch,
-                         o.entries] for o in buffer.ongoing.values()],
+            "ongoing": [
+                [txn_key(o.txn), o.first_offset, o.last_offset, o.producer_id, o.producer_epoch, o.entries]
+                for o in buffer.ongoing.values()
+            ],
             "ended": [[txn_key(t), int(c), m] for t, (c, m) in list(buffer.ended.items())[-ENDED_KEPT:]],
             "skips": buffer.skips.to_list(),
             "gaps": [[o, *g] for o, g in sorted(buffer.gaps.items())],
@@ -168,8 +177,9 @@ class SnapshotStore:
         keep: set[str] = set()
         for pos in finals[-SNAPSHOTS_KEPT:]:
             try:
-                value = envelope.read_json(self.storage, self.prefix + paths.slot_name(pos),
-                                           envelope.ObjectKind.BUFFER_SNAPSHOT)
+                value = envelope.read_json(
+                    self.storage, self.prefix + paths.slot_name(pos), envelope.ObjectKind.BUFFER_SNAPSHOT
+                )
             except (ObjectNotFoundError, CorruptDataError):
                 continue
             keep.update(p["key"] for p in value["parts"])
@@ -204,9 +214,17 @@ class SnapshotStore:
             tables.append(t)
         cols = value["aborted"]
         if cols and cols[0]:
-            tables.append(pa.table([pa.array(cols[0], pa.uint64()), pa.array(cols[1], pa.int64()),
-                                    pa.array(cols[2], pa.int64()), pa.array(cols[3], pa.int64())],
-                                   schema=ABORTED_SCHEMA))
+            tables.append(
+                pa.table(
+                    [
+                        pa.array(cols[0], pa.uint64()),
+                        pa.array(cols[1], pa.int64()),
+                        pa.array(cols[2], pa.int64()),
+                        pa.array(cols[3], pa.int64()),
+                    ],
+                    schema=ABORTED_SCHEMA,
+                )
+            )
         buffer = TxnBuffer(int(value["position"]), int(value["slot"]))
         buffer.where = where
         buffer.aborted = AbortedIndex.from_tables(tables)
@@ -236,5 +254,5 @@ def _crc_of_rows(table: pa.Table) -> int:
     crc = 0
     for name in ABORTED_SCHEMA.names:
         arr = table.column(name).combine_chunks()
-        crc = crc32c(memoryview(arr.buffers()[1]).cast("B")[arr.offset * 8: (arr.offset + len(arr)) * 8], crc)
+        crc = crc32c(memoryview(arr.buffers()[1]).cast("B")[arr.offset * 8 : (arr.offset + len(arr)) * 8], crc)
     return crc

@@ -46,13 +46,27 @@ class StagedRef:
     nbytes: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition, "key": self.key, "size": self.size,
-                "crc": self.crc, "rows": self.rows, "nbytes": self.nbytes}
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "key": self.key,
+            "size": self.size,
+            "crc": self.crc,
+            "rows": self.rows,
+            "nbytes": self.nbytes,
+        }
 
     @classmethod
     def from_json(cls, v: dict[str, Any]) -> StagedRef:
-        return cls(v["topic"], int(v["partition"]), v["key"], int(v["size"]), int(v["crc"]), int(v["rows"]),
-                   int(v.get("nbytes", 0)))
+        return cls(
+            v["topic"],
+            int(v["partition"]),
+            v["key"],
+            int(v["size"]),
+            int(v["crc"]),
+            int(v["rows"]),
+            int(v.get("nbytes", 0)),
+        )
 
 
 def staging_prefix(owner: str, batch: str | int) -> str:
@@ -60,8 +74,16 @@ def staging_prefix(owner: str, batch: str | int) -> str:
     return f"{paths.STAGING}{_SAFE.sub('_', owner)}/{_SAFE.sub('_', str(batch))}/"
 
 
-def write_staged(storage: Storage, prefix: str, topic: str, partition: int, batches: Iterable[pa.RecordBatch],
-                 schema: pa.Schema, *, tag: str = "") -> StagedRef | None:
+def write_staged(
+    storage: Storage,
+    prefix: str,
+    topic: str,
+    partition: int,
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    *,
+    tag: str = "",
+) -> StagedRef | None:
     """Write ``batches`` as one staged object under ``prefix``; None when there are no rows."""
     batch_list = [b for b in batches if b.num_rows]
     if not batch_list:
@@ -69,23 +91,26 @@ def write_staged(storage: Storage, prefix: str, topic: str, partition: int, batc
     payload = encode_arrow(batch_list, schema)
     view = memoryview(payload)
     rows = sum(b.num_rows for b in batch_list)
-    header = EntryHeader(EntryKind.DATA, 0, rows, -1, 0, -1, None, int(time.time() * 1000), len(view),
-                         crc32(view), uuid.uuid4().bytes).encode()
+    header = EntryHeader(
+        EntryKind.DATA, 0, rows, -1, 0, -1, None, int(time.time() * 1000), len(view), crc32(view), uuid.uuid4().bytes
+    ).encode()
     name = f"{topic}-{partition:05d}-{_SAFE.sub('_', tag)}-{uuid.uuid4().hex}"
     key = prefix + name
     try:
         create_resolving(storage, key, [header, view], header)
     except ObjectExistsError as exc:  # a uuid collision: impossible in practice
         raise ConfigurationError(f"staged object {key} exists already") from exc
-    return StagedRef(topic, partition, key, len(header) + len(view), crc32(view), rows,
-                     sum(b.nbytes for b in batch_list))
+    return StagedRef(
+        topic, partition, key, len(header) + len(view), crc32(view), rows, sum(b.nbytes for b in batch_list)
+    )
 
 
 def reference_payload(ref: StagedRef) -> bytes:
     import json
 
-    return json.dumps({"key": ref.key, "size": ref.size, "crc": ref.crc, "rows": ref.rows},
-                      separators=(",", ":"), sort_keys=True).encode()
+    return json.dumps(
+        {"key": ref.key, "size": ref.size, "crc": ref.crc, "rows": ref.rows}, separators=(",", ":"), sort_keys=True
+    ).encode()
 
 
 def delete_unreferenced(storage: Storage, prefix: str, referenced: Iterable[str]) -> int:

@@ -25,8 +25,7 @@ from txn_core.partition import PartitionLog
 MAX_CLOCK_SKEW_MS = 60_000
 
 
-def offset_for_timestamp(plog: PartitionLog, timestamp_ms: int, *,
-                         max_skew_ms: int = MAX_CLOCK_SKEW_MS) -> int:
+def offset_for_timestamp(plog: PartitionLog, timestamp_ms: int, *, max_skew_ms: int = MAX_CLOCK_SKEW_MS) -> int:
     """The base offset of the first entry whose timestamp is ``>= timestamp_ms``, else the log end."""
     for _attempt in range(3):
         try:

@@ -65,9 +65,15 @@ class TopicMeta:
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> TopicMeta:
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(value["schema"])))
-        return cls(value["name"], int(value["partitions"]), schema, int(value["version"]),
-                   int(value["created_ms"]), TopicConfig.from_json(value.get("config", {})),
-                   bool(value.get("internal", False)))
+        return cls(
+            value["name"],
+            int(value["partitions"]),
+            schema,
+            int(value["version"]),
+            int(value["created_ms"]),
+            TopicConfig.from_json(value.get("config", {})),
+            bool(value.get("internal", False)),
+        )
 
 
 def normalize_schema(schema: pa.Schema) -> pa.Schema:
@@ -77,7 +83,8 @@ def normalize_schema(schema: pa.Schema) -> pa.Schema:
     reserved = [f.name for f in schema if f.name in METADATA_COLUMNS]
     if reserved:
         raise ConfigurationError(
-            f"schema uses reserved column name(s) {reserved}: {METADATA_COLUMNS} are added by txnlog readers")
+            f"schema uses reserved column name(s) {reserved}: {METADATA_COLUMNS} are added by txnlog readers"
+        )
     if len(set(schema.names)) != len(schema.names):
         raise ConfigurationError(f"schema has duplicate column names: {schema.names}")
     if not schema.names:
@@ -95,13 +102,21 @@ class TopicStore:
     def _slots(self, name: str) -> SlotLog:
         return SlotLog(self.storage, paths.topic_meta(name))
 
-    def create(self, name: str, partitions: int, schema: pa.Schema, config: TopicConfig | None = None,
-               *, internal: bool = False) -> TopicMeta:
+    def create(
+        self,
+        name: str,
+        partitions: int,
+        schema: pa.Schema,
+        config: TopicConfig | None = None,
+        *,
+        internal: bool = False,
+    ) -> TopicMeta:
         validate_name("topic", name, allow_internal=internal)
         if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= MAX_PARTITIONS:
             raise ConfigurationError(f"partitions must be an integer in [1, {MAX_PARTITIONS}], got {partitions!r}")
-        meta = TopicMeta(name, partitions, normalize_schema(schema), 0, int(time.time() * 1000),
-                         config or TopicConfig(), internal)
+        meta = TopicMeta(
+            name, partitions, normalize_schema(schema), 0, int(time.time() * 1000), config or TopicConfig(), internal
+        )
         header, payload = envelope.encode_json(envelope.ObjectKind.TOPIC_META, meta.to_json())
         try:
             create_resolving(self.storage, self._slots(name).key(0), [header, payload], header)
@@ -122,7 +137,8 @@ class TopicStore:
             existing = self.list()
             raise TopicNotFoundError(
                 f"unknown topic {name!r}; existing topics: {', '.join(existing) if existing else '(none)'}. "
-                "Create it with Log.create_topic(name, partitions, schema).")
+                "Create it with Log.create_topic(name, partitions, schema)."
+            )
         if cached is not None and cached.version == tail - 1:
             return cached
         key = slots.key(tail - 1)
@@ -147,12 +163,16 @@ class TopicStore:
             if partitions is not None and partitions < current.partitions:
                 raise ConfigurationError(
                     f"topic {name!r} has {current.partitions} partitions; the count can only grow, "
-                    f"not shrink to {partitions}")
+                    f"not shrink to {partitions}"
+                )
             if partitions is not None and partitions > MAX_PARTITIONS:
                 raise ConfigurationError(f"partitions must be at most {MAX_PARTITIONS}")
-            new = replace(current, version=current.version + 1,
-                          partitions=partitions if partitions is not None else current.partitions,
-                          config=config if config is not None else current.config)
+            new = replace(
+                current,
+                version=current.version + 1,
+                partitions=partitions if partitions is not None else current.partitions,
+                config=config if config is not None else current.config,
+            )
             header, payload = envelope.encode_json(envelope.ObjectKind.TOPIC_META, new.to_json())
             try:
                 create_resolving(self.storage, self._slots(name).key(new.version), [header, payload], header)

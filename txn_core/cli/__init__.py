@@ -44,9 +44,13 @@ Every verb takes the log URL first; run 'txnlog NOUN VERB --help' for its option
 def build_parser() -> argparse.ArgumentParser:
     from txn_core import __version__
 
-    parser = Parser(prog=PROG, formatter_class=HelpFormatter, epilog=EXAMPLES,
-                    description="Inspect and operate a txnlog: a transactional log (Kafka/Pulsar transaction "
-                                "semantics) on any fsspec filesystem, with no broker.")
+    parser = Parser(
+        prog=PROG,
+        formatter_class=HelpFormatter,
+        epilog=EXAMPLES,
+        description="Inspect and operate a txnlog: a transactional log (Kafka/Pulsar transaction "
+        "semantics) on any fsspec filesystem, with no broker.",
+    )
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="noun", required=True, metavar="COMMAND")

@@ -71,7 +71,8 @@ def storage_option(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(
             f"bad storage option {text!r}: write KEY=VALUE, e.g. -o anon=true or "
-            "-o client_kwargs.endpoint_url=http://127.0.0.1:9000")
+            "-o client_kwargs.endpoint_url=http://127.0.0.1:9000"
+        )
     value: Any = raw
     stripped = raw.strip()
     if stripped in ("true", "false", "null") or stripped[:1] in ("{", "[") or _is_number(stripped):
@@ -132,14 +133,21 @@ def optional_positive_int(text: str) -> int | None:
 def common_options() -> Parser:
     """The options every verb takes (as an argparse parent): URL, storage options, --json, --debug."""
     p = Parser(add_help=False)
-    p.add_argument("url", metavar="URL",
-                   help="the log: a directory, file://DIR, s3://BUCKET/PREFIX, gs://..., abfs://...")
-    p.add_argument("-o", "--storage-option", metavar="KEY=VALUE", dest="storage_options", action="append",
-                   type=storage_option, default=[],
-                   help="an fsspec storage option (repeatable; dotted keys nest, values are JSON or text)")
+    p.add_argument(
+        "url", metavar="URL", help="the log: a directory, file://DIR, s3://BUCKET/PREFIX, gs://..., abfs://..."
+    )
+    p.add_argument(
+        "-o",
+        "--storage-option",
+        metavar="KEY=VALUE",
+        dest="storage_options",
+        action="append",
+        type=storage_option,
+        default=[],
+        help="an fsspec storage option (repeatable; dotted keys nest, values are JSON or text)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show the full traceback on errors")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback on errors")
     return p
 
 
@@ -148,16 +156,24 @@ SubParsers: TypeAlias = "argparse._SubParsersAction[Parser]"  # what add_subpars
 
 def add_noun(sub: SubParsers, name: str, *, help: str, description: str, examples: str) -> SubParsers:
     """A noun's parser (``txnlog NOUN --help`` lists its verbs and examples); returns its verbs' subparsers."""
-    parser = sub.add_parser(name, help=help, description=description, epilog=f"examples:\n{examples}",
-                            formatter_class=HelpFormatter)
+    parser = sub.add_parser(
+        name, help=help, description=description, epilog=f"examples:\n{examples}", formatter_class=HelpFormatter
+    )
     return parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
 
-def add_verb(sub: SubParsers, name: str, *, parents: list[Parser], help: str,
-             description: str, examples: str) -> argparse.ArgumentParser:
+def add_verb(
+    sub: SubParsers, name: str, *, parents: list[Parser], help: str, description: str, examples: str
+) -> argparse.ArgumentParser:
     """A verb's parser with a description and an examples epilog."""
-    parser = sub.add_parser(name, parents=parents, help=help, description=description,
-                            epilog=f"examples:\n{examples}", formatter_class=HelpFormatter)
+    parser = sub.add_parser(
+        name,
+        parents=parents,
+        help=help,
+        description=description,
+        epilog=f"examples:\n{examples}",
+        formatter_class=HelpFormatter,
+    )
     parser.set_defaults(verb_parser=parser)  # so unknown arguments are reported by the verb (see main)
     return parser
 
@@ -172,7 +188,8 @@ def open_existing(args: argparse.Namespace) -> Log:
     if not storage.exists(paths.FORMAT_KEY):
         raise ConfigurationError(
             f"no txnlog at {storage.url} (it has no {paths.FORMAT_KEY}): check the URL and storage options, or "
-            f"create a log with '{PROG} topics create {args.url} TOPIC --partitions N --schema SPEC'")
+            f"create a log with '{PROG} topics create {args.url} TOPIC --partitions N --schema SPEC'"
+        )
     return Log(storage, create=False)  # reading writes nothing: read-only access is enough
 
 
@@ -191,7 +208,8 @@ def get_topic(log: Log, name: str) -> TopicMeta:
         existing = log.list_topics()
         raise TopicNotFoundError(
             f"unknown topic {name!r}; existing topics: {', '.join(existing) if existing else '(none)'}. Create "
-            f"it with '{PROG} topics create URL {name} --partitions N --schema SPEC'") from exc
+            f"it with '{PROG} topics create URL {name} --partitions N --schema SPEC'"
+        ) from exc
 
 
 def warn(message: str) -> None:

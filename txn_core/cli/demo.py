@@ -19,10 +19,14 @@ SPARK_DEMO = "spark_txn_sink.demo"
 
 
 def register(sub: SubParsers) -> None:
-    p = sub.add_parser("demo", help="run the end-to-end demo (the Quickstart)", formatter_class=HelpFormatter,
-                       description="Run the end-to-end demo: an exactly-once Spark pipeline through txnlog "
-                                   f"({SPARK_DEMO}), or with --core a short core-only demo without Spark.",
-                       epilog="examples:\n  txnlog demo\n  txnlog demo --core --dir /tmp/txnlog-demo")
+    p = sub.add_parser(
+        "demo",
+        help="run the end-to-end demo (the Quickstart)",
+        formatter_class=HelpFormatter,
+        description="Run the end-to-end demo: an exactly-once Spark pipeline through txnlog "
+        f"({SPARK_DEMO}), or with --core a short core-only demo without Spark.",
+        epilog="examples:\n  txnlog demo\n  txnlog demo --core --dir /tmp/txnlog-demo",
+    )
     p.add_argument("--dir", help="where to put the demo log (default: a new temporary directory)")
     p.add_argument("--core", action="store_true", help="run the core-only demo (no Spark; a second or two)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback on errors")
@@ -98,6 +102,8 @@ def core_demo(directory: str | None) -> int:
     print(f"committed {len(committed)} rows in 3 transactions, aborted 10 rows in 1")
     print(f"read_uncommitted consumer saw {raw} rows (aborted ones included)")
     print(f"read_committed consumer saw {len(seen)} rows; exactly the committed ones: {ok}")
-    print(f"inspect it: txnlog topics describe {directory} demo; "
-          f"txnlog dump {directory} demo --isolation read_uncommitted --show-control")
+    print(
+        f"inspect it: txnlog topics describe {directory} demo; "
+        f"txnlog dump {directory} demo --isolation read_uncommitted --show-control"
+    )
     return 0 if ok else 1

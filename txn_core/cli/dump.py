@@ -32,29 +32,59 @@ _META = ("_partition", "_offset", "_timestamp", "_kind", "_txn")
 
 
 def register(sub: SubParsers, common: Parser) -> None:
-    p = add_verb(sub, "dump", parents=[common], help="print a topic's records with their offsets",
-                 description="Print records of a topic with partition, offset and append time, as a table or "
-                             "(--json) as JSON lines. read_committed (the default) shows only committed and "
-                             "non-transactional records, up to the last stable offset; read_uncommitted shows "
-                             "every record, aborted and open ones too. --show-control adds each record's "
-                             "transaction and lists the COMMIT/ABORT markers.",
-                 examples="  txnlog dump /data/log orders\n"
-                          "  txnlog dump /data/log orders --partition 0 --from 100 --to 200 --limit 0\n"
-                          "  txnlog dump /data/log orders --isolation read_uncommitted --show-control\n"
-                          "  txnlog dump /data/log orders --json --limit 0 > orders.jsonl")
+    p = add_verb(
+        sub,
+        "dump",
+        parents=[common],
+        help="print a topic's records with their offsets",
+        description="Print records of a topic with partition, offset and append time, as a table or "
+        "(--json) as JSON lines. read_committed (the default) shows only committed and "
+        "non-transactional records, up to the last stable offset; read_uncommitted shows "
+        "every record, aborted and open ones too. --show-control adds each record's "
+        "transaction and lists the COMMIT/ABORT markers.",
+        examples="  txnlog dump /data/log orders\n"
+        "  txnlog dump /data/log orders --partition 0 --from 100 --to 200 --limit 0\n"
+        "  txnlog dump /data/log orders --isolation read_uncommitted --show-control\n"
+        "  txnlog dump /data/log orders --json --limit 0 > orders.jsonl",
+    )
     p.add_argument("topic", metavar="TOPIC", help="the topic to read")
-    p.add_argument("--partition", type=int, action="append", metavar="P",
-                   help="only this partition (repeatable; default: all, one after the other)")
-    p.add_argument("--isolation", choices=ISOLATION_LEVELS, default=READ_COMMITTED,
-                   help="read_committed (default) or read_uncommitted")
-    p.add_argument("--from", dest="start", type=non_negative_int, metavar="OFFSET",
-                   help="first offset, in every selected partition (default: the log start)")
-    p.add_argument("--to", dest="stop", type=non_negative_int, metavar="OFFSET",
-                   help="stop before this offset (exclusive; default: as far as the isolation level allows)")
-    p.add_argument("--limit", type=non_negative_int, default=DEFAULT_LIMIT, metavar="N",
-                   help=f"print at most this many records in all (default {DEFAULT_LIMIT}; 0 = no limit)")
-    p.add_argument("--show-control", action="store_true",
-                   help="show each record's transaction and the COMMIT/ABORT marker entries")
+    p.add_argument(
+        "--partition",
+        type=int,
+        action="append",
+        metavar="P",
+        help="only this partition (repeatable; default: all, one after the other)",
+    )
+    p.add_argument(
+        "--isolation",
+        choices=ISOLATION_LEVELS,
+        default=READ_COMMITTED,
+        help="read_committed (default) or read_uncommitted",
+    )
+    p.add_argument(
+        "--from",
+        dest="start",
+        type=non_negative_int,
+        metavar="OFFSET",
+        help="first offset, in every selected partition (default: the log start)",
+    )
+    p.add_argument(
+        "--to",
+        dest="stop",
+        type=non_negative_int,
+        metavar="OFFSET",
+        help="stop before this offset (exclusive; default: as far as the isolation level allows)",
+    )
+    p.add_argument(
+        "--limit",
+        type=non_negative_int,
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"print at most this many records in all (default {DEFAULT_LIMIT}; 0 = no limit)",
+    )
+    p.add_argument(
+        "--show-control", action="store_true", help="show each record's transaction and the COMMIT/ABORT marker entries"
+    )
     p.set_defaults(func=dump)
 
 
@@ -78,7 +108,8 @@ def dump(args: argparse.Namespace) -> int:
     bad = [p for p in wanted if not 0 <= p < meta.partitions]
     if bad:
         raise ConfigurationError(
-            f"topic {meta.name!r} has no partition {bad[0]}: its partitions are 0..{meta.partitions - 1}")
+            f"topic {meta.name!r} has no partition {bad[0]}: its partitions are 0..{meta.partitions - 1}"
+        )
     limit = args.limit or None
     columns = meta.schema.names
     headers = ["partition", "offset", "timestamp"] + (["kind", "txn"] if args.show_control else []) + columns
@@ -108,8 +139,17 @@ def dump(args: argparse.Namespace) -> int:
             def progress(position: int, base: int = base) -> None:
                 bar.update(base + position)
 
-            got = _read_partition(log, meta.name, p, args.isolation, args.start, args.stop, remaining,
-                                  sink=None if args.show_control else emit, progress=progress)
+            got = _read_partition(
+                log,
+                meta.name,
+                p,
+                args.isolation,
+                args.start,
+                args.stop,
+                remaining,
+                sink=None if args.show_control else emit,
+                progress=progress,
+            )
             if args.show_control:
                 _annotate(log, meta.name, got, first)
                 emit(got.rows)
@@ -132,9 +172,18 @@ def _span(log: Log, topic: str, partition: int, start: int | None, stop: int | N
     return first, end
 
 
-def _read_partition(log: Log, topic: str, partition: int, isolation: str, start: int | None, stop: int | None,
-                    limit: int | None, *, sink: Callable[[list[dict[str, Any]]], None] | None,
-                    progress: Callable[[int], None]) -> _Partition:
+def _read_partition(
+    log: Log,
+    topic: str,
+    partition: int,
+    isolation: str,
+    start: int | None,
+    stop: int | None,
+    limit: int | None,
+    *,
+    sink: Callable[[list[dict[str, Any]]], None] | None,
+    progress: Callable[[int], None],
+) -> _Partition:
     """Read records ``[start, stop)`` (at most ``limit``); hand them to ``sink`` as they come, or keep them."""
     out = _Partition(partition)
     consumer = log.consumer(isolation_level=isolation)
@@ -156,8 +205,10 @@ def _read_partition(log: Log, topic: str, partition: int, isolation: str, start:
             table = consumer.poll(max_records=want)
             if table.num_rows == 0:
                 break
-            rows = [{"_partition": r.pop("_partition"), "_offset": r.pop("_offset"),
-                     "_timestamp": r.pop("_timestamp"), **r} for r in table.drop_columns(["_topic"]).to_pylist()]
+            rows = [
+                {"_partition": r.pop("_partition"), "_offset": r.pop("_offset"), "_timestamp": r.pop("_timestamp"), **r}
+                for r in table.drop_columns(["_topic"]).to_pylist()
+            ]
             if stop is not None and rows[-1]["_offset"] >= stop:
                 take([r for r in rows if r["_offset"] < stop])
                 out.reached = stop
@@ -192,9 +243,16 @@ def _annotate(log: Log, topic: str, got: _Partition, first: int) -> None:
                 if header.base_offset >= first:
                     entry = plog.read_entry(slot)
                     payload = decode_json(entry.payload(), entry.key)
-                    markers.append({"_partition": got.partition, "_offset": header.base_offset,
-                                    "_timestamp": _ts(header.timestamp_ms), "_kind": header.kind.name,
-                                    "_txn": txn, "_transactional_id": payload.get("tid")})
+                    markers.append(
+                        {
+                            "_partition": got.partition,
+                            "_offset": header.base_offset,
+                            "_timestamp": _ts(header.timestamp_ms),
+                            "_kind": header.kind.name,
+                            "_txn": txn,
+                            "_transactional_id": payload.get("tid"),
+                        }
+                    )
             else:
                 bases.append(header.base_offset)
                 txns.append(txn)
@@ -204,9 +262,17 @@ def _annotate(log: Log, topic: str, got: _Partition, first: int) -> None:
         r["_kind"] = "data"
         r["_txn"] = txns[i] if i >= 0 else None
     # Keys in a stable order: metadata first, then the topic's columns.
-    rows = [{"_partition": r["_partition"], "_offset": r["_offset"], "_timestamp": r["_timestamp"],
-             "_kind": r["_kind"], "_txn": r["_txn"],
-             **{k: v for k, v in r.items() if k not in _META}} for r in got.rows]
+    rows = [
+        {
+            "_partition": r["_partition"],
+            "_offset": r["_offset"],
+            "_timestamp": r["_timestamp"],
+            "_kind": r["_kind"],
+            "_txn": r["_txn"],
+            **{k: v for k, v in r.items() if k not in _META},
+        }
+        for r in got.rows
+    ]
     got.rows = sorted(rows + markers, key=lambda r: int(r["_offset"]))
 
 

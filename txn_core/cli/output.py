@@ -127,8 +127,11 @@ def render_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, full:
     """A fixed-width table: a header line, then one line per row. Numbers are right-aligned; cells are cut
     to :data:`MAX_CELL` characters except in the columns named in ``full``."""
     raw = [list(r) for r in rows]
-    numeric = [all((isinstance(r[i], int | float) and not isinstance(r[i], bool)) or r[i] is None for r in raw)
-               and any(r[i] is not None for r in raw) for i in range(len(headers))]
+    numeric = [
+        all((isinstance(r[i], int | float) and not isinstance(r[i], bool)) or r[i] is None for r in raw)
+        and any(r[i] is not None for r in raw)
+        for i in range(len(headers))
+    ]
     limits = [None if h in full else MAX_CELL for h in headers]
     cells = [[format_cell(v, limits[i]) for i, v in enumerate(r)] for r in raw]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
@@ -140,8 +143,9 @@ def render_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, full:
     return "\n".join([line(list(headers)), *(line(r) for r in cells)])
 
 
-def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, empty: str | None = None,
-                full: Sequence[str] = ()) -> None:
+def print_table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], *, empty: str | None = None, full: Sequence[str] = ()
+) -> None:
     """Print a table, or ``empty`` (if given) when there are no rows."""
     rows = list(rows)
     if not rows and empty is not None:
@@ -170,8 +174,16 @@ class Progress:
 
     _SPIN = "|/-\\"
 
-    def __init__(self, label: str, total: int | None = None, *, unit: str = "", stream: IO[str] | None = None,
-                 delay_s: float = 0.5, interval_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: int | None = None,
+        *,
+        unit: str = "",
+        stream: IO[str] | None = None,
+        delay_s: float = 0.5,
+        interval_s: float = 0.1,
+    ) -> None:
         self.label = label
         self.total = total
         self.unit = unit

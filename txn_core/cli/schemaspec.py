@@ -25,19 +25,41 @@ import re
 import pyarrow as pa
 
 _SIMPLE: dict[str, pa.DataType] = {
-    "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
-    "uint8": pa.uint8(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
-    "float16": pa.float16(), "halffloat": pa.float16(), "float32": pa.float32(), "float": pa.float32(),
-    "float64": pa.float64(), "double": pa.float64(), "bool": pa.bool_(), "boolean": pa.bool_(),
-    "string": pa.string(), "str": pa.string(), "utf8": pa.string(), "large_string": pa.large_string(),
-    "large_utf8": pa.large_string(), "binary": pa.binary(), "large_binary": pa.large_binary(),
-    "date32": pa.date32(), "date32[day]": pa.date32(), "date64": pa.date64(), "date64[ms]": pa.date64(),
+    "int8": pa.int8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "uint8": pa.uint8(),
+    "uint16": pa.uint16(),
+    "uint32": pa.uint32(),
+    "uint64": pa.uint64(),
+    "float16": pa.float16(),
+    "halffloat": pa.float16(),
+    "float32": pa.float32(),
+    "float": pa.float32(),
+    "float64": pa.float64(),
+    "double": pa.float64(),
+    "bool": pa.bool_(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "str": pa.string(),
+    "utf8": pa.string(),
+    "large_string": pa.large_string(),
+    "large_utf8": pa.large_string(),
+    "binary": pa.binary(),
+    "large_binary": pa.large_binary(),
+    "date32": pa.date32(),
+    "date32[day]": pa.date32(),
+    "date64": pa.date64(),
+    "date64[ms]": pa.date64(),
 }
 _UNITS = ("s", "ms", "us", "ns")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-TYPES_HELP = ("int8..int64, uint8..uint64, float32, float64, bool, string, large_string, binary, date32, "
-              "timestamp[s|ms|us|ns] or timestamp[ms, UTC], time64[us], duration[ms], decimal(P, S), "
-              "list<TYPE>, map<KEY, VALUE>, struct<NAME:TYPE, ...>")
+TYPES_HELP = (
+    "int8..int64, uint8..uint64, float32, float64, bool, string, large_string, binary, date32, "
+    "timestamp[s|ms|us|ns] or timestamp[ms, UTC], time64[us], duration[ms], decimal(P, S), "
+    "list<TYPE>, map<KEY, VALUE>, struct<NAME:TYPE, ...>"
+)
 EXAMPLE = "id:int64,name:string,ts:timestamp[ms]"
 
 
@@ -74,8 +96,11 @@ def parse_type(text: str) -> pa.DataType:
     low = t.lower()
     if low in _SIMPLE:
         return _SIMPLE[low]
-    m = re.fullmatch(r"(timestamp|time32|time64|duration)\s*\[\s*([a-z]+)\s*(?:,\s*(?:tz\s*=\s*)?([^\]]+?)\s*)?\]",
-                     t, flags=re.IGNORECASE)
+    m = re.fullmatch(
+        r"(timestamp|time32|time64|duration)\s*\[\s*([a-z]+)\s*(?:,\s*(?:tz\s*=\s*)?([^\]]+?)\s*)?\]",
+        t,
+        flags=re.IGNORECASE,
+    )
     if m:
         kind, unit, tz = m.group(1).lower(), m.group(2).lower(), m.group(3)
         if unit not in _UNITS:
@@ -161,8 +186,11 @@ def format_type(t: pa.DataType) -> str:
     if pa.types.is_timestamp(t):
         return f"timestamp[{t.unit}, {t.tz}]" if t.tz else f"timestamp[{t.unit}]"
     if pa.types.is_decimal(t):
-        return f"decimal({t.precision}, {t.scale})" if pa.types.is_decimal128(t) else \
-            f"decimal256({t.precision}, {t.scale})"
+        return (
+            f"decimal({t.precision}, {t.scale})"
+            if pa.types.is_decimal128(t)
+            else f"decimal256({t.precision}, {t.scale})"
+        )
     if pa.types.is_large_list(t):
         return f"large_list<{format_type(t.value_type)}>"
     if pa.types.is_list(t):

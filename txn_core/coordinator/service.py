@@ -54,8 +54,14 @@ def coordinator_for(tid: str, partitions: int) -> int:
 class TransactionCoordinator:
     """Coordinator operations over one log's transaction log."""
 
-    def __init__(self, storage: Storage, views: CoordinatorViews, logs: Callable[[str], PartitionLog],
-                 partitions: int, clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        views: CoordinatorViews,
+        logs: Callable[[str], PartitionLog],
+        partitions: int,
+        clock: Callable[[], int],
+    ) -> None:
         self.storage = storage
         self.views = views
         self.logs = logs
@@ -81,8 +87,7 @@ class TransactionCoordinator:
         """
         validate_name("transactional id", tid)
         if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
-            raise InvalidTxnStateError(
-                f"transaction_timeout_ms must be in [1, {MAX_TIMEOUT_MS}], got {timeout_ms}")
+            raise InvalidTxnStateError(f"transaction_timeout_ms must be in [1, {MAX_TIMEOUT_MS}], got {timeout_ms}")
         view = self.view_for(tid)
         while True:
             view.refresh()
@@ -113,14 +118,23 @@ class TransactionCoordinator:
         logger.info("init %s: producer id %d epoch %d (older instances fenced)", tid, state.producer_id, state.epoch)
         return state
 
-    def begin(self, tid: str, producer_id: int, epoch: int, timeout_ms: int,
-              participants: Iterable[str]) -> TidState:
+    def begin(self, tid: str, producer_id: int, epoch: int, timeout_ms: int, participants: Iterable[str]) -> TidState:
         """Persist the start of a transaction with its first participants; returns the Ongoing state."""
         view = self.view_for(tid)
         parts = list(participants)
-        state = view.append(tid, lambda cur: [{"action": "begin", "tid": tid, "producer_id": producer_id,
-                                               "epoch": epoch, "timeout_ms": timeout_ms,
-                                               "participants": parts}])
+        state = view.append(
+            tid,
+            lambda cur: [
+                {
+                    "action": "begin",
+                    "tid": tid,
+                    "producer_id": producer_id,
+                    "epoch": epoch,
+                    "timeout_ms": timeout_ms,
+                    "participants": parts,
+                }
+            ],
+        )
         if state is None or state.txn is None:  # pragma: no cover
             raise InvalidTxnStateError(f"transactional id {tid!r}: begin produced no transaction")
         return state
@@ -131,20 +145,42 @@ class TransactionCoordinator:
         parts = list(participants)
 
         def build(cur: TidState | None) -> list[dict[str, Any]] | None:
-            if cur is not None and cur.txn == txn and cur.state == _C.ONGOING and \
-                    cur.producer_id == producer_id and cur.epoch == epoch and \
-                    all(p in cur.participants for p in parts):
+            if (
+                cur is not None
+                and cur.txn == txn
+                and cur.state == _C.ONGOING
+                and cur.producer_id == producer_id
+                and cur.epoch == epoch
+                and all(p in cur.participants for p in parts)
+            ):
                 return None
-            return [{"action": "add", "tid": tid, "producer_id": producer_id, "epoch": epoch,
-                     "txn": str(txn), "participants": parts}]
+            return [
+                {
+                    "action": "add",
+                    "tid": tid,
+                    "producer_id": producer_id,
+                    "epoch": epoch,
+                    "txn": str(txn),
+                    "participants": parts,
+                }
+            ]
 
         state = view.append(tid, build)
         if state is None:  # pragma: no cover
             raise InvalidTxnStateError(f"transactional id {tid!r}: no state")
         return state
 
-    def end(self, tid: str, producer_id: int, epoch: int, txn: TxnId, commit: bool,
-            metadata: dict[str, Any] | None = None, *, complete: bool = True) -> TidState:
+    def end(
+        self,
+        tid: str,
+        producer_id: int,
+        epoch: int,
+        txn: TxnId,
+        commit: bool,
+        metadata: dict[str, Any] | None = None,
+        *,
+        complete: bool = True,
+    ) -> TidState:
         """Decide and finish ``txn``: persist Prepare*, write markers, persist Complete*.
 
         A retried end of the same transaction with the same decision continues where the first stopped.
@@ -154,30 +190,43 @@ class TransactionCoordinator:
         outcome = "COMMIT" if commit else "ABORT"
 
         def build(cur: TidState | None) -> list[dict[str, Any]] | None:
-            if cur is not None and cur.txn == txn and cur.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT,
-                                                                   _C.PREPARE_ABORT, _C.COMPLETE_ABORT):
+            if (
+                cur is not None
+                and cur.txn == txn
+                and cur.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT, _C.PREPARE_ABORT, _C.COMPLETE_ABORT)
+            ):
                 decided_commit = cur.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT)
                 if decided_commit != commit and cur.abort_reason == "timeout":
                     raise TransactionTimedOutError(
                         f"transactional id {tid!r}: transaction {txn} exceeded its timeout of {cur.timeout_ms} ms "
                         "and was aborted by another participant; nothing of it is visible. This producer is "
-                        "fenced: create a new one and call init_transactions(), then redo the work.")
+                        "fenced: create a new one and call init_transactions(), then redo the work."
+                    )
                 if decided_commit != commit and cur.abort_reason is not None and cur.epoch != epoch:
                     raise ProducerFencedError(
                         f"transactional id {tid!r}: transaction {txn} was aborted ({cur.abort_reason}); producer "
-                        f"id {producer_id} epoch {epoch} is fenced. Close this producer.")
+                        f"id {producer_id} epoch {epoch} is fenced. Close this producer."
+                    )
                 if decided_commit != commit:
                     raise InvalidTxnStateError(
                         f"transactional id {tid!r}: transaction {txn} was already "
                         f"{'committed' if decided_commit else 'aborted'}"
                         + (f" ({cur.abort_reason})" if cur.abort_reason else "")
-                        + f"; it cannot be {'committed' if commit else 'aborted'}")
+                        + f"; it cannot be {'committed' if commit else 'aborted'}"
+                    )
                 if cur.epoch not in (epoch, epoch + 1) or cur.producer_id != producer_id:
                     raise ProducerFencedError(
-                        f"transactional id {tid!r}: producer id {producer_id} epoch {epoch} is fenced")
+                        f"transactional id {tid!r}: producer id {producer_id} epoch {epoch} is fenced"
+                    )
                 return None
-            action: dict[str, Any] = {"action": "prepare", "tid": tid, "producer_id": producer_id,
-                                      "epoch": epoch, "txn": str(txn), "outcome": outcome}
+            action: dict[str, Any] = {
+                "action": "prepare",
+                "tid": tid,
+                "producer_id": producer_id,
+                "epoch": epoch,
+                "txn": str(txn),
+                "outcome": outcome,
+            }
             if metadata is not None:
                 action["metadata"] = metadata
             return [action]
@@ -220,8 +269,14 @@ class TransactionCoordinator:
             raise InvalidTxnStateError(f"transactional id {prepared.tid!r}: nothing to complete")
         view = self.view_for(prepared.tid)
         txn, tid, parts = prepared.txn, prepared.tid, list(participants)
-        begin = {"action": "begin", "tid": tid, "producer_id": prepared.producer_id, "epoch": prepared.epoch + 1,
-                 "timeout_ms": timeout_ms, "participants": parts}
+        begin = {
+            "action": "begin",
+            "tid": tid,
+            "producer_id": prepared.producer_id,
+            "epoch": prepared.epoch + 1,
+            "timeout_ms": timeout_ms,
+            "participants": parts,
+        }
 
         def build(cur: TidState | None) -> list[dict[str, Any]] | None:
             if cur is not None and cur.txn == txn and cur.state.is_prepared:
@@ -242,8 +297,9 @@ class TransactionCoordinator:
         txn, pid, epoch = prepared.txn, prepared.producer_id, prepared.epoch
 
         def one(path: str) -> None:
-            self.logs(path).append(kind, payload, len(payload), crc32(payload), 1, producer_id=pid,
-                                   producer_epoch=epoch, txn=txn)
+            self.logs(path).append(
+                kind, payload, len(payload), crc32(payload), 1, producer_id=pid, producer_epoch=epoch, txn=txn
+            )
 
         parts = list(prepared.participants)
         if len(parts) <= 1:
@@ -262,13 +318,24 @@ class TransactionCoordinator:
         def build(cur: TidState | None) -> list[dict[str, Any]] | None:
             if cur is None or cur.txn != txn or cur.state != _C.ONGOING:
                 return None
-            return [{"action": "prepare", "tid": cur.tid, "producer_id": cur.producer_id, "epoch": cur.epoch,
-                     "txn": str(txn), "outcome": "ABORT", "new_epoch": cur.epoch + 1, "reason": reason}]
+            return [
+                {
+                    "action": "prepare",
+                    "tid": cur.tid,
+                    "producer_id": cur.producer_id,
+                    "epoch": cur.epoch,
+                    "txn": str(txn),
+                    "outcome": "ABORT",
+                    "new_epoch": cur.epoch + 1,
+                    "reason": reason,
+                }
+            ]
 
         state = view.append(current.tid, build)
         if state is not None and state.state.is_prepared and state.txn == txn:
-            logger.info("abort %s: transaction %s aborted (%s); epoch %d fenced", current.tid, txn, reason,
-                        current.epoch)
+            logger.info(
+                "abort %s: transaction %s aborted (%s); epoch %d fenced", current.tid, txn, reason, current.epoch
+            )
             return self.complete(state)
         return state
 
@@ -302,16 +369,14 @@ class TransactionCoordinator:
         """The status of ``txn`` for a reader, refreshing the coordinator view and enforcing its timeout."""
         view = self.views.get(txn.coordinator)
         status = view.status(txn)
-        if status is None or status.state in (_C.ONGOING,) or (status.state is not None and \
-                status.state.is_prepared):
+        if status is None or status.state in (_C.ONGOING,) or (status.state is not None and status.state.is_prepared):
             view.refresh()
             status = view.status(txn)
         if status is None:
             # The begin record is always durable before any data of the transaction; a transaction id
             # the coordinator never issued is not a transaction anyone will end: treat it as finished.
             return TxnStatus(txn, None)
-        if status.state == _C.ONGOING and status.tid is not None and self.clock() > status.start_ms + \
-                status.timeout_ms:
+        if status.state == _C.ONGOING and status.tid is not None and self.clock() > status.start_ms + status.timeout_ms:
             st = view.state(status.tid)
             if st is not None and st.txn == txn and not getattr(self.storage, "read_only", False):
                 try:
@@ -321,8 +386,12 @@ class TransactionCoordinator:
             status = view.status(txn) or TxnStatus(txn, None)
         elif status.state is not None and status.state.is_prepared and status.tid is not None:
             st = view.state(status.tid)
-            if st is not None and st.txn == txn and not getattr(self.storage, "read_only", False) and \
-                    self.clock() - st.updated_ms > max(MIN_COMPLETION_GRACE_MS, st.timeout_ms):
+            if (
+                st is not None
+                and st.txn == txn
+                and not getattr(self.storage, "read_only", False)
+                and self.clock() - st.updated_ms > max(MIN_COMPLETION_GRACE_MS, st.timeout_ms)
+            ):
                 try:
                     self.complete(st)
                 except StoragePermissionError:  # decided already: readers treat it as such anyway

@@ -31,8 +31,12 @@ class CoordinatorState(enum.Enum):
 
     @property
     def is_complete(self) -> bool:
-        return self in (CoordinatorState.COMPLETE_COMMIT, CoordinatorState.COMPLETE_ABORT,
-                        CoordinatorState.EMPTY, CoordinatorState.DEAD)
+        return self in (
+            CoordinatorState.COMPLETE_COMMIT,
+            CoordinatorState.COMPLETE_ABORT,
+            CoordinatorState.EMPTY,
+            CoordinatorState.DEAD,
+        )
 
 
 _C = CoordinatorState
@@ -52,7 +56,8 @@ def check_coordinator_transition(tid: str, current: CoordinatorState | None, tar
     if current not in COORDINATOR_TRANSITIONS[target]:
         raise InvalidTxnStateError(
             f"transactional id {tid!r}: invalid coordinator transition "
-            f"{current.value if current else '(none)'} -> {target.value}")
+            f"{current.value if current else '(none)'} -> {target.value}"
+        )
 
 
 class ClientState(enum.Enum):
@@ -95,4 +100,5 @@ def check_client_transition(tid: str | None, current: ClientState, target: Clien
         }.get(current, "")
         raise InvalidTxnStateError(
             f"transactional id {tid!r}: invalid producer transition {current.value} -> {target.value}"
-            + (f"; {hint}" if hint else ""))
+            + (f"; {hint}" if hint else "")
+        )

@@ -82,18 +82,36 @@ class TidState:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "tid": self.tid, "producer_id": self.producer_id, "epoch": self.epoch, "state": self.state.value,
-            "timeout_ms": self.timeout_ms, "txn": str(self.txn) if self.txn else None,
-            "start_ms": self.start_ms, "updated_ms": self.updated_ms, "participants": list(self.participants),
-            "metadata": self.metadata, "last_committed": self.last_committed, "abort_reason": self.abort_reason,
+            "tid": self.tid,
+            "producer_id": self.producer_id,
+            "epoch": self.epoch,
+            "state": self.state.value,
+            "timeout_ms": self.timeout_ms,
+            "txn": str(self.txn) if self.txn else None,
+            "start_ms": self.start_ms,
+            "updated_ms": self.updated_ms,
+            "participants": list(self.participants),
+            "metadata": self.metadata,
+            "last_committed": self.last_committed,
+            "abort_reason": self.abort_reason,
         }
 
     @classmethod
     def from_json(cls, v: dict[str, Any]) -> TidState:
-        return cls(v["tid"], int(v["producer_id"]), int(v["epoch"]), CoordinatorState(v["state"]),
-                   int(v["timeout_ms"]), TxnId.parse(v["txn"]) if v.get("txn") else None,
-                   int(v.get("start_ms", 0)), int(v.get("updated_ms", 0)), tuple(v.get("participants", ())),
-                   v.get("metadata"), v.get("last_committed"), v.get("abort_reason"))
+        return cls(
+            v["tid"],
+            int(v["producer_id"]),
+            int(v["epoch"]),
+            CoordinatorState(v["state"]),
+            int(v["timeout_ms"]),
+            TxnId.parse(v["txn"]) if v.get("txn") else None,
+            int(v.get("start_ms", 0)),
+            int(v.get("updated_ms", 0)),
+            tuple(v.get("participants", ())),
+            v.get("metadata"),
+            v.get("last_committed"),
+            v.get("abort_reason"),
+        )
 
     @property
     def deadline_ms(self) -> int:
@@ -132,8 +150,7 @@ class TxnStatus:
         return self.state in (_C.COMPLETE_COMMIT, _C.COMPLETE_ABORT) or self.state is None
 
 
-def apply_action(current: TidState | None, action: dict[str, Any], coordinator: int, slot: int,
-                 ts: int) -> TidState:
+def apply_action(current: TidState | None, action: dict[str, Any], coordinator: int, slot: int, ts: int) -> TidState:
     """The state after ``action``; raises a named error if the action is not valid now.
 
     Used by writers (to validate before persisting) and by replay (which wraps errors as corruption).
@@ -142,10 +159,22 @@ def apply_action(current: TidState | None, action: dict[str, Any], coordinator: 
     tid = action["tid"]
     if kind == "init":
         check_coordinator_transition(tid, current.state if current else None, _C.EMPTY)
-        return TidState(tid, int(action["producer_id"]), int(action["epoch"]), _C.EMPTY,
-                        int(action["timeout_ms"]), None, 0, ts, (), None,
-                        current.last_committed if current and current.producer_id == action["producer_id"]
-                        else (current.last_committed if current else None), None)
+        return TidState(
+            tid,
+            int(action["producer_id"]),
+            int(action["epoch"]),
+            _C.EMPTY,
+            int(action["timeout_ms"]),
+            None,
+            0,
+            ts,
+            (),
+            None,
+            current.last_committed
+            if current and current.producer_id == action["producer_id"]
+            else (current.last_committed if current else None),
+            None,
+        )
     if current is None:
         raise InvalidTxnStateError(f"transactional id {tid!r} has no producer: call init_transactions() first")
     _check_epoch(current, action)
@@ -154,11 +183,19 @@ def apply_action(current: TidState | None, action: dict[str, Any], coordinator: 
         if current.state == _C.ONGOING:
             raise InvalidTxnStateError(
                 f"transactional id {tid!r}: transaction {current.txn} is already ongoing; end it before "
-                "beginning another")
-        return replace(current, state=_C.ONGOING, txn=TxnId(coordinator, slot), start_ms=ts, updated_ms=ts,
-                       timeout_ms=int(action.get("timeout_ms", current.timeout_ms)),
-                       participants=tuple(dict.fromkeys(action.get("participants", ()))), metadata=None,
-                       abort_reason=None)
+                "beginning another"
+            )
+        return replace(
+            current,
+            state=_C.ONGOING,
+            txn=TxnId(coordinator, slot),
+            start_ms=ts,
+            updated_ms=ts,
+            timeout_ms=int(action.get("timeout_ms", current.timeout_ms)),
+            participants=tuple(dict.fromkeys(action.get("participants", ()))),
+            metadata=None,
+            abort_reason=None,
+        )
     _check_txn(current, action)
     if kind == "add":
         check_coordinator_transition(tid, current.state, _C.ONGOING)
@@ -171,16 +208,22 @@ def apply_action(current: TidState | None, action: dict[str, Any], coordinator: 
             raise InvalidTxnStateError(
                 f"transactional id {tid!r}: transaction {current.txn} is already {current.state.value}"
                 + (f" ({current.abort_reason})" if current.abort_reason else "")
-                + f"; it cannot move to {target.value}")
+                + f"; it cannot move to {target.value}"
+            )
         check_coordinator_transition(tid, current.state, target)
         if current.state == target:
             return current
         new_epoch = int(action.get("new_epoch", current.epoch))
         metadata = action.get("metadata")
-        return replace(current, state=target, epoch=new_epoch, updated_ms=ts, metadata=metadata,
-                       last_committed=metadata if target == _C.PREPARE_COMMIT and metadata is not None
-                       else current.last_committed,
-                       abort_reason=action.get("reason") if target == _C.PREPARE_ABORT else None)
+        return replace(
+            current,
+            state=target,
+            epoch=new_epoch,
+            updated_ms=ts,
+            metadata=metadata,
+            last_committed=metadata if target == _C.PREPARE_COMMIT and metadata is not None else current.last_committed,
+            abort_reason=action.get("reason") if target == _C.PREPARE_ABORT else None,
+        )
     if kind == "complete":
         target = _C.COMPLETE_COMMIT if current.state == _C.PREPARE_COMMIT else _C.COMPLETE_ABORT
         check_coordinator_transition(tid, current.state, target)
@@ -193,23 +236,30 @@ def _check_epoch(current: TidState, action: dict[str, Any]) -> None:
         return
     pid, epoch = int(action.get("producer_id", current.producer_id)), int(action["epoch"])
     if pid != current.producer_id or epoch != current.epoch:
-        if current.abort_reason == "timeout" and current.txn is not None and pid == current.producer_id \
-                and epoch < current.epoch:
+        if (
+            current.abort_reason == "timeout"
+            and current.txn is not None
+            and pid == current.producer_id
+            and epoch < current.epoch
+        ):
             raise TransactionTimedOutError(
                 f"transactional id {current.tid!r}: transaction {current.txn} exceeded its timeout of "
                 f"{current.timeout_ms} ms and was aborted by another participant; this producer "
-                f"(id {pid}, epoch {epoch}) is fenced. Create a new producer and call init_transactions().")
+                f"(id {pid}, epoch {epoch}) is fenced. Create a new producer and call init_transactions()."
+            )
         raise ProducerFencedError(
             f"transactional id {current.tid!r}: producer id {pid} epoch {epoch} is fenced by producer id "
             f"{current.producer_id} epoch {current.epoch}. Another instance with the same transactional id "
-            "called init_transactions(); close this producer.")
+            "called init_transactions(); close this producer."
+        )
 
 
 def _check_txn(current: TidState, action: dict[str, Any]) -> None:
     if "txn" in action and current.txn is not None and str(current.txn) != action["txn"]:
         raise InvalidTxnStateError(
             f"transactional id {current.tid!r}: request for transaction {action['txn']} but the current one "
-            f"is {current.txn} ({current.state.value})")
+            f"is {current.txn} ({current.state.value})"
+        )
 
 
 #: A finished transactional id idle this long (coordinator log time) expires (Kafka's
@@ -219,8 +269,9 @@ TID_EXPIRATION_MS = 7 * 24 * 3600 * 1000
 TID_EXPIRY_STEP_MS = 3600 * 1000
 #: Commit metadata with this key set to true marks a one-shot id (a batch write): it may expire.
 EPHEMERAL_KEY = "ephemeral"
-_FINISHED = frozenset({CoordinatorState.EMPTY, CoordinatorState.COMPLETE_COMMIT, CoordinatorState.COMPLETE_ABORT,
-                       CoordinatorState.DEAD})
+_FINISHED = frozenset(
+    {CoordinatorState.EMPTY, CoordinatorState.COMPLETE_COMMIT, CoordinatorState.COMPLETE_ABORT, CoordinatorState.DEAD}
+)
 
 
 def _expired(st: TidState, now: int) -> bool:
@@ -385,7 +436,10 @@ class CoordinatorPartition:
         except StorageError as exc:
             get_logger("txnlog.snapshots").warning(
                 "coordinator %d: snapshot at slot %d not written (%s); the next writer tries again",
-                self.coordinator, self.next_slot, exc)
+                self.coordinator,
+                self.next_slot,
+                exc,
+            )
 
     def snapshot_now(self) -> int:
         """Write a snapshot at the current tail (maintenance); returns its slot."""
@@ -447,8 +501,7 @@ class CoordinatorPartition:
 
     # --- append ---------------------------------------------------------------------------------
 
-    def append(self, tid: str, build: Callable[[TidState | None], Iterable[dict[str, Any]] | None]
-               ) -> TidState | None:
+    def append(self, tid: str, build: Callable[[TidState | None], Iterable[dict[str, Any]] | None]) -> TidState | None:
         """Append the actions ``build(current state)`` returns, validated against the latest state.
 
         ``build`` is called again after every lost race with the then-current state; it may raise (e.g.

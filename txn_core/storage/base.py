@@ -137,9 +137,7 @@ def _backoff(attempt: int) -> None:
     time.sleep(min(0.5, 0.005 * (2**attempt)) * (0.5 + random.random()))
 
 
-def create_resolving(
-    storage: Storage, key: str, chunks: Chunks, identity: bytes, *, attempts: int = 8
-) -> None:
+def create_resolving(storage: Storage, key: str, chunks: Chunks, identity: bytes, *, attempts: int = 8) -> None:
     """Create ``key`` if absent, resolving ambiguous outcomes (PROTOCOL.md "Writes").
 
     ``identity`` is a prefix of the object's bytes that is unique to this writer and this write (every

@@ -90,7 +90,8 @@ def _object_store(url: str, protocol: str, root: str, options: dict[str, Any]) -
     if client not in CLIENTS:
         raise ConfigurationError(
             f"storage option client={client!r} is not one of {list(CLIENTS)}: 'obstore' (S3 only, one round "
-            "trip per request), 'fsspec' (s3fs, gcsfs, adlfs) or 'auto' (obstore where it applies)")
+            "trip per request), 'fsspec' (s3fs, gcsfs, adlfs) or 'auto' (obstore where it applies)"
+        )
     if protocol == "s3" and client != "fsspec":
         kwargs = obstore_config(options)
         if kwargs is not None and obstore_available():
@@ -101,10 +102,12 @@ def _object_store(url: str, protocol: str, root: str, options: dict[str, Any]) -
                 f"storage option client='obstore' cannot be used with the options {sorted(options)} or with "
                 "credentials from an AWS profile (AWS_PROFILE, ~/.aws/credentials): obstore takes key, secret, "
                 "token, anon, endpoint_url and client_kwargs.endpoint_url/region_name (profiles and other s3fs "
-                "settings need client='fsspec')")
+                "settings need client='fsspec')"
+            )
     elif client == "obstore":
         raise ConfigurationError(
-            f"storage option client='obstore' applies to s3:// URLs only; {url} is served by fsspec")
+            f"storage option client='obstore' applies to s3:// URLs only; {url} is served by fsspec"
+        )
     return ObjectStoreStorage(url, protocol, root, options)
 
 

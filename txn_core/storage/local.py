@@ -66,10 +66,14 @@ class LocalStorage(Storage):
         except OSError as exc:
             if exc.errno in _PERMISSION and not isinstance(exc, StorageError):
                 raise StoragePermissionError(f"cannot write {key} under {self.root}: {exc.strerror}") from exc
-            if isinstance(exc, StorageError) and isinstance(exc.__cause__, OSError) and \
-                    exc.__cause__.errno in _PERMISSION:
-                raise StoragePermissionError(f"cannot write {key} under {self.root}: {exc.__cause__.strerror}") \
-                    from exc.__cause__
+            if (
+                isinstance(exc, StorageError)
+                and isinstance(exc.__cause__, OSError)
+                and exc.__cause__.errno in _PERMISSION
+            ):
+                raise StoragePermissionError(
+                    f"cannot write {key} under {self.root}: {exc.__cause__.strerror}"
+                ) from exc.__cause__
             raise
 
     def _create(self, key: str, chunks: Chunks) -> None:

@@ -28,8 +28,20 @@ from txn_core.errors import (
 )
 from txn_core.storage.base import Chunks, Storage
 
-_RETRY_CODES = {"409", "429", "500", "502", "503", "504", "SlowDown", "ConditionalRequestConflict",
-                "RequestTimeout", "Throttling", "ThrottlingException", "InternalError"}
+_RETRY_CODES = {
+    "409",
+    "429",
+    "500",
+    "502",
+    "503",
+    "504",
+    "SlowDown",
+    "ConditionalRequestConflict",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "InternalError",
+}
 
 
 _TEXT_CODES = re.compile(r"(?<![\w/.-])(412|409|503|PreconditionFailed|ConditionalRequestConflict|SlowDown)(?![\w/.-])")
@@ -133,7 +145,8 @@ class ObjectStoreStorage(Storage):
                 raise RetryableStorageError(f"store asked to retry the create of {key}: {exc}") from exc
             if kind is StoragePermissionError:
                 raise StoragePermissionError(
-                    f"the store refused to create {key}: no permission (read-only credentials?)") from exc
+                    f"the store refused to create {key}: no permission (read-only credentials?)"
+                ) from exc
             if isinstance(exc, OSError) and exc.errno == errno.EINVAL and "412" not in str(exc):
                 # s3fs maps an unnamed 412 to EINVAL; treat as unknown and read back.
                 pass
@@ -233,5 +246,6 @@ class ObjectStoreStorage(Storage):
                 return
             if isinstance(exc, PermissionError) or "403" in codes or "AccessDenied" in codes:
                 raise StoragePermissionError(
-                    f"the store refused to delete {key}: no permission (read-only credentials?)") from exc
+                    f"the store refused to delete {key}: no permission (read-only credentials?)"
+                ) from exc
             raise StorageError(f"delete of {key} failed: {exc!r}") from exc

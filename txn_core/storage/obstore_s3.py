@@ -42,9 +42,20 @@ from txn_core.errors import (
 from txn_core.storage.base import Chunks, Storage
 
 #: s3fs options that configure only fsspec's own caching: meaningless for obstore, accepted and ignored.
-_IGNORED = frozenset({"use_listings_cache", "skip_instance_cache", "listings_expiry_time", "max_paths",
-                      "default_block_size", "default_fill_cache", "default_cache_type", "asynchronous",
-                      "loop", "client"})
+_IGNORED = frozenset(
+    {
+        "use_listings_cache",
+        "skip_instance_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "default_block_size",
+        "default_fill_cache",
+        "default_cache_type",
+        "asynchronous",
+        "loop",
+        "client",
+    }
+)
 
 
 def obstore_config(options: dict[str, Any]) -> dict[str, Any] | None:
@@ -101,9 +112,12 @@ def _static_credentials(config: dict[str, Any]) -> dict[str, Any] | None:
     object_store's own configuration would do."""
     if "access_key_id" not in config:
         return None
-    return {"access_key_id": config.pop("access_key_id"),
-            "secret_access_key": config.pop("secret_access_key", ""),
-            "token": config.pop("session_token", None), "expires_at": None}
+    return {
+        "access_key_id": config.pop("access_key_id"),
+        "secret_access_key": config.pop("secret_access_key", ""),
+        "token": config.pop("session_token", None),
+        "expires_at": None,
+    }
 
 
 def _profile_credentials() -> bool:
@@ -113,8 +127,10 @@ def _profile_credentials() -> bool:
         return True
     if os.environ.get("AWS_ACCESS_KEY_ID"):
         return False
-    files = [os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.expanduser("~/.aws/credentials"),
-             os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser("~/.aws/config")]
+    files = [
+        os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.expanduser("~/.aws/credentials"),
+        os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser("~/.aws/config"),
+    ]
     return any(os.path.exists(f) for f in files)
 
 
@@ -174,13 +190,15 @@ class ObstoreS3Storage(Storage):
 
         data = chunks[0] if len(chunks) == 1 else b"".join(bytes(c) for c in chunks)
         try:
-            obstore.put(self.store, self._path(key), bytes(data) if isinstance(data, memoryview) else data,
-                        mode="create")
+            obstore.put(
+                self.store, self._path(key), bytes(data) if isinstance(data, memoryview) else data, mode="create"
+            )
         except (ox.AlreadyExistsError, ox.PreconditionError, FileExistsError) as exc:
             raise ObjectExistsError(f"{key} already exists") from exc
         except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
             raise StoragePermissionError(
-                f"the store refused to create {key}: no permission (read-only credentials?)") from exc
+                f"the store refused to create {key}: no permission (read-only credentials?)"
+            ) from exc
         except Exception as exc:
             raise UnknownOutcomeError(f"create of {key} failed with an unknown outcome: {exc!r}") from exc
 
@@ -257,10 +275,8 @@ class ObstoreS3Storage(Storage):
         except Exception as exc:
             raise StorageError(f"list of {prefix} failed: {exc!r}") from exc
         # Some stores (SeaweedFS) list an emptied "directory" as an entry named like the prefix itself.
-        out = {p.rstrip("/").rsplit("/", 1)[-1] + "/" for p in result["common_prefixes"]
-               if p.rstrip("/") != base}
-        out.update(str(o["path"]).rsplit("/", 1)[-1] for o in result["objects"]
-                   if str(o["path"]).rstrip("/") != base)
+        out = {p.rstrip("/").rsplit("/", 1)[-1] + "/" for p in result["common_prefixes"] if p.rstrip("/") != base}
+        out.update(str(o["path"]).rsplit("/", 1)[-1] for o in result["objects"] if str(o["path"]).rstrip("/") != base)
         out.discard("")
         out.discard("/")
         return sorted(out)
@@ -275,6 +291,7 @@ class ObstoreS3Storage(Storage):
             return
         except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
             raise StoragePermissionError(
-                f"the store refused to delete {key}: no permission (read-only credentials?)") from exc
+                f"the store refused to delete {key}: no permission (read-only credentials?)"
+            ) from exc
         except Exception as exc:
             raise StorageError(f"delete of {key} failed: {exc!r}") from exc

@@ -12,8 +12,9 @@ from typing import Any
 from txn_core.errors import ConfigurationError
 
 
-def nest_storage_options(items: Iterable[tuple[str, Any]], *, prefix: str = "",
-                         error: type[ConfigurationError] = ConfigurationError) -> dict[str, Any]:
+def nest_storage_options(
+    items: Iterable[tuple[str, Any]], *, prefix: str = "", error: type[ConfigurationError] = ConfigurationError
+) -> dict[str, Any]:
     """Nest dotted names into a dict, in name order. ``prefix`` is how the user wrote the names (for
     messages). Raises ``error`` naming the option for an empty name part or a name that nests under one
     already given a value."""
@@ -26,8 +27,9 @@ def nest_storage_options(items: Iterable[tuple[str, Any]], *, prefix: str = "",
         for part in parents:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise error(f"storage option '{prefix}{name}' conflicts with '{prefix}{part}', which is "
-                            "already a value")
+                raise error(
+                    f"storage option '{prefix}{name}' conflicts with '{prefix}{part}', which is already a value"
+                )
             node = child
         node[leaf] = value
     return out

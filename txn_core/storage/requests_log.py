@@ -31,14 +31,16 @@ class RequestLoggingStorage(Storage):
         self.inner = inner
         self.url = inner.url
 
-    def _timed(self, op: str, key: str, call: Callable[[], T], size: Callable[[T], int] | None = None,
-               sent: int | None = None) -> T:
+    def _timed(
+        self, op: str, key: str, call: Callable[[], T], size: Callable[[T], int] | None = None, sent: int | None = None
+    ) -> T:
         started = time.perf_counter()
         try:
             result = call()
         except Exception as exc:
-            log.debug("%s %s failed after %.1f ms: %s", op, key, (time.perf_counter() - started) * 1000,
-                      type(exc).__name__)
+            log.debug(
+                "%s %s failed after %.1f ms: %s", op, key, (time.perf_counter() - started) * 1000, type(exc).__name__
+            )
             raise
         moved = sent if sent is not None else (size(result) if size is not None else 0)
         log.debug("%s %s %d B %.1f ms", op, key, moved, (time.perf_counter() - started) * 1000)

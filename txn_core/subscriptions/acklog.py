@@ -78,7 +78,9 @@ class AckLog:
                 raise CorruptDataError(
                     f"{self.ref}: the ack log was trimmed to slot {start.slot} but no readable snapshot at or "
                     "above it exists; restore the snapshot objects under "
-                    f"{self.ref.snapshots}", self.ref.snapshots)
+                    f"{self.ref.snapshots}",
+                    self.ref.snapshots,
+                )
             state = SubscriptionState(self.meta.initial_offset, slot=start.slot, position=start.offset)
             self.last_snapshot = SnapshotRef(-1, self.log.clock())
         else:
@@ -138,8 +140,13 @@ class AckLog:
             state = self._replay(None)
             for t, status in statuses.items():
                 if t in state.txns and status.finished:
-                    payload = encode_json({"outcome": "ABORT", "txn": str(t), "reason": "acknowledgements "
-                                           "written after the transaction's marker"})
+                    payload = encode_json(
+                        {
+                            "outcome": "ABORT",
+                            "txn": str(t),
+                            "reason": "acknowledgements written after the transaction's marker",
+                        }
+                    )
                     self.plog.append(EntryKind.ABORT, payload, len(payload), crc32(payload), 1, txn=t)
             self._replay(None)
 
@@ -161,7 +168,8 @@ class AckLog:
                 raise UnknownOutcomeError(f"{self.ref}: ack record at slot {slot} is not readable yet")
             raise UnknownOutcomeError(
                 f"{self.ref}: the ack log was trimmed past slot {slot} before its acknowledgement could be "
-                "verified; treat it as failed (abort the transaction, or acknowledge again)")
+                "verified; treat it as failed (abort the transaction, or acknowledge again)"
+            )
 
     @staticmethod
     def raise_if_void(verdict: Verdict, ref: object, offsets: list[int]) -> None:
@@ -175,8 +183,12 @@ class AckLog:
             f"{ref}: the acknowledgement of offsets {_short(offsets)} by {who} (ack-log slot {verdict.slot}) "
             f"was refused: {verdict.reason}" + (f": {shown}{more}" if shown else "") + ". The first "
             "acknowledgement in ack-log order wins; this one had no effect. "
-            + ("Abort the transaction: its output must not be committed." if verdict.txn else
-               "Those records are held or done by someone else."))
+            + (
+                "Abort the transaction: its output must not be committed."
+                if verdict.txn
+                else "Those records are held or done by someone else."
+            )
+        )
 
     # --- snapshots ------------------------------------------------------------------------------
 

@@ -64,14 +64,14 @@ INITIAL_POSITIONS = ("earliest", "latest")
 TRIM_EVERY_MS = 30_000
 
 
-def open_meta(log: Log, topic: str, partition: int, name: str, *, create: bool, initial_position: str,
-              range_size: int | None) -> SubscriptionMeta:
+def open_meta(
+    log: Log, topic: str, partition: int, name: str, *, create: bool, initial_position: str, range_size: int | None
+) -> SubscriptionMeta:
     """The subscription's metadata, creating it if asked (checks the topic partition exists)."""
     ref = validate_ref(topic, partition, name)
     meta = log.topics.get(topic)
     if not 0 <= partition < meta.partitions:
-        raise ConfigurationError(
-            f"topic {topic!r} has no partition {partition} (partitions 0..{meta.partitions - 1})")
+        raise ConfigurationError(f"topic {topic!r} has no partition {partition} (partitions 0..{meta.partitions - 1})")
     if initial_position not in INITIAL_POSITIONS:
         raise ConfigurationError(f"initial_position must be one of {INITIAL_POSITIONS}, got {initial_position!r}")
     if range_size is not None and (not isinstance(range_size, int) or not 1 <= range_size <= 1 << 20):
@@ -81,36 +81,61 @@ def open_meta(log: Log, topic: str, partition: int, name: str, *, create: bool, 
     else:
         plog = log.partition_log(paths.partition_log_path(topic, partition))
         initial = plog.log_start(refresh=True).offset if initial_position == "earliest" else plog.end_offset()
-        stored = create_meta(log.storage, SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE,
-                                                           log.clock()))
+        stored = create_meta(log.storage, SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, log.clock()))
     if range_size is not None and stored.range_size != range_size:
         raise ConfigurationError(
-            f"{ref} was created with range_size {stored.range_size}; it cannot be opened with {range_size}")
+            f"{ref} was created with range_size {stored.range_size}; it cannot be opened with {range_size}"
+        )
     return stored
 
 
 class SubscriptionConsumer:
     """One consumer of a subscription (see module doc). Thread-safe; one receive at a time."""
 
-    def __init__(self, log: Log, topic: str, partition: int, subscription: str, *,
-                 consumer_name: str | None = None, ack_timeout_ms: int = 30_000, nack_delay_ms: int = 1_000,
-                 create: bool = True, initial_position: str = "earliest", range_size: int | None = None,
-                 max_unacked: int = 1000, trim_min_age_ms: int = trimming.MIN_ENTRY_AGE_MS) -> None:
+    def __init__(
+        self,
+        log: Log,
+        topic: str,
+        partition: int,
+        subscription: str,
+        *,
+        consumer_name: str | None = None,
+        ack_timeout_ms: int = 30_000,
+        nack_delay_ms: int = 1_000,
+        create: bool = True,
+        initial_position: str = "earliest",
+        range_size: int | None = None,
+        max_unacked: int = 1000,
+        trim_min_age_ms: int = trimming.MIN_ENTRY_AGE_MS,
+    ) -> None:
         if consumer_name is not None:
             validate_name("consumer", consumer_name)
-        for what, value, low in (("ack_timeout_ms", ack_timeout_ms, 1), ("nack_delay_ms", nack_delay_ms, 0),
-                                 ("max_unacked", max_unacked, 1), ("trim_min_age_ms", trim_min_age_ms, 0)):
+        for what, value, low in (
+            ("ack_timeout_ms", ack_timeout_ms, 1),
+            ("nack_delay_ms", nack_delay_ms, 0),
+            ("max_unacked", max_unacked, 1),
+            ("trim_min_age_ms", trim_min_age_ms, 0),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigurationError(f"{what} must be an int >= {low}, got {value!r}")
         self.log = log
-        self.meta = open_meta(log, topic, partition, subscription, create=create,
-                              initial_position=initial_position, range_size=range_size)
+        self.meta = open_meta(
+            log, topic, partition, subscription, create=create, initial_position=initial_position, range_size=range_size
+        )
         self.ref: SubscriptionRef = self.meta.ref
         self.consumer_id = f"{consumer_name or 'consumer'}-{uuid.uuid4().hex[:12]}"
         self.trim_min_age_ms = trim_min_age_ms
         self.acklog = AckLog(log, self.meta)
-        self._dispatch = Dispatcher(log, self.meta, self.acklog, self.consumer_id, ack_timeout_ms=ack_timeout_ms,
-                                    nack_delay_ms=nack_delay_ms, max_unacked=max_unacked, max_ranges=8)
+        self._dispatch = Dispatcher(
+            log,
+            self.meta,
+            self.acklog,
+            self.consumer_id,
+            ack_timeout_ms=ack_timeout_ms,
+            nack_delay_ms=nack_delay_ms,
+            max_unacked=max_unacked,
+            max_ranges=8,
+        )
         self._last_trim = log.clock()
         self._closed = False
         self._lock = threading.RLock()
@@ -153,8 +178,7 @@ class SubscriptionConsumer:
             self.acklog.write_snapshot(now)
         if now - self._last_trim >= TRIM_EVERY_MS:
             self._last_trim = now
-            trimming.trim(self.log, self.acklog, self._dispatch.leases, min_age_ms=self.trim_min_age_ms,
-                          now_ms=now)
+            trimming.trim(self.log, self.acklog, self._dispatch.leases, min_age_ms=self.trim_min_age_ms, now_ms=now)
 
     def unacknowledged(self) -> list[int]:
         """Offsets delivered to this consumer and not yet acknowledged or negatively acknowledged."""
@@ -185,8 +209,7 @@ class SubscriptionConsumer:
                 self._submit(record, offs, transaction)
             except Exception:
                 state = self.acklog.state  # records someone else holds or finished are no longer ours
-                self._dispatch.settled([o for o in offs if state.status(o) is not AckStatus.UNACKED],
-                                       pending=False)
+                self._dispatch.settled([o for o in offs if state.status(o) is not AckStatus.UNACKED], pending=False)
                 raise
             self._dispatch.settled(offs, pending=transaction is not None)
 
@@ -204,8 +227,9 @@ class SubscriptionConsumer:
             self._dispatch.check_delivered([off])
             record = AckRecord(AckOp.CUMULATIVE, (), off + 1, self._dispatch.take_skips(), self.consumer_id)
             self._submit(record, [off], transaction)
-            self._dispatch.settled([o for o in list(self._dispatch.inflight) if o <= off],
-                                   pending=transaction is not None)
+            self._dispatch.settled(
+                [o for o in list(self._dispatch.inflight) if o <= off], pending=transaction is not None
+            )
 
     def _submit(self, record: AckRecord, offsets: list[int], transaction: Producer | None) -> None:
         if transaction is None:

@@ -58,8 +58,18 @@ class Delivery:
 class Dispatcher:
     """The dispatch state of one consumer (see module doc). Not thread-safe: the consumer locks."""
 
-    def __init__(self, log: Log, meta: SubscriptionMeta, acklog: AckLog, owner: str, *, ack_timeout_ms: int,
-                 nack_delay_ms: int, max_unacked: int, max_ranges: int) -> None:
+    def __init__(
+        self,
+        log: Log,
+        meta: SubscriptionMeta,
+        acklog: AckLog,
+        owner: str,
+        *,
+        ack_timeout_ms: int,
+        nack_delay_ms: int,
+        max_unacked: int,
+        max_ranges: int,
+    ) -> None:
         self.log = log
         self.meta = meta
         self.acklog = acklog
@@ -72,18 +82,19 @@ class Dispatcher:
         self.leases = LeaseStore(log.storage, meta.ref, meta.range_size)
         path = paths.partition_log_path(meta.ref.topic, meta.ref.partition)
         self.topic_log = log.partition_log(path)
-        self.reader = PartitionReader(log.partition_state(path, shared=False), meta.ref.topic,
-                                      meta.ref.partition, READ_COMMITTED)
+        self.reader = PartitionReader(
+            log.partition_state(path, shared=False), meta.ref.topic, meta.ref.partition, READ_COMMITTED
+        )
         self._positioned = False
         self.schema = with_metadata_schema(log.topics.get(meta.ref.topic).schema)
         self.owned: dict[int, Lease] = {}
-        self.others: dict[int, Lease] = {}         # ranges known to be leased by someone else
-        self.inflight: dict[int, Delivery] = {}    # offset -> delivery
-        self.scan: dict[int, int] = {}             # range -> next offset to look at under its lease
-        self.revisit: dict[int, set[int]] = {}     # range -> offsets to look at again (pending, nacked)
-        self.nacked: dict[int, int] = {}           # offset -> redelivery due (ms)
+        self.others: dict[int, Lease] = {}  # ranges known to be leased by someone else
+        self.inflight: dict[int, Delivery] = {}  # offset -> delivery
+        self.scan: dict[int, int] = {}  # range -> next offset to look at under its lease
+        self.revisit: dict[int, set[int]] = {}  # range -> offsets to look at again (pending, nacked)
+        self.nacked: dict[int, int] = {}  # offset -> redelivery due (ms)
         self.skips: set[tuple[int, int]] = set()
-        self._bounds: SortedDict = SortedDict()    # topic entry base -> record count
+        self._bounds: SortedDict = SortedDict()  # topic entry base -> record count
 
     # --- receiving ------------------------------------------------------------------------------
 
@@ -316,11 +327,13 @@ class Dispatcher:
             if bad:
                 raise OffsetOutOfRangeError(
                     f"{self.meta.ref}: offsets {bad[:10]} are beyond the partition's end {end}; nothing was "
-                    "acknowledged")
+                    "acknowledged"
+                )
             raise InvalidOffsetError(
                 f"{self.meta.ref}: offsets {missing[:10]} were not delivered to consumer {self.owner!r} (or were "
                 "already acknowledged or negatively acknowledged); acknowledge only records receive() returned. "
-                "Nothing was acknowledged.")
+                "Nothing was acknowledged."
+            )
         return out
 
     def settled(self, offsets: Iterable[int], *, pending: bool) -> None:

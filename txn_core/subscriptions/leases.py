@@ -51,14 +51,26 @@ class Lease:
         return not self.released and now_ms < self.expires_ms
 
     def to_json(self) -> dict[str, Any]:
-        return {"range": self.range, "gen": self.gen, "owner": self.owner, "acquired_ms": self.acquired_ms,
-                "expires_ms": self.expires_ms, "released": self.released}
+        return {
+            "range": self.range,
+            "gen": self.gen,
+            "owner": self.owner,
+            "acquired_ms": self.acquired_ms,
+            "expires_ms": self.expires_ms,
+            "released": self.released,
+        }
 
     @classmethod
     def from_json(cls, v: dict[str, Any], key: str) -> Lease:
         try:
-            return cls(int(v["range"]), int(v["gen"]), str(v["owner"]), int(v["acquired_ms"]),
-                       int(v["expires_ms"]), bool(v["released"]))
+            return cls(
+                int(v["range"]),
+                int(v["gen"]),
+                str(v["owner"]),
+                int(v["acquired_ms"]),
+                int(v["expires_ms"]),
+                bool(v["released"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptDataError(f"{key}: malformed lease: {exc!r}", key) from exc
 

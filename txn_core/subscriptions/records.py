@@ -73,8 +73,12 @@ class AckRecord:
     consumer: str = ""
 
     def encode(self) -> bytes:
-        value: dict[str, Any] = {"v": VERSION, "op": self.op.value, "by": self.consumer,
-                                 "skips": [list(s) for s in self.skips]}
+        value: dict[str, Any] = {
+            "v": VERSION,
+            "op": self.op.value,
+            "by": self.consumer,
+            "skips": [list(s) for s in self.skips],
+        }
         if self.op is AckOp.ACK:
             value["acks"] = [[a.base, a.count, bitsets.to_hex(a.ack_set)] for a in self.acks]
         elif self.op is AckOp.CUMULATIVE:
@@ -149,8 +153,7 @@ def entry_acks(offsets: Iterable[int], bounds: Callable[[int], tuple[int, int]])
         prev = by_entry.get(base)
         mask = (prev[1] if prev else 0) | (1 << (o - base))
         by_entry[base] = (count, mask)
-    return tuple(EntryAck(base, count, bitsets.full(count) & ~mask)
-                 for base, (count, mask) in sorted(by_entry.items()))
+    return tuple(EntryAck(base, count, bitsets.full(count) & ~mask) for base, (count, mask) in sorted(by_entry.items()))
 
 
 def ranges_of(offsets: Iterable[int]) -> list[tuple[int, int]]:

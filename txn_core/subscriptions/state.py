@@ -106,13 +106,13 @@ class SubscriptionState:
 
     def __init__(self, mark_delete: int, *, slot: int = 0, position: int = 0) -> None:
         self.mark_delete = mark_delete
-        self.acked: SortedDict = SortedDict()    # base -> [count, committed ack set]
+        self.acked: SortedDict = SortedDict()  # base -> [count, committed ack set]
         self.skipped: SortedDict = SortedDict()  # first -> end
         self.pending: SortedDict = SortedDict()  # base -> [count, combined ack set]
         self.holders: dict[int, list[TxnId]] = {}
         self.txns: dict[TxnId, PendingTxn] = {}
         self.ended: OrderedDict[TxnId, bool] = OrderedDict()
-        self.slot = slot          # next ack-log slot to apply
+        self.slot = slot  # next ack-log slot to apply
         self.position = position  # next ack-log offset
         self.accepted_count = 0
         self.void_count = 0
@@ -168,8 +168,9 @@ class SubscriptionState:
         t = self.txns.get(txn)
         if t is None:
             return []
-        return [base + i for base, (count, s) in sorted(t.acks.items())
-                for i in bitsets.indexes(bitsets.cleared(s, count))]
+        return [
+            base + i for base, (count, s) in sorted(t.acks.items()) for i in bitsets.indexes(bitsets.cleared(s, count))
+        ]
 
     def acked_above_mark_delete(self) -> int:
         """Records acknowledged individually above the mark-delete position (skips excluded)."""
@@ -217,12 +218,10 @@ class SubscriptionState:
         for d in (self.acked, self.pending):
             for base, value in _overlapping(d, a.base, a.end):
                 if base != a.base or value[0] != a.count:
-                    return (f"entry [{a.base}, {a.end}) disagrees with the known entry "
-                            f"[{base}, {base + value[0]})")
+                    return f"entry [{a.base}, {a.end}) disagrees with the known entry [{base}, {base + value[0]})"
         return None
 
-    def _held_by_others(self, base: int, count: int, txn: TxnId | None, committed: int
-                        ) -> list[tuple[int, TxnId]]:
+    def _held_by_others(self, base: int, count: int, txn: TxnId | None, committed: int) -> list[tuple[int, TxnId]]:
         """(mask, holder) for every open transaction other than ``txn`` holding records of the entry."""
         out = []
         for t in self.holders.get(base, ()):
@@ -242,7 +241,9 @@ class SubscriptionState:
         if slot != self.slot or header.base_offset != self.position:
             raise CorruptDataError(
                 f"{key}: entry at slot {slot} offset {header.base_offset}, but the subscription state is at "
-                f"slot {self.slot} offset {self.position}", key)
+                f"slot {self.slot} offset {self.position}",
+                key,
+            )
         verdict: Verdict | None = None
         if header.kind in (EntryKind.COMMIT, EntryKind.ABORT):
             if header.txn is None:
@@ -325,8 +326,9 @@ class SubscriptionState:
                 mine |= bitsets.below(a.count, own.cumulative - a.base) & ~committed
             plans.append((a, want & ~committed & ~mine))
         if conflicts:
-            return self._void(slot, txn, "conflicting acknowledgement",
-                              tuple(sorted(conflicts, key=lambda c: c.offset)))
+            return self._void(
+                slot, txn, "conflicting acknowledgement", tuple(sorted(conflicts, key=lambda c: c.offset))
+            )
         for a, new in plans:
             if not new:
                 continue
@@ -357,8 +359,9 @@ class SubscriptionState:
         if upto <= md:
             if txn is None:
                 return self._accept(slot, txn)
-            return self._void(slot, txn, "everything below the cumulative bound is already acknowledged",
-                              (Conflict(upto - 1, None),))
+            return self._void(
+                slot, txn, "everything below the cumulative bound is already acknowledged", (Conflict(upto - 1, None),)
+            )
         conflicts: list[Conflict] = []
         for base, (count, _comb) in _overlapping(self.pending, md, upto):
             for t in self.holders[base]:
@@ -371,8 +374,9 @@ class SubscriptionState:
                 if o is not None:
                     conflicts.append(Conflict(o, pt.txn))
         if conflicts:
-            return self._void(slot, txn, "conflicting cumulative acknowledgement",
-                              tuple(sorted(conflicts, key=lambda c: c.offset)))
+            return self._void(
+                slot, txn, "conflicting cumulative acknowledgement", tuple(sorted(conflicts, key=lambda c: c.offset))
+            )
         if txn is None:
             self.mark_delete = upto
         else:
@@ -457,9 +461,15 @@ class SubscriptionState:
             "mark_delete": self.mark_delete,
             "acked": [[b, c, bitsets.to_hex(s)] for b, (c, s) in self.acked.items()],
             "skipped": [[s, e] for s, e in self.skipped.items()],
-            "pending": [[str(pt.txn), pt.first_slot, pt.cumulative,
-                         [[b, c, bitsets.to_hex(s)] for b, (c, s) in pt.acks.items()]]
-                        for pt in self.txns.values()],
+            "pending": [
+                [
+                    str(pt.txn),
+                    pt.first_slot,
+                    pt.cumulative,
+                    [[b, c, bitsets.to_hex(s)] for b, (c, s) in pt.acks.items()],
+                ]
+                for pt in self.txns.values()
+            ],
             "ended": [[str(t), c] for t, c in self.ended.items()],
             "accepted": self.accepted_count,
             "void": self.void_count,
@@ -550,8 +560,9 @@ class SubscriptionState:
             if pt.cumulative:
                 for base, (count, _c) in _overlapping(self.pending, 0, pt.cumulative):
                     for other in self.holders[base]:
-                        if other != txn and bitsets.cleared(self.txns[other].acks[base][1], count) & \
-                                bitsets.below(count, pt.cumulative - base):
+                        if other != txn and bitsets.cleared(self.txns[other].acks[base][1], count) & bitsets.below(
+                            count, pt.cumulative - base
+                        ):
                             raise AssertionError(f"{other} holds bits below {txn}'s cumulative ack")
         if len(self.ended) > ENDED_KEPT:
             raise AssertionError("ended cache over its bound")

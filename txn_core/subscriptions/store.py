@@ -73,13 +73,19 @@ class SubscriptionMeta:
 
     ref: SubscriptionRef
     initial_offset: int  # the mark-delete position of a new subscription
-    range_size: int      # offsets per dispatch lease range
+    range_size: int  # offsets per dispatch lease range
     created_ms: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": META_VERSION, "topic": self.ref.topic, "partition": self.ref.partition,
-                "name": self.ref.name, "initial_offset": self.initial_offset, "range_size": self.range_size,
-                "created_ms": self.created_ms}
+        return {
+            "version": META_VERSION,
+            "topic": self.ref.topic,
+            "partition": self.ref.partition,
+            "name": self.ref.name,
+            "initial_offset": self.initial_offset,
+            "range_size": self.range_size,
+            "created_ms": self.created_ms,
+        }
 
     @classmethod
     def from_json(cls, ref: SubscriptionRef, v: dict[str, Any], key: str) -> SubscriptionMeta:
@@ -106,8 +112,8 @@ def read_meta(storage: Storage, ref: SubscriptionRef) -> SubscriptionMeta:
     except ObjectNotFoundError:
         existing = list_subscriptions(storage, ref.topic, ref.partition)
         raise SubscriptionNotFoundError(
-            f"{ref} does not exist (existing: {', '.join(existing) or 'none'}); subscribe with create=True "
-            "to create it") from None
+            f"{ref} does not exist (existing: {', '.join(existing) or 'none'}); subscribe with create=True to create it"
+        ) from None
     return SubscriptionMeta.from_json(ref, value, ref.meta_key)
 
 

@@ -25,8 +25,8 @@ class SubscriptionDescription:
     mark_delete: int
     acked_above_mark_delete: int
     pending: dict[TxnId, tuple[int, ...]]  # open transaction -> offsets it holds individually
-    pending_cumulative: dict[TxnId, int]   # open transaction -> its pending cumulative bound
-    backlog: int                           # offsets between the mark-delete and the last stable offset
+    pending_cumulative: dict[TxnId, int]  # open transaction -> its pending cumulative bound
+    backlog: int  # offsets between the mark-delete and the last stable offset
     ack_log_start_slot: int
     ack_log_end_slot: int
     accepted: int
@@ -59,23 +59,34 @@ class Subscription:
         start = self.acklog.plog.log_start(refresh=True)
         end_slot, _ = self.acklog.plog.tail(refresh=True)
         return SubscriptionDescription(
-            self.ref.topic, self.ref.partition, self.ref.name, st.mark_delete, st.acked_above_mark_delete(),
+            self.ref.topic,
+            self.ref.partition,
+            self.ref.name,
+            st.mark_delete,
+            st.acked_above_mark_delete(),
             {t: tuple(st.pending_offsets(t)) for t in st.txns},
             {t.txn: t.cumulative for t in st.txns.values() if t.cumulative},
-            max(0, lso - st.mark_delete), start.slot, end_slot, st.accepted_count, st.void_count)
+            max(0, lso - st.mark_delete),
+            start.slot,
+            end_slot,
+            st.accepted_count,
+            st.void_count,
+        )
 
     def trim(self, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS, now_ms: int | None = None) -> trimming.TrimResult:
         """Snapshot and trim the ack log and old leases now (for a cron when no consumer runs)."""
         return trimming.trim(self.log, self.acklog, self.leases, min_age_ms=min_age_ms, now_ms=now_ms)
 
 
-def trim_all(log: Log, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS,
-             now_ms: int | None = None) -> dict[str, trimming.TrimResult]:
+def trim_all(
+    log: Log, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS, now_ms: int | None = None
+) -> dict[str, trimming.TrimResult]:
     """Trim every subscription of every topic; returns results by ``topic/partition/name``."""
     out = {}
     for topic in log.topics.list(include_internal=True):
         for p in range(log.topics.get(topic).partitions):
             for name in list_subscriptions(log.storage, topic, p):
-                out[f"{topic}/{p}/{name}"] = Subscription(log, topic, p, name).trim(min_age_ms=min_age_ms,
-                                                                                   now_ms=now_ms)
+                out[f"{topic}/{p}/{name}"] = Subscription(log, topic, p, name).trim(
+                    min_age_ms=min_age_ms, now_ms=now_ms
+                )
     return out

@@ -54,8 +54,9 @@ class TrimResult:
     snapshot_written: bool
 
 
-def trim(log: Log, acklog: AckLog, leases: LeaseStore, *, min_age_ms: int = MIN_ENTRY_AGE_MS,
-         now_ms: int | None = None) -> TrimResult:
+def trim(
+    log: Log, acklog: AckLog, leases: LeaseStore, *, min_age_ms: int = MIN_ENTRY_AGE_MS, now_ms: int | None = None
+) -> TrimResult:
     """Snapshot, then trim the ack log and lease objects as far as is safe (see module doc)."""
     now = log.clock() if now_ms is None else now_ms
     state = acklog.refresh()
@@ -75,9 +76,12 @@ def trim(log: Log, acklog: AckLog, leases: LeaseStore, *, min_age_ms: int = MIN_
         except (ObjectNotFoundError, CorruptDataError):
             # Another trimmer deleted it (it keeps newer ones), or it is damaged: not this round.
             return TrimResult(start.slot, start.slot, 0, 0, 0, written)
-        envelope.create_json(log.storage, paths.log_start(acklog.path) + paths.slot_name(anchor.slot),
-                             envelope.ObjectKind.LOG_START,
-                             {"slot": anchor.slot, "offset": anchor_state.position, "time_ms": now})
+        envelope.create_json(
+            log.storage,
+            paths.log_start(acklog.path) + paths.slot_name(anchor.slot),
+            envelope.ObjectKind.LOG_START,
+            {"slot": anchor.slot, "offset": anchor_state.position, "time_ms": now},
+        )
         plog.log_start(refresh=True)
         for slot in range(start.slot, anchor.slot):
             log.storage.delete(plog.entries.key(slot))
