@@ -218,10 +218,16 @@ def test_write_errors_are_normalised(exc: BaseException, kind: type) -> None:
 
 @pytest.mark.parametrize("slot", ["00000000000000000412", "00000000000000000503", "00000000000000000409"])
 def test_a_timeout_on_a_slot_whose_number_looks_like_a_status_stays_unknown(slot: str) -> None:
-    """Keys end in zero-padded slot numbers: only a real status makes a lost race or a retry."""
+    """Keys end in zero-padded slot numbers: only a real status makes a lost race or a retry. The status
+    comes from the response on the error (or its cause), never from the message text: a message that merely
+    mentions a code decides nothing (unknown: the object is read back)."""
     exc = TimeoutError(f"timed out creating log/topics/t/00000/log/{slot}")
     assert classify_write_error(exc) is UnknownOutcomeError
-    assert classify_write_error(OSError(5, f"Input/output error: bucket/log/{slot} (412)")) is ObjectExistsError
+    assert classify_write_error(OSError(5, f"Input/output error: bucket/log/{slot} (412)")) is UnknownOutcomeError
+    for status, kind in ((412, ObjectExistsError), (503, RetryableStorageError), (500, RetryableStorageError)):
+        wrapped = OSError(5, f"Input/output error: bucket/log/{slot}")
+        wrapped.__cause__ = _BotoLikeError(status, f"failed on bucket/log/{slot}")
+        assert classify_write_error(wrapped) is kind, (slot, status)
 
 
 def test_412_wrapped_as_oserror_is_a_lost_race() -> None:
@@ -270,3 +276,14 @@ def test_storage_options_win_over_the_environment(
     storage.create("env/one", [b"content"])
     assert storage.read("env/one") == b"content"
     assert storage.list("env/") == ["one"]
+
+
+def test_a_write_the_store_refused_every_time_certainly_did_not_land() -> None:
+    """Retries are bounded; when every attempt was refused ("retry": 409, 429, 5xx) the error says the
+    write did not land (RetryableStorageError), which is not the unknown outcome of a timeout."""
+    inner = MemoryStorage("resolve-refused")
+    s = Flaky(inner, [("retry", False)] * 10)
+    with pytest.raises(RetryableStorageError, match="did not land") as info:
+        create_resolving(s, "k", [b"ID"], b"ID", attempts=3)
+    assert not isinstance(info.value, UnknownOutcomeError)
+    assert not inner.exists("k")

@@ -146,9 +146,12 @@ def create_resolving(storage: Storage, key: str, chunks: Chunks, identity: bytes
     if another writer's object is there, :class:`ObjectExistsError` is raised; if nothing is there,
     the create is retried. Retryable errors are retried with backoff. Never deletes anything.
 
-    Raises :class:`UnknownOutcomeError` only when the outcome could not be learned after ``attempts``.
+    After ``attempts`` (a bound: this never loops forever) it raises what is known:
+    :class:`RetryableStorageError` if every attempt was refused by the store (the object certainly did
+    not land), else :class:`UnknownOutcomeError` (some attempt may have landed, and reading back failed).
     """
     last: BaseException | None = None
+    unknown = False  # whether some attempt may have landed without our learning it
     for attempt in range(attempts):
         try:
             storage.create(key, chunks)
@@ -159,7 +162,7 @@ def create_resolving(storage: Storage, key: str, chunks: Chunks, identity: bytes
             except ObjectNotFoundError:
                 continue  # deleted between our create and the read-back: create again
             except StorageError as read_exc:
-                last = read_exc  # cannot read it back now: the outcome stays unknown, try again
+                last, unknown = read_exc, True  # cannot read it back now: the outcome stays unknown
                 _backoff(attempt)
                 continue
             if mine:
@@ -171,18 +174,23 @@ def create_resolving(storage: Storage, key: str, chunks: Chunks, identity: bytes
             _backoff(attempt)
             continue
         except UnknownOutcomeError as exc:
-            last = exc
+            last, unknown = exc, True
             _log.info("create of %s: outcome unknown, reading it back (attempt %d of %d)", key, attempt + 1, attempts)
             _backoff(attempt)
             try:
                 if _is_mine(storage, key, identity):
                     return
             except ObjectNotFoundError:
-                continue
+                continue  # not there now; a delayed request may still land it: the outcome stays unknown
             except StorageError as read_exc:
                 last = read_exc
                 continue
             raise ObjectExistsError(f"{key} was created by another writer") from exc
+    if not unknown:
+        raise RetryableStorageError(
+            f"the store refused the write of {key} {attempts} times; it did not land. Retry once the store "
+            f"is healthy ({last})."
+        ) from last
     raise UnknownOutcomeError(
         f"could not learn whether the write of {key} landed after {attempts} attempts; "
         "the storage is unreachable or failing. Retry the operation once storage is healthy "

@@ -14,8 +14,6 @@ fsspec filesystem object; :meth:`describe` and every message use the URL without
 
 from __future__ import annotations
 
-import errno
-import re
 from typing import Any
 
 from txn_core.errors import (
@@ -44,11 +42,11 @@ _RETRY_CODES = {
 }
 
 
-_TEXT_CODES = re.compile(r"(?<![\w/.-])(412|409|503|PreconditionFailed|ConditionalRequestConflict|SlowDown)(?![\w/.-])")
-
-
 def _status_codes(exc: BaseException) -> set[str]:
-    """HTTP status codes and error codes found on ``exc`` and its causes."""
+    """HTTP status codes and error codes found on ``exc`` and its causes: the response objects' fields
+    (botocore's ``response``, ``status``/``status_code``/``code`` attributes), never the message text, which
+    holds object keys that end in zero-padded slot numbers (``...00412``). s3fs keeps botocore's error, with
+    its response, as the cause of the error it raises. No code at all means an unknown outcome."""
     codes: set[str] = set()
     seen: set[int] = set()
     cur: BaseException | None = exc
@@ -67,17 +65,6 @@ def _status_codes(exc: BaseException) -> set[str]:
             value = getattr(cur, attr, None)
             if isinstance(value, int | str) and value:
                 codes.add(str(value))
-        cur = cur.__cause__ or cur.__context__
-    if codes:
-        return codes
-    # No structured status anywhere on the chain (an error s3fs rebuilt from text): read the codes from the
-    # message, as whole words only. Object keys end in zero-padded slot numbers (``...00000412``), so a
-    # timeout on slot 412 or 503 is not mistaken for a lost race or a "retry, it did not land".
-    cur = exc
-    seen.clear()
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        codes.update(_TEXT_CODES.findall(str(cur)))
         cur = cur.__cause__ or cur.__context__
     return codes
 
@@ -147,9 +134,6 @@ class ObjectStoreStorage(Storage):
                 raise StoragePermissionError(
                     f"the store refused to create {key}: no permission (read-only credentials?)"
                 ) from exc
-            if isinstance(exc, OSError) and exc.errno == errno.EINVAL and "412" not in str(exc):
-                # s3fs maps an unnamed 412 to EINVAL; treat as unknown and read back.
-                pass
             raise UnknownOutcomeError(f"create of {key} failed with an unknown outcome: {exc!r}") from exc
 
     def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:

@@ -76,11 +76,11 @@ def obstore_config(options: dict[str, Any]) -> dict[str, Any] | None:
             if value:
                 config["skip_signature"] = True
         elif name == "endpoint_url":
-            _set_endpoint(config, value)
+            config["endpoint"] = value
         elif name == "client_kwargs" and isinstance(value, dict):
             for k, v in value.items():
                 if k == "endpoint_url":
-                    _set_endpoint(config, v)
+                    config["endpoint"] = v
                 elif k == "region_name":
                     config["region"] = v
                 else:
@@ -95,13 +95,6 @@ def obstore_config(options: dict[str, Any]) -> dict[str, Any] | None:
     if endpoint and "region" not in config:
         config["region"] = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     return {"config": config, "client_options": client}
-
-
-def _set_endpoint(config: dict[str, Any], url: object) -> None:
-    """An endpoint given as an option wins over the environment. object_store lets ``AWS_ENDPOINT_URL_S3``
-    from the environment override a configured ``endpoint`` (obstore 0.12), so both names are set."""
-    config["endpoint"] = url
-    config["aws_endpoint_url_s3"] = url
 
 
 def _static_credentials(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -174,6 +167,10 @@ class ObstoreS3Storage(Storage):
                     from obstore.store import S3Store
 
                     kwargs = {**self._kwargs, "config": dict(self._kwargs["config"])}
+                    if "endpoint" in kwargs["config"]:
+                        # object_store lets AWS_ENDPOINT_URL_S3 from the environment override a configured
+                        # endpoint (obstore 0.12): set it under that name too, so the option wins
+                        kwargs["config"]["aws_endpoint_url_s3"] = kwargs["config"]["endpoint"]
                     credential = _static_credentials(kwargs["config"])
                     if credential is not None:
                         kwargs["credential_provider"] = lambda: credential
@@ -228,8 +225,14 @@ class ObstoreS3Storage(Storage):
         except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
             raise StoragePermissionError(f"the store refused to read {key}: no permission") from exc
         except Exception as exc:
-            if start is not None and "range" in str(exc).lower():
-                return b""  # a range past the end of a short object: fewer bytes, never padding
+            if start is not None and start > 0:
+                # object_store reports "416 Range Not Satisfiable" only in its message: ask the object's size
+                # instead (one HEAD, on this error path only). A range past the end reads no bytes.
+                meta = self._head(key)
+                if meta is None:
+                    raise ObjectNotFoundError(f"{key} does not exist") from exc
+                if start >= int(meta["size"]):
+                    return b""
             raise StorageError(f"read of {key} failed: {exc!r}") from exc
 
     def exists(self, key: str) -> bool:
