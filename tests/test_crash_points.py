@@ -10,6 +10,7 @@ and the last stable offset back at the log end.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -227,3 +228,122 @@ def test_ambiguous_write_in_a_fenced_commit_keeps_its_own_claim(k: int) -> None:
     _fenced_commit_txn(txn_core.Log(FaultyStorage(inner, ambiguous_at=k, only_writes=True), clock=clock))
     assert sorted(_read_all(txn_core.Log(inner, clock=clock))) == sorted(BASE + TXN)
     assert not _rival_claims(inner, clock)
+
+
+# --- a transaction begun before the previous one's Complete (PROTOCOL.md "Transactions") ---------
+
+FIRST = list(range(2000, 2012))  # committed just before TXN by the same producer
+
+
+def _back_to_back_txn(log: txn_core.Log, faulty: FaultyStorage | None = None) -> None:
+    """Two transactions of one producer, the second begun while the first's markers are still being
+    written: its begin record is created from PrepareCommit, which makes the first the id's completing
+    transaction, and its prepare record carries the first one's Complete."""
+    p = log.producer(TID, transaction_timeout_ms=10_000)
+    p.init_transactions()
+    second_begun = threading.Event()
+    write_markers = log.coordinator.write_markers
+
+    def gated(prepared: Any) -> None:  # the first transaction's markers land only after the next begin
+        if prepared.txn is not None and prepared.txn == first_txn[0]:
+            while not second_begun.wait(0.001):
+                if faulty is not None and faulty.dead:
+                    break
+        write_markers(prepared)
+
+    log.coordinator.write_markers = gated  # type: ignore[method-assign]
+    first_txn: list[Any] = []
+    p.begin_transaction()
+    p.send("t", pa.table({"id": FIRST}), key_column="id")
+    p.flush()
+    first_txn.append(p.transaction_id)
+    p.commit_transaction()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": TXN}), key_column="id")
+    try:
+        p.flush()  # the begin record, from PrepareCommit
+    finally:
+        second_begun.set()
+    p.send_offsets_to_transaction({("t", 0): 7}, "grp")
+    p.commit_transaction()
+    p.close()
+
+
+def _decided(inner: Storage, clock: FakeClock) -> tuple[bool, bool]:
+    """Whether the first and the second transaction's PrepareCommit records landed."""
+    view = txn_core.Log(inner, clock=clock).coordinator.view_for(TID)
+    view.refresh()
+    committed = []
+    for seq in range(view.next_slot):
+        record = view.slots.read(seq)
+        from txn_core import envelope
+        from txn_core.coordinator.actions import Prepare, Record
+
+        key = view.slots.key(seq)
+        rec = Record.from_json(envelope.decode(record, key, envelope.ObjectKind.COORDINATOR_RECORD).json(key))
+        committed += [a.txn for a in rec.actions if isinstance(a, Prepare) and a.commit]
+    first = SETUP_TXN["txn"]
+    later = sorted(t for t in committed if t != first)
+    return len(later) >= 1, len(later) >= 2
+
+
+#: The operation count varies by a few between runs: the first transaction's markers (a background thread)
+#: race the second one's appends to the same partitions, and a lost race costs a read and a retry.
+BACK_TO_BACK_RUNS = [_count_ops(_back_to_back_txn) for _ in range(3)]
+BACK_TO_BACK_OPS = max(BACK_TO_BACK_RUNS)
+
+
+@pytest.mark.parametrize("recover", ["reinit", "timeout"])
+@pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
+@pytest.mark.parametrize("k", range(BACK_TO_BACK_OPS))
+def test_crash_while_the_previous_transaction_is_completing_recovers_both(k: int, landed: bool, recover: str) -> None:
+    """At every storage step of two back-to-back transactions (the second begun from PrepareCommit, its
+    prepare carrying the first one's Complete): each transaction ends all or nothing, committed iff its
+    PrepareCommit landed, and nothing holds the last stable offset afterwards."""
+    inner, clock = _setup()
+    faulty = FaultyStorage(inner, crash_at=k, landed=landed)
+    try:
+        _back_to_back_txn(txn_core.Log(faulty, clock=clock), faulty)
+    except SimulatedCrash:
+        pass
+    else:  # this run needed fewer operations (no lost append race): it ran to the end
+        assert k >= min(BACK_TO_BACK_RUNS), "the crash point was not reached"
+    first_decided, second_decided = _decided(inner, clock)
+    if recover == "reinit":
+        txn_core.Log(inner, clock=clock).producer(TID, transaction_timeout_ms=10_000).init_transactions()
+    else:
+        clock.now += 11_000
+    log = txn_core.Log(inner, clock=clock)
+    seen = _read_all(log)
+    assert len(seen) == len(set(seen)), "duplicates"
+    assert sorted(i for i in seen if i < 1000) == BASE
+    assert sorted(i for i in seen if i >= 2000) == (FIRST if first_decided else [])
+    assert sorted(i for i in seen if 1000 <= i < 2000) == (TXN if second_decided else [])
+    for part in log.describe_topic("t").partitions:
+        assert part.last_stable_offset == part.log_end_offset, f"partition {part.partition} still held: {part}"
+    view = log.coordinator.view_for(TID)
+    view.refresh()
+    view._check()
+    st = view.state(TID)
+    assert st is not None and (recover == "timeout" or not st.open_txns()), st
+
+
+def test_a_back_to_back_transaction_begins_while_the_previous_one_completes() -> None:
+    """The scenario above without a crash really takes the new path: the second begin record is created
+    from PrepareCommit (the first transaction completing), and both commit."""
+    inner, clock = _setup()
+    log = txn_core.Log(inner, clock=clock)
+    states: list[Any] = []
+    begin = log.coordinator.begin
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        st = begin(*args, **kw)
+        states.append(st)
+        return st
+
+    log.coordinator.begin = spy  # type: ignore[method-assign]
+    _back_to_back_txn(log)
+    assert [s.completing is not None for s in states] == [False, True]
+    assert sorted(_read_all(txn_core.Log(inner, clock=clock))) == sorted(BASE + FIRST + TXN)
+    final = txn_core.Log(inner, clock=clock).coordinator.state(TID)
+    assert final is not None and final.completing is None and not final.open_txns()

@@ -169,6 +169,7 @@ def test_a_record_of_several_actions_keeps_the_outcome_of_the_transaction_it_com
     p.commit_transaction()
     first = log.coordinator.state("folded").txn
     assert first is not None
+    p.wait_for_markers()  # a begin carries the previous Complete once the markers have landed
     p.begin_transaction()
     p.send("t", pa.table({"id": [2]}), partition=1)
     p.flush()  # the first write begins the transaction; its begin record carries the first one's Complete

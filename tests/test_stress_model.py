@@ -151,6 +151,8 @@ def test_random_operations_match_the_model(seed: int, monkeypatch: pytest.Monkey
             state = log.partition_state(paths.partition_log_path("t", part))
             state.scan_to_end()
             state.buffer._check()
+            state.buffer.producers._check()
+        log.views.check()  # every coordinator partition this process has loaded
 
     # Finish: commit or abort what is open, let dead transactions time out.
     for tid, p in list(producers.items()):

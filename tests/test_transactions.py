@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -488,3 +489,34 @@ def test_resuming_from_a_group_waits_for_its_open_offset_transaction(log: txn_co
         log.groups.committed("g", require_stable=True, timeout_s=0.2)
     first.commit_transaction()
     assert log.groups.committed("g", require_stable=True, timeout_s=5)[tp].offset == 20
+
+
+def test_a_failing_coordinator_snapshot_never_fails_the_committed_append(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Snapshot maintenance runs after the record landed: a store that fails it (any error) costs the
+    snapshot, never the append, and the next record tries the snapshot again."""
+    from txn_core.coordinator import txnlog
+    from txn_core.storage.base import DelegatingStorage
+
+    class NoSnapshots(DelegatingStorage):
+        failures = 0
+
+        def create(self, key: str, chunks: Any) -> None:
+            if "/snapshots/" in key and key.startswith("_txnlog/coordinators/"):
+                NoSnapshots.failures += 1
+                raise (txn_core.StorageError if NoSnapshots.failures % 2 else RuntimeError)("injected")
+            self.inner.create(key, chunks)
+
+    monkeypatch.setattr(txnlog, "SNAPSHOT_EVERY", 2)
+    inner = MemoryStorage(uuid.uuid4().hex)
+    log = txn_core.Log(NoSnapshots(inner))
+    log.create_topic("t", 1, SCHEMA)
+    p = log.producer("snap")
+    p.init_transactions()
+    for i in range(4):
+        p.begin_transaction()
+        p.send("t", pa.table({"id": [i]}), partition=0)
+        p.commit_transaction()  # every record is a snapshot point: each one fails, none fails the commit
+        p.wait_for_completion()
+    p.close()
+    assert NoSnapshots.failures >= 3
+    assert ids(txn_core.Log(inner), parts=1) == [0, 1, 2, 3]

@@ -146,7 +146,7 @@ def abort_hanging(log: Log, topic: str, partition: int, txn: TxnId) -> int:
     Refused while the transaction log says ``txn`` is ongoing (abort it by its transactional id) or
     committed with this partition as a participant (its marker is being written).
     """
-    from txn_core.entry import EntryKind, crc32, encode_json
+    from txn_core.entry import EntryKind, Payload
 
     meta = log.topics.get(topic)
     if not 0 <= partition < meta.partitions:
@@ -173,7 +173,7 @@ def abort_hanging(log: Log, topic: str, partition: int, txn: TxnId) -> int:
             f"transaction {txn} committed and {topic}-{partition} is one of its "
             "participants; its marker is being written, nothing to abort"
         )
-    payload = encode_json(
+    payload = Payload.of_json(
         {
             "outcome": "ABORT",
             "txn": str(txn),
@@ -181,11 +181,9 @@ def abort_hanging(log: Log, topic: str, partition: int, txn: TxnId) -> int:
             "reason": "aborted as hanging by an operator",
         }
     )
-    result = log.partition_log(path).append(
+    result = log.partition_log(path).append_payload(
         EntryKind.ABORT,
         payload,
-        len(payload),
-        crc32(payload),
         1,
         producer_id=ongoing.producer_id,
         producer_epoch=ongoing.producer_epoch,

@@ -217,6 +217,33 @@ def crc32(data: Any) -> int:
     return crc32c(data)
 
 
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """An entry's payload ready to append: its bytes as chunks, its length and its checksum, computed once.
+
+    Built with :meth:`of` (bytes or a buffer), :meth:`of_json` (marker, reference and ack payloads) or
+    :meth:`of_arrow` (DATA); appended with :meth:`txn_core.partition.PartitionLog.append_payload`. A retried
+    append reuses the same value, so the checksum is never computed twice.
+    """
+
+    chunks: tuple[Any, ...]
+    length: int
+    crc: int
+
+    @classmethod
+    def of(cls, data: bytes | memoryview | pa.Buffer) -> Payload:
+        view = memoryview(data)
+        return cls((view,), len(view), crc32(view))
+
+    @classmethod
+    def of_json(cls, value: dict[str, Any]) -> Payload:
+        return cls.of(encode_json(value))
+
+    @classmethod
+    def of_arrow(cls, batches: list[pa.RecordBatch], schema: pa.Schema) -> Payload:
+        return cls.of(encode_arrow(batches, schema))
+
+
 # --- payload codecs ------------------------------------------------------------------------------
 
 

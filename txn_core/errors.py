@@ -47,7 +47,17 @@ class SchemaMismatchError(TxnLogError, ValueError):
 
 
 class StorageError(TxnLogError, OSError):
-    """A storage operation failed for a reason other than a lost race."""
+    """A storage operation did not succeed. The subclass says what is known of a write's outcome:
+
+    * :class:`ObjectExistsError`: a create-if-absent lost the race (the object exists; nothing was written);
+    * :class:`RetryableStorageError`: the write **certainly did not land** (the store refused it: 409, 429,
+      5xx ``SlowDown``); safe to retry or to give up;
+    * :class:`UnknownOutcomeError`: the write **may or may not have landed**; resolve by reading back,
+      never delete (PROTOCOL.md "Writes");
+    * :class:`ObjectNotFoundError`, :class:`StoragePermissionError`: a read or write refused.
+
+    A plain ``StorageError`` from a read, list or delete means that operation failed (the store was
+    unreachable or answered with an error)."""
 
 
 class StoragePermissionError(StorageError, PermissionError):
@@ -57,7 +67,7 @@ class StoragePermissionError(StorageError, PermissionError):
 
 
 class ObjectExistsError(StorageError):
-    """Create-if-absent lost the race: the object exists (HTTP 412 / EEXIST)."""
+    """Create-if-absent lost the race: the object exists (HTTP 412 / EEXIST). Nothing was written."""
 
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
@@ -65,11 +75,32 @@ class ObjectNotFoundError(StorageError, FileNotFoundError):
 
 
 class RetryableStorageError(StorageError):
-    """The store asked to retry (HTTP 409 ConditionalRequestConflict, throttling, 5xx)."""
+    """The store refused the request and asked to retry (HTTP 409 ConditionalRequestConflict, throttling,
+    5xx): a write that raises this **did not land**."""
 
 
 class UnknownOutcomeError(StorageError):
     """A write may or may not have landed. Resolve by reading the object back (PROTOCOL.md "Writes")."""
+
+
+class CommitFailedError(StorageError):
+    """A commit that certainly did not happen: a write before the decision failed, or the store refused the
+    decision (pyiceberg's CommitFailedException). Call ``commit_transaction()`` again (it resumes where it
+    stopped) or abort the transaction."""
+
+    def __init__(self, message: str, *, transactional_id: str | None = None) -> None:
+        super().__init__(message)
+        self.transactional_id = transactional_id
+
+
+class CommitStateUnknownError(UnknownOutcomeError):
+    """The decision on a transaction may or may not be durable (pyiceberg's CommitStateUnknownException).
+    Call ``commit_transaction()`` again to learn it: it is idempotent. Never treat the transaction as
+    aborted, and never redo its work elsewhere, until then."""
+
+    def __init__(self, message: str, *, transactional_id: str | None = None) -> None:
+        super().__init__(message)
+        self.transactional_id = transactional_id
 
 
 class StorageContractError(StorageError):
@@ -98,8 +129,27 @@ class OffsetOutOfRangeError(TxnLogError, IndexError):
 class ProducerFencedError(TxnLogError):
     """A newer producer with the same transactional id (a higher epoch) exists; this one is a zombie.
 
-    Close this producer. Nothing it writes from now on can become visible.
+    Close this producer. Nothing it writes from now on can become visible. ``transactional_id``,
+    ``producer_id`` and ``epoch`` name the fenced producer; ``current_producer_id`` and ``current_epoch``
+    the coordinator's (when known).
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transactional_id: str | None = None,
+        producer_id: int | None = None,
+        epoch: int | None = None,
+        current_producer_id: int | None = None,
+        current_epoch: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.transactional_id = transactional_id
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.current_producer_id = current_producer_id
+        self.current_epoch = current_epoch
 
 
 class TransactionTimedOutError(ProducerFencedError):
@@ -107,11 +157,43 @@ class TransactionTimedOutError(ProducerFencedError):
 
 
 class InvalidTxnStateError(TxnLogError):
-    """An operation that is not valid in the current transaction state (client or coordinator)."""
+    """An operation that is not valid in the current transaction state (client or coordinator).
+    ``transactional_id``, ``current`` and ``target`` (state names) say which, when known."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transactional_id: str | None = None,
+        current: str | None = None,
+        target: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.transactional_id = transactional_id
+        self.current = current
+        self.target = target
 
 
 class OutOfOrderSequenceError(TxnLogError):
-    """A gap in a producer's per-partition sequence numbers: a batch is missing."""
+    """A gap in a producer's per-partition sequence numbers: a batch is missing. The attributes give the
+    producer, its epoch, the expected and received sequence and the offset of the entry after the gap."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        producer_id: int | None = None,
+        epoch: int | None = None,
+        expected: int | None = None,
+        received: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.expected = expected
+        self.received = received
+        self.offset = offset
 
 
 class UnstableOffsetsError(RetryableStorageError):
@@ -131,8 +213,10 @@ class GroupFencedError(TxnLogError):
         self.group = group
 
 
-class ConcurrentTransactionsError(RetryableStorageError):
-    """The previous transaction of this transactional id is still completing; retry shortly."""
+class ConcurrentTransactionsError(TxnLogError):
+    """Other participants kept changing a transactional id's state faster than this operation could act on
+    it (e.g. ``init_transactions`` racing a stream of new transactions); nothing was changed by this call,
+    and it may be retried."""
 
 
 class ProducerClosedError(TxnLogError):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from txn_core import envelope, paths
-from txn_core.entry import EntryKind, crc32, encode_arrow
+from txn_core.entry import EntryKind, Payload
 from txn_core.errors import (
     ConfigurationError,
     CorruptDataError,
@@ -178,8 +178,10 @@ class GroupStore:
                 self._views[group] = v
             return v
 
-    @staticmethod
-    def offsets_table(offsets: Mapping[tuple[str, int] | TopicPartition, int], metadata: str | None = None) -> pa.Table:
+    def offsets_table(
+        self, offsets: Mapping[tuple[str, int] | TopicPartition, int], metadata: str | None = None
+    ) -> pa.Table:
+        """The offsets entry's rows, stamped with the log's clock (``commit_ms``)."""
         topics, parts, offs = [], [], []
         for tp, off in offsets.items():
             topic, partition = (tp.topic, tp.partition) if isinstance(tp, TopicPartition) else tp
@@ -190,7 +192,7 @@ class GroupStore:
             topics.append(str(topic))
             parts.append(partition)
             offs.append(off)
-        now = int(time.time() * 1000)
+        now = self.log.clock()
         return pa.table(
             {
                 "topic": topics,
@@ -210,10 +212,8 @@ class GroupStore:
         table = self.offsets_table(offsets, metadata)
         if table.num_rows == 0:
             return
-        payload = encode_arrow(table.to_batches(), OFFSETS_SCHEMA)
-        view = memoryview(payload)
-        self.log.partition_log(paths.group_log_path(group)).append(
-            EntryKind.DATA, [view], len(view), crc32(view), table.num_rows
+        self.log.partition_log(paths.group_log_path(group)).append_payload(
+            EntryKind.DATA, Payload.of_arrow(table.to_batches(), OFFSETS_SCHEMA), table.num_rows
         )
 
     def committed(

@@ -8,8 +8,6 @@ number of processes and machines, may use one URL at once.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +15,7 @@ import pyarrow as pa
 
 from txn_core import envelope, paths
 from txn_core.admin import HangingTransaction, TransactionDescription, TransactionListing
+from txn_core.clock import Clock, system_clock
 from txn_core.consumer import Consumer
 from txn_core.coordinator.service import TransactionCoordinator
 from txn_core.coordinator.txnlog import CoordinatorViews
@@ -85,7 +84,7 @@ def open_log(
     storage_options: dict[str, Any] | None = None,
     *,
     coordinator_partitions: int = DEFAULT_COORDINATOR_PARTITIONS,
-    clock: Callable[[], int] | None = None,
+    clock: Clock | None = None,
     create: bool = True,
     allow_non_empty: bool = False,
 ) -> Log:
@@ -115,15 +114,15 @@ class Log:
         storage: Storage,
         *,
         coordinator_partitions: int = DEFAULT_COORDINATOR_PARTITIONS,
-        clock: Callable[[], int] | None = None,
+        clock: Clock | None = None,
         create: bool = True,
         allow_non_empty: bool = False,
     ) -> None:
         self.storage = storage
         self.url = storage.url
-        self.clock = clock or (lambda: int(time.time() * 1000))
+        self.clock: Clock = clock or system_clock
         self.coordinator_partitions = self._ensure_format(coordinator_partitions, create, allow_non_empty)
-        self.topics = TopicStore(storage)
+        self.topics = TopicStore(storage, self.clock)
         self._plogs: dict[str, PartitionLog] = {}
         self._states: dict[str, PartitionState] = {}
         self._lock = threading.Lock()
@@ -164,7 +163,7 @@ class Log:
                     "format": "txnlog",
                     "version": FORMAT_VERSION,
                     "coordinator_partitions": coordinator_partitions,
-                    "created_ms": int(time.time() * 1000),
+                    "created_ms": self.clock(),
                 },
             )
             value = envelope.read_json(self.storage, paths.FORMAT_KEY, envelope.ObjectKind.FORMAT)

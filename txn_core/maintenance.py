@@ -18,7 +18,6 @@ forward when told to), never read past a hole silently.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -109,7 +108,7 @@ def _retain(
     plog.log_start(refresh=True)
     # 3. a snapshot at or after the new start, so no reader rebuilds from the start (readers prune what
     #    a snapshot still says about deleted offsets when they load it)
-    store = SnapshotStore(log.storage, path)
+    store = SnapshotStore(log.storage, path, log.clock)
     finals = store.finals()
     if not finals or finals[-1] < offset:
         store.write(state.buffer.copy(), log_start=offset)
@@ -140,7 +139,7 @@ def take_snapshots(log: Log, topic: str) -> list[int]:
         state = log.partition_state(path)
         state.scan_to_end()
         start = log.partition_log(path).log_start(refresh=True)
-        out.append(SnapshotStore(log.storage, path).write(state.buffer.copy(), log_start=start.offset))
+        out.append(SnapshotStore(log.storage, path, log.clock).write(state.buffer.copy(), log_start=start.offset))
     return out
 
 
@@ -195,7 +194,3 @@ def sweep_staging(log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: in
                 log.storage.delete(key)
                 deleted += 1
     return deleted
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

@@ -18,25 +18,20 @@ leaves either the whole entry or nothing (on local disk, possibly a ``.tmp-*`` f
 from __future__ import annotations
 
 import threading
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sortedcontainers import SortedDict
 
 from txn_core import envelope, paths
-from txn_core.entry import HEADER_SIZE, EntryHeader, EntryKind, decode_header, verify_payload
+from txn_core.clock import Clock, monotonic, system_clock
+from txn_core.entry import HEADER_SIZE, EntryHeader, EntryKind, Payload, decode_header, verify_payload
 from txn_core.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, OffsetOutOfRangeError
 from txn_core.ids import TxnId
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
-
-
-def _wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
 
 #: A cached tail older than this is re-checked before appending (see PROTOCOL.md "Retention").
 TAIL_RECHECK_S = 60.0
@@ -87,10 +82,11 @@ class Entry:
 class PartitionLog:
     """Append to and read one partition log. Thread-safe; one instance per (process, log path)."""
 
-    def __init__(self, storage: Storage, path: str, clock: Callable[[], int] | None = None) -> None:
+    def __init__(self, storage: Storage, path: str, clock: Clock | None = None) -> None:
         self.storage = storage
         self.path = path
-        self.clock = clock or _wall_clock_ms
+        self.clock: Clock = clock or system_clock
+        self._monotonic = monotonic(clock)
         self.entries = SlotLog(storage, paths.entries(path))
         self._lock = threading.Lock()
         self._tail: tuple[int, int] | None = None  # (next slot, next offset)
@@ -121,7 +117,7 @@ class PartitionLog:
                 start = LogStart(int(value["slot"]), int(value["offset"]), int(value.get("bytes_before", 0)))
                 break
             self._start = start
-            self._start_checked = time.monotonic()
+            self._start_checked = self._monotonic()
         return self._start
 
     def deleted(self, slot: int, *, max_staleness_s: float | None = None) -> bool:
@@ -145,7 +141,7 @@ class PartitionLog:
         (default :data:`LOG_START_RECHECK_S`)."""
         if max_staleness_s is None:
             max_staleness_s = LOG_START_RECHECK_S
-        now = time.monotonic()
+        now = self._monotonic()
         if self._start is None or now - self._start_checked >= max_staleness_s:
             self.log_start(refresh=True)
         return self.log_start()
@@ -167,7 +163,7 @@ class PartitionLog:
 
     def _tail_locked(self, refresh: bool) -> tuple[int, int]:
         """The cached tail (no request), re-checked after TAIL_RECHECK_S, else discovered."""
-        now = time.monotonic()
+        now = self._monotonic()
         if self._tail is not None and not refresh:
             if now - self._tail_checked < TAIL_RECHECK_S:
                 return self._tail
@@ -245,9 +241,35 @@ class PartitionLog:
                     slot, offset = slot + 1, winner.next_offset
                     continue
                 self._tail = (slot + 1, offset + record_count)
-                self._tail_checked = time.monotonic()
+                self._tail_checked = self._monotonic()
                 self._note(offset, slot, record_count)
                 return AppendResult(slot, offset, record_count, ts)
+
+    def append_payload(
+        self,
+        kind: EntryKind,
+        payload: Payload,
+        record_count: int,
+        *,
+        producer_id: int = -1,
+        producer_epoch: int = 0,
+        base_sequence: int = -1,
+        txn: TxnId | None = None,
+        writer_id: bytes | None = None,
+    ) -> AppendResult:
+        """:meth:`append` of a :class:`~txn_core.entry.Payload` (its chunks, length and checksum)."""
+        return self.append(
+            kind,
+            payload.chunks,
+            payload.length,
+            payload.crc,
+            record_count,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+            txn=txn,
+            writer_id=writer_id,
+        )
 
     # --- read -----------------------------------------------------------------------------------
 

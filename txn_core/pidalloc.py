@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 
 from txn_core import envelope, paths
+from txn_core.clock import Clock, system_clock
 from txn_core.errors import ObjectExistsError
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
@@ -26,8 +26,8 @@ _blocks: dict[tuple[str, int], tuple[int, int]] = {}  # (url, os pid) -> (next i
 _hint: dict[str, int] = {}
 
 
-def allocate_producer_id(storage: Storage) -> int:
-    """A producer id no other producer of this log has had or will have."""
+def allocate_producer_id(storage: Storage, *, clock: Clock = system_clock) -> int:
+    """A producer id no other producer of this log has had or will have (``clock`` stamps a new block)."""
     key = (storage.url, os.getpid())
     with _lock:
         nxt, end = _blocks.get(key, (0, 0))
@@ -44,7 +44,7 @@ def allocate_producer_id(storage: Storage) -> int:
                     "size": BLOCK_SIZE,
                     "host": socket.gethostname(),
                     "pid": os.getpid(),
-                    "time_ms": int(time.time() * 1000),
+                    "time_ms": clock(),
                 },
             )
             try:

@@ -80,6 +80,13 @@ class ProducerStates:
         for pid in [p for p, e in self.producers.items() if now_ms - e.last_timestamp_ms > retention_ms]:
             del self.producers[pid]
 
+    def _check(self) -> None:
+        """Assert the invariants (the randomised model test calls it after every step): every state has a
+        producer id >= 0, an epoch >= 0 and a next sequence >= 0."""
+        for pid, e in self.producers.items():
+            assert pid >= 0 and e.epoch >= 0 and e.next_sequence >= 0, (pid, e)
+        assert self.last_gap[0] <= self.last_gap[1] or self.last_gap == (0, 0), self.last_gap
+
     def to_list(self) -> list[list[int]]:
         return [[p, e.epoch, e.next_sequence, e.last_timestamp_ms] for p, e in sorted(self.producers.items())]
 
@@ -105,5 +112,10 @@ def gap_error(
         f"{where}: producer id {producer_id} epoch {epoch} skipped sequence numbers at offset {offset}: "
         f"expected sequence {expected}, got {got} ({got - expected} records missing). A batch of this "
         "producer was lost; the log cannot be read past this point without data loss. Investigate the "
-        "writer; restore the missing entry if it exists elsewhere."
+        "writer; restore the missing entry if it exists elsewhere.",
+        producer_id=producer_id,
+        epoch=epoch,
+        expected=expected,
+        received=got,
+        offset=offset,
     )

@@ -14,7 +14,6 @@ snapshot's position are classified from the snapshot's state without being appli
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,7 +54,7 @@ class PartitionState:
     def __init__(self, log: PartitionLog, resolver: Resolver, *, write_snapshots: bool = True) -> None:
         self.log = log
         self.resolver = resolver
-        self.snapshots = SnapshotStore(log.storage, log.path)
+        self.snapshots = SnapshotStore(log.storage, log.path, log.clock)
         self.write_snapshots = write_snapshots
         self._buffer: TxnBuffer | None = None
         self.decisions: dict[TxnId, bool] = {}
@@ -452,7 +451,3 @@ def _batches_with_offsets(table: pa.Table) -> list[tuple[pa.RecordBatch, int]]:
             out.append((batch, offset))
             offset += batch.num_rows
     return out
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

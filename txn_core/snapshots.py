@@ -19,7 +19,6 @@ valid. Rebuilding costs the parts plus the log tail after ``position``, never th
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +28,7 @@ from txn_core import envelope, paths
 from txn_core.aborted import ABORTED_SCHEMA, AbortedIndex, SkipRanges, key_txn, txn_key
 from txn_core.buffer import OngoingTxn, TxnBuffer
 from txn_core.checksum import crc32c
+from txn_core.clock import Clock, system_clock
 from txn_core.entry import encode_arrow
 from txn_core.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError
 from txn_core.logs import get_logger
@@ -79,9 +79,10 @@ class PartRef:
 class SnapshotStore:
     """Reads and writes the buffer snapshots of one partition log."""
 
-    def __init__(self, storage: Storage, path: str) -> None:
+    def __init__(self, storage: Storage, path: str, clock: Clock = system_clock) -> None:
         self.storage = storage
         self.path = path
+        self.clock = clock
         self.prefix = paths.buffer_snapshots(path)
         self.last_position = -1
         self.last_time_ms = 0
@@ -110,7 +111,7 @@ class SnapshotStore:
             or buffer.entries_since_snapshot >= SNAPSHOT_EVERY_ENTRIES
         ):
             return True
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        now_ms = self.clock() if now_ms is None else now_ms
         changed = bool(buffer.ended_since_snapshot) or buffer.entries_since_snapshot >= SNAPSHOT_MIN_ENTRIES
         return changed and now_ms - self.last_time_ms >= SNAPSHOT_EVERY_MS
 
@@ -157,7 +158,7 @@ class SnapshotStore:
             "size_bytes": buffer.size_bytes,
             "committed_count": buffer.committed_count,
             "aborted_count": buffer.aborted_count,
-            "time_ms": int(time.time() * 1000),
+            "time_ms": self.clock(),
         }
         key = self.prefix + paths.slot_name(buffer.position)
         envelope.create_json(self.storage, key, envelope.ObjectKind.BUFFER_SNAPSHOT, final)

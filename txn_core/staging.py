@@ -17,7 +17,6 @@ staged objects are never deleted by the cleanup (it only deletes keys not in the
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,7 +25,8 @@ from typing import Any
 import pyarrow as pa
 
 from txn_core import paths
-from txn_core.entry import EntryHeader, EntryKind, crc32, encode_arrow
+from txn_core.clock import Clock, system_clock
+from txn_core.entry import EntryHeader, EntryKind, Payload
 from txn_core.errors import ConfigurationError, ObjectExistsError
 from txn_core.storage.base import Storage, create_resolving
 
@@ -83,25 +83,26 @@ def write_staged(
     schema: pa.Schema,
     *,
     tag: str = "",
+    clock: Clock = system_clock,
 ) -> StagedRef | None:
-    """Write ``batches`` as one staged object under ``prefix``; None when there are no rows."""
+    """Write ``batches`` as one staged object under ``prefix``; None when there are no rows. ``clock``
+    stamps the object's header (the log's clock)."""
     batch_list = [b for b in batches if b.num_rows]
     if not batch_list:
         return None
-    payload = encode_arrow(batch_list, schema)
-    view = memoryview(payload)
+    payload = Payload.of_arrow(batch_list, schema)
     rows = sum(b.num_rows for b in batch_list)
     header = EntryHeader(
-        EntryKind.DATA, 0, rows, -1, 0, -1, None, int(time.time() * 1000), len(view), crc32(view), uuid.uuid4().bytes
+        EntryKind.DATA, 0, rows, -1, 0, -1, None, clock(), payload.length, payload.crc, uuid.uuid4().bytes
     ).encode()
     name = f"{topic}-{partition:05d}-{_SAFE.sub('_', tag)}-{uuid.uuid4().hex}"
     key = prefix + name
     try:
-        create_resolving(storage, key, [header, view], header)
+        create_resolving(storage, key, [header, *payload.chunks], header)
     except ObjectExistsError as exc:  # a uuid collision: impossible in practice
         raise ConfigurationError(f"staged object {key} exists already") from exc
     return StagedRef(
-        topic, partition, key, len(header) + len(view), crc32(view), rows, sum(b.nbytes for b in batch_list)
+        topic, partition, key, len(header) + payload.length, payload.crc, rows, sum(b.nbytes for b in batch_list)
     )
 
 

@@ -9,13 +9,13 @@ partition count never shrinks and the schema never changes.
 from __future__ import annotations
 
 import base64
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
 
 from txn_core import envelope, paths
+from txn_core.clock import Clock, system_clock
 from txn_core.errors import ConfigurationError, ObjectExistsError, TopicExistsError, TopicNotFoundError
 from txn_core.ids import validate_name
 from txn_core.slotlog import SlotLog
@@ -95,8 +95,9 @@ def normalize_schema(schema: pa.Schema) -> pa.Schema:
 class TopicStore:
     """Create, list and read topic metadata."""
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Storage, clock: Clock = system_clock) -> None:
         self.storage = storage
+        self.clock = clock
         self._cache: dict[str, TopicMeta] = {}
 
     def _slots(self, name: str) -> SlotLog:
@@ -114,9 +115,7 @@ class TopicStore:
         validate_name("topic", name, allow_internal=internal)
         if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= MAX_PARTITIONS:
             raise ConfigurationError(f"partitions must be an integer in [1, {MAX_PARTITIONS}], got {partitions!r}")
-        meta = TopicMeta(
-            name, partitions, normalize_schema(schema), 0, int(time.time() * 1000), config or TopicConfig(), internal
-        )
+        meta = TopicMeta(name, partitions, normalize_schema(schema), 0, self.clock(), config or TopicConfig(), internal)
         header, payload = envelope.encode_json(envelope.ObjectKind.TOPIC_META, meta.to_json())
         try:
             create_resolving(self.storage, self._slots(name).key(0), [header, payload], header)

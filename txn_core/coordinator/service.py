@@ -9,23 +9,29 @@ the transaction log. The two-phase end of a transaction is:
    participant that already has a marker for the transaction ignores later ones.
 3. persist ``complete`` (CompleteCommit / CompleteAbort), bumping the epoch (KIP-890).
 
+A producer folds step 3 into its next record (``completed=`` of :meth:`TransactionCoordinator.begin`,
+:meth:`~TransactionCoordinator.add` and :meth:`~TransactionCoordinator.end`) once the markers are durable,
+and its next ``begin`` does not wait for them: begun while the previous transaction is still Prepare*, it
+makes that transaction the id's *completing* one, completed by a later record.
+
 Crash windows: before (1) the transaction is Ongoing and is aborted by whoever meets it after its
 timeout, or by the next ``init_transactions`` of its transactional id. Between (1) and (3) anyone who
 finds it prepared for longer than the completion grace (or the next ``init_transactions``) repeats (2)
-and (3). After (3) nothing remains to do.
+and (3), for the completing transaction as for the current one. After (3) nothing remains to do.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
+from txn_core.clock import Clock
+from txn_core.coordinator.actions import Action, Add, Begin, Complete, Init, Outcome, Prepare
 from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.txnlog import CoordinatorPartition, CoordinatorViews, TidState, TxnStatus
-from txn_core.entry import EntryKind, crc32, encode_json
+from txn_core.entry import EntryKind, Payload
 from txn_core.errors import (
+    ConcurrentTransactionsError,
     InvalidTxnStateError,
     ProducerFencedError,
     StoragePermissionError,
@@ -33,6 +39,7 @@ from txn_core.errors import (
 )
 from txn_core.ids import TxnId, validate_name
 from txn_core.logs import get_logger
+from txn_core.parallel import parallel_map
 from txn_core.partition import PartitionLog
 from txn_core.pidalloc import allocate_producer_id
 from txn_core.storage.base import Storage
@@ -42,6 +49,8 @@ MAX_EPOCH = 2**31 - 16
 #: How long a transaction may stay prepared before another participant completes it (ms).
 MIN_COMPLETION_GRACE_MS = 5_000
 MAX_TIMEOUT_MS = 15 * 60 * 1000
+#: Rounds an operation re-reads a transactional id's state before giving up on a moving target.
+MAX_ROUNDS = 64
 
 logger = get_logger("txnlog.coordinator")
 
@@ -49,6 +58,19 @@ logger = get_logger("txnlog.coordinator")
 def coordinator_for(tid: str, partitions: int) -> int:
     """The coordinator partition of a transactional id: ``crc32(utf-8) % partitions``."""
     return zlib.crc32(tid.encode()) % partitions
+
+
+def _completions(cur: TidState | None, completed: Sequence[TxnId]) -> list[Action]:
+    """``complete`` actions for those of ``completed`` (decided transactions whose markers are durable,
+    oldest first) that ``cur`` still has incomplete; someone else may have completed them meanwhile."""
+    if cur is None:
+        return []
+    pending = set(cur.open_txns())
+    return [Complete(cur.tid, t) for t in completed if t in pending]
+
+
+def _grace_ms(st: TidState) -> int:
+    return max(MIN_COMPLETION_GRACE_MS, st.timeout_ms)
 
 
 class TransactionCoordinator:
@@ -60,7 +82,7 @@ class TransactionCoordinator:
         views: CoordinatorViews,
         logs: Callable[[str], PartitionLog],
         partitions: int,
-        clock: Callable[[], int],
+        clock: Clock,
     ) -> None:
         self.storage = storage
         self.views = views
@@ -82,69 +104,90 @@ class TransactionCoordinator:
     def init_producer(self, tid: str, timeout_ms: int) -> TidState:
         """Fence older instances of ``tid`` and finish what they left (Kafka's InitProducerId).
 
-        An ongoing transaction is aborted (its epoch bumped first, so its producer is fenced); a
-        prepared one is completed. Then the epoch is bumped once more for the new instance.
+        A completing transaction is completed; an ongoing one is aborted (its epoch bumped first, so its
+        producer is fenced); a prepared one is completed. Then the epoch is bumped once more for the new
+        instance. Raises :class:`ConcurrentTransactionsError` if the id's state kept changing for
+        :data:`MAX_ROUNDS` rounds (another instance racing it).
         """
         validate_name("transactional id", tid)
         if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
             raise InvalidTxnStateError(f"transaction_timeout_ms must be in [1, {MAX_TIMEOUT_MS}], got {timeout_ms}")
         view = self.view_for(tid)
-        while True:
+
+        def build(cur: TidState | None) -> list[Action] | None:
+            if cur is not None and cur.open_txns():
+                return None  # someone began or decided a transaction meanwhile: finish it first
+            if cur is None or cur.epoch >= MAX_EPOCH:
+                pid, epoch = allocate_producer_id(self.storage, clock=self.clock), 0
+            else:
+                pid, epoch = cur.producer_id, cur.epoch + 1
+            return [Init(tid, pid, epoch, timeout_ms)]
+
+        for _ in range(MAX_ROUNDS):
             view.refresh()
             current = view.state(tid)
+            if current is not None and current.completing is not None:
+                prepared = current.prepared(current.completing.txn)
+                if prepared is not None:
+                    self.complete(prepared)
+                continue
             if current is not None and current.state == _C.ONGOING:
                 self._prepare_abort(view, current, reason="fenced by a new producer instance")
                 continue
             if current is not None and current.state.is_prepared:
                 self.complete(current)
                 continue
-            break
-
-        def build(cur: TidState | None) -> list[dict[str, Any]] | None:
-            if cur is not None and not cur.state.is_complete:
-                raise _RetryError
-            if cur is None or cur.epoch >= MAX_EPOCH:
-                pid, epoch = allocate_producer_id(self.storage), 0
-            else:
-                pid, epoch = cur.producer_id, cur.epoch + 1
-            return [{"action": "init", "tid": tid, "producer_id": pid, "epoch": epoch, "timeout_ms": timeout_ms}]
-
-        try:
             state = view.append(tid, build)
-        except _RetryError:
-            return self.init_producer(tid, timeout_ms)
-        if state is None:  # pragma: no cover - build always returns actions or raises
-            raise InvalidTxnStateError(f"transactional id {tid!r}: init produced no state")
-        logger.info("init %s: producer id %d epoch %d (older instances fenced)", tid, state.producer_id, state.epoch)
-        return state
-
-    def begin(self, tid: str, producer_id: int, epoch: int, timeout_ms: int, participants: Iterable[str]) -> TidState:
-        """Persist the start of a transaction with its first participants; returns the Ongoing state."""
-        view = self.view_for(tid)
-        parts = list(participants)
-        state = view.append(
-            tid,
-            lambda cur: [
-                {
-                    "action": "begin",
-                    "tid": tid,
-                    "producer_id": producer_id,
-                    "epoch": epoch,
-                    "timeout_ms": timeout_ms,
-                    "participants": parts,
-                }
-            ],
+            if state is not None and state.state == _C.EMPTY and (current is None or state != current):
+                logger.info(
+                    "init %s: producer id %d epoch %d (older instances fenced)", tid, state.producer_id, state.epoch
+                )
+                return state
+        raise ConcurrentTransactionsError(
+            f"transactional id {tid!r}: its state kept changing while init_transactions() tried to fence older "
+            f"instances ({MAX_ROUNDS} rounds): another instance keeps beginning transactions. Stop it, or retry."
         )
-        if state is None or state.txn is None:  # pragma: no cover
+
+    def begin(
+        self,
+        tid: str,
+        producer_id: int,
+        epoch: int,
+        timeout_ms: int,
+        participants: Iterable[str],
+        *,
+        completed: Sequence[TxnId] = (),
+    ) -> TidState:
+        """Persist the start of a transaction with its first participants; returns the Ongoing state.
+
+        ``epoch`` is the producer's epoch for the new transaction: the id's epoch after its last completed
+        transaction, or that of a still-prepared previous transaction plus one (which then becomes the id's
+        completing transaction). ``completed``: decided transactions of this producer whose markers are
+        all durable, completed in the same record (one request instead of two)."""
+        view = self.view_for(tid)
+        begin = Begin(tid, producer_id, epoch, timeout_ms, tuple(participants))
+        state = view.append(tid, lambda cur: [*_completions(cur, completed), begin])
+        if state is None or state.txn is None or state.state != _C.ONGOING:  # pragma: no cover
             raise InvalidTxnStateError(f"transactional id {tid!r}: begin produced no transaction")
         return state
 
-    def add(self, tid: str, producer_id: int, epoch: int, txn: TxnId, participants: Iterable[str]) -> TidState:
-        """Register participants before the first write to each (idempotent)."""
+    def add(
+        self,
+        tid: str,
+        producer_id: int,
+        epoch: int,
+        txn: TxnId,
+        participants: Iterable[str],
+        *,
+        completed: Sequence[TxnId] = (),
+    ) -> TidState:
+        """Register participants before the first write to each (idempotent); ``completed`` as in
+        :meth:`begin`."""
         view = self.view_for(tid)
-        parts = list(participants)
+        parts = tuple(participants)
 
-        def build(cur: TidState | None) -> list[dict[str, Any]] | None:
+        def build(cur: TidState | None) -> list[Action] | None:
+            done = _completions(cur, completed)
             if (
                 cur is not None
                 and cur.txn == txn
@@ -153,21 +196,12 @@ class TransactionCoordinator:
                 and cur.epoch == epoch
                 and all(p in cur.participants for p in parts)
             ):
-                return None
-            return [
-                {
-                    "action": "add",
-                    "tid": tid,
-                    "producer_id": producer_id,
-                    "epoch": epoch,
-                    "txn": str(txn),
-                    "participants": parts,
-                }
-            ]
+                return done or None
+            return [*done, Add(tid, producer_id, epoch, txn, parts)]
 
         state = view.append(tid, build)
         if state is None:  # pragma: no cover
-            raise InvalidTxnStateError(f"transactional id {tid!r}: no state")
+            raise InvalidTxnStateError(f"transactional id {tid!r}: no state", transactional_id=tid)
         return state
 
     def end(
@@ -177,63 +211,40 @@ class TransactionCoordinator:
         epoch: int,
         txn: TxnId,
         commit: bool,
-        metadata: dict[str, Any] | None = None,
+        metadata: dict[str, object] | None = None,
         *,
         complete: bool = True,
+        completed: Sequence[TxnId] = (),
     ) -> TidState:
         """Decide and finish ``txn``: persist Prepare*, write markers, persist Complete*.
 
         A retried end of the same transaction with the same decision continues where the first stopped.
         With ``complete=False`` returns right after the decision is durable (markers not yet written).
+        ``completed`` as in :meth:`begin`.
         """
         view = self.view_for(tid)
-        outcome = "COMMIT" if commit else "ABORT"
+        outcome: Outcome = "COMMIT" if commit else "ABORT"
 
-        def build(cur: TidState | None) -> list[dict[str, Any]] | None:
+        def build(cur: TidState | None) -> list[Action] | None:
+            done = _completions(cur, completed)
             if (
                 cur is not None
                 and cur.txn == txn
-                and cur.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT, _C.PREPARE_ABORT, _C.COMPLETE_ABORT)
+                and cur.state
+                in (
+                    _C.PREPARE_COMMIT,
+                    _C.COMPLETE_COMMIT,
+                    _C.PREPARE_ABORT,
+                    _C.COMPLETE_ABORT,
+                )
             ):
-                decided_commit = cur.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT)
-                if decided_commit != commit and cur.abort_reason == "timeout":
-                    raise TransactionTimedOutError(
-                        f"transactional id {tid!r}: transaction {txn} exceeded its timeout of {cur.timeout_ms} ms "
-                        "and was aborted by another participant; nothing of it is visible. This producer is "
-                        "fenced: create a new one and call init_transactions(), then redo the work."
-                    )
-                if decided_commit != commit and cur.abort_reason is not None and cur.epoch != epoch:
-                    raise ProducerFencedError(
-                        f"transactional id {tid!r}: transaction {txn} was aborted ({cur.abort_reason}); producer "
-                        f"id {producer_id} epoch {epoch} is fenced. Close this producer."
-                    )
-                if decided_commit != commit:
-                    raise InvalidTxnStateError(
-                        f"transactional id {tid!r}: transaction {txn} was already "
-                        f"{'committed' if decided_commit else 'aborted'}"
-                        + (f" ({cur.abort_reason})" if cur.abort_reason else "")
-                        + f"; it cannot be {'committed' if commit else 'aborted'}"
-                    )
-                if cur.epoch not in (epoch, epoch + 1) or cur.producer_id != producer_id:
-                    raise ProducerFencedError(
-                        f"transactional id {tid!r}: producer id {producer_id} epoch {epoch} is fenced"
-                    )
-                return None
-            action: dict[str, Any] = {
-                "action": "prepare",
-                "tid": tid,
-                "producer_id": producer_id,
-                "epoch": epoch,
-                "txn": str(txn),
-                "outcome": outcome,
-            }
-            if metadata is not None:
-                action["metadata"] = metadata
-            return [action]
+                _check_repeated_end(cur, tid, producer_id, epoch, txn, commit)
+                return done or None
+            return [*done, Prepare(tid, producer_id, epoch, txn, outcome, metadata)]
 
         state = view.append(tid, build)
         if state is None:  # pragma: no cover
-            raise InvalidTxnStateError(f"transactional id {tid!r}: no state")
+            raise InvalidTxnStateError(f"transactional id {tid!r}: no state", transactional_id=tid)
         logger.info("%s %s: transaction %s decided %s", outcome.lower(), tid, txn, state.state.name)
         if state.state.is_prepared and complete:
             state = self.complete(state)
@@ -242,94 +253,70 @@ class TransactionCoordinator:
     # --- second phase -------------------------------------------------------------------------
 
     def complete(self, prepared: TidState, *, markers_written: bool = False) -> TidState:
-        """Write the markers of a prepared transaction and persist Complete* (idempotent)."""
-        if prepared.txn is None:  # pragma: no cover
-            raise InvalidTxnStateError(f"transactional id {prepared.tid!r}: nothing to complete")
-        if not markers_written:
-            self.write_markers(prepared)
-        view = self.view_for(prepared.tid)
+        """Write the markers of a decided transaction and persist its Complete* (idempotent).
+
+        ``prepared`` is the transaction as its completer sees it (:meth:`TidState.prepared`): the id's
+        current transaction or its completing one. A completing transaction of the same id that is older
+        is completed first (its Complete must come first)."""
         txn = prepared.txn
-
-        def build(cur: TidState | None) -> list[dict[str, Any]] | None:
-            if cur is None or cur.txn != txn or not cur.state.is_prepared:
-                return None  # someone else completed it
-            return [{"action": "complete", "tid": prepared.tid, "txn": str(txn)}]
-
-        state = view.append(prepared.tid, build)
-        if state is None:  # pragma: no cover
-            raise InvalidTxnStateError(f"transactional id {prepared.tid!r}: no state")
-        return state
-
-    def complete_and_begin(self, prepared: TidState, timeout_ms: int, participants: Iterable[str]) -> TidState:
-        """One record: Complete* of ``prepared`` (whose markers MUST all be written) and ``begin`` of the
-        same producer's next transaction, at the epoch the completion bumps to. Saves a storage round trip
-        per transaction; if someone else completed ``prepared`` meanwhile, only ``begin`` is written. A
-        fencing instance makes the ``begin`` fail validation (ProducerFencedError)."""
-        if prepared.txn is None:  # pragma: no cover
+        if txn is None:  # pragma: no cover
             raise InvalidTxnStateError(f"transactional id {prepared.tid!r}: nothing to complete")
         view = self.view_for(prepared.tid)
-        txn, tid, parts = prepared.txn, prepared.tid, list(participants)
-        begin = {
-            "action": "begin",
-            "tid": tid,
-            "producer_id": prepared.producer_id,
-            "epoch": prepared.epoch + 1,
-            "timeout_ms": timeout_ms,
-            "participants": parts,
-        }
+        written = markers_written
+        blocked: list[TxnId] = []
 
-        def build(cur: TidState | None) -> list[dict[str, Any]] | None:
-            if cur is not None and cur.txn == txn and cur.state.is_prepared:
-                return [{"action": "complete", "tid": tid, "txn": str(txn)}, begin]
-            return [begin]
+        def build(cur: TidState | None) -> list[Action] | None:
+            if cur is None or txn not in cur.open_txns():
+                return None  # someone else completed it
+            if cur.completing is not None and cur.completing.txn != txn:
+                blocked.append(cur.completing.txn)
+                return None  # an older completing transaction goes first
+            return [Complete(prepared.tid, txn)]
 
-        state = view.append(tid, build)
-        if state is None or state.txn is None:  # pragma: no cover
-            raise InvalidTxnStateError(f"transactional id {tid!r}: begin produced no transaction")
-        return state
+        for _ in range(MAX_ROUNDS):
+            current = view.state(prepared.tid)
+            older = current.completing if current is not None else None
+            if older is not None and older.txn != txn and current is not None:
+                first = current.prepared(older.txn)
+                if first is not None:
+                    self.complete(first)
+            if not written:
+                self.write_markers(prepared)
+                written = True
+            blocked.clear()
+            state = view.append(prepared.tid, build)
+            if not blocked:
+                if state is None:  # pragma: no cover
+                    raise InvalidTxnStateError(f"transactional id {prepared.tid!r}: no state")
+                return state
+        raise ConcurrentTransactionsError(
+            f"transactional id {prepared.tid!r}: transaction {txn} could not be completed: its state kept changing"
+        )
 
     def write_markers(self, prepared: TidState) -> None:
         """One COMMIT or ABORT marker entry per participant log, written in parallel."""
-        if prepared.txn is None:  # pragma: no cover
+        txn = prepared.txn
+        if txn is None:  # pragma: no cover
             return
-        kind = EntryKind.COMMIT if prepared.state == _C.PREPARE_COMMIT else EntryKind.ABORT
-        payload = encode_json({"outcome": kind.name, "txn": str(prepared.txn), "tid": prepared.tid})
-        txn, pid, epoch = prepared.txn, prepared.producer_id, prepared.epoch
-
-        def one(path: str) -> None:
-            self.logs(path).append(
-                kind, payload, len(payload), crc32(payload), 1, producer_id=pid, producer_epoch=epoch, txn=txn
-            )
-
-        parts = list(prepared.participants)
-        if len(parts) <= 1:
-            for p in parts:
-                one(p)
-            return
-        with ThreadPoolExecutor(max_workers=min(8, len(parts))) as pool:
-            for f in [pool.submit(one, p) for p in parts]:
-                f.result()
+        kind = EntryKind.COMMIT if prepared.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT) else EntryKind.ABORT
+        payload = Payload.of_json({"outcome": kind.name, "txn": str(txn), "tid": prepared.tid})
+        pid, epoch = prepared.producer_id, prepared.epoch
+        parallel_map(
+            lambda path: self.logs(path).append_payload(
+                kind, payload, 1, producer_id=pid, producer_epoch=epoch, txn=txn
+            ),
+            list(prepared.participants),
+        )
 
     # --- timeouts, recovery, admin ------------------------------------------------------------
 
     def _prepare_abort(self, view: CoordinatorPartition, current: TidState, reason: str) -> TidState | None:
         txn = current.txn
 
-        def build(cur: TidState | None) -> list[dict[str, Any]] | None:
-            if cur is None or cur.txn != txn or cur.state != _C.ONGOING:
+        def build(cur: TidState | None) -> list[Action] | None:
+            if cur is None or cur.txn != txn or cur.state != _C.ONGOING or txn is None:
                 return None
-            return [
-                {
-                    "action": "prepare",
-                    "tid": cur.tid,
-                    "producer_id": cur.producer_id,
-                    "epoch": cur.epoch,
-                    "txn": str(txn),
-                    "outcome": "ABORT",
-                    "new_epoch": cur.epoch + 1,
-                    "reason": reason,
-                }
-            ]
+            return [Prepare(cur.tid, cur.producer_id, cur.epoch, txn, "ABORT", None, cur.epoch + 1, reason)]
 
         state = view.append(current.tid, build)
         if state is not None and state.state.is_prepared and state.txn == txn:
@@ -340,12 +327,18 @@ class TransactionCoordinator:
         return state
 
     def abort_transaction(self, tid: str, reason: str = "aborted by an operator") -> TidState | None:
-        """An operator's abort of ``tid``'s ongoing transaction (fences its producer); completes a prepared one."""
+        """An operator's abort of ``tid``'s ongoing transaction (fences its producer); completes a prepared
+        or completing one."""
         view = self.view_for(tid)
         view.refresh()
         current = view.state(tid)
         if current is None:
             return None
+        if current.completing is not None:
+            prepared = current.prepared(current.completing.txn)
+            if prepared is not None:
+                self.complete(prepared)
+            current = view.state(tid) or current
         if current.state == _C.ONGOING:
             return self._prepare_abort(view, current, reason)
         if current.state.is_prepared:
@@ -361,7 +354,7 @@ class TransactionCoordinator:
                 result = self._prepare_abort(view, st, reason="timeout")
                 if result is not None:
                     done.append(result)
-            elif st.state.is_prepared and now - st.updated_ms > max(MIN_COMPLETION_GRACE_MS, st.timeout_ms):
+            elif st.state.is_prepared and now - st.updated_ms > _grace_ms(st):
                 done.append(self.complete(st))
         return done
 
@@ -369,7 +362,7 @@ class TransactionCoordinator:
         """The status of ``txn`` for a reader, refreshing the coordinator view and enforcing its timeout."""
         view = self.views.get(txn.coordinator)
         status = view.status(txn)
-        if status is None or status.state in (_C.ONGOING,) or (status.state is not None and status.state.is_prepared):
+        if status is None or status.state == _C.ONGOING or (status.state is not None and status.state.is_prepared):
             view.refresh()
             status = view.status(txn)
         if status is None:
@@ -385,19 +378,54 @@ class TransactionCoordinator:
                     self.storage.read_only = True  # type: ignore[attr-defined]
             status = view.status(txn) or TxnStatus(txn, None)
         elif status.state is not None and status.state.is_prepared and status.tid is not None:
-            st = view.state(status.tid)
+            prepared = view.prepared(txn)
             if (
-                st is not None
-                and st.txn == txn
+                prepared is not None
                 and not getattr(self.storage, "read_only", False)
-                and self.clock() - st.updated_ms > max(MIN_COMPLETION_GRACE_MS, st.timeout_ms)
+                and self.clock() - prepared.updated_ms > _grace_ms(prepared)
             ):
                 try:
-                    self.complete(st)
+                    self.complete(prepared)
                 except StoragePermissionError:  # decided already: readers treat it as such anyway
                     self.storage.read_only = True  # type: ignore[attr-defined]
         return status
 
 
-class _RetryError(Exception):
-    pass
+def _check_repeated_end(cur: TidState, tid: str, producer_id: int, epoch: int, txn: TxnId, commit: bool) -> None:
+    """A repeated end request for an already decided ``txn``: fine if it asks for the same decision from the
+    same producer; otherwise the error that says why it cannot."""
+    decided_commit = cur.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT)
+    fenced = {"transactional_id": tid, "producer_id": producer_id, "epoch": epoch}
+    if decided_commit != commit and cur.abort_reason == "timeout":
+        raise TransactionTimedOutError(
+            f"transactional id {tid!r}: transaction {txn} exceeded its timeout of {cur.timeout_ms} ms "
+            "and was aborted by another participant; nothing of it is visible. This producer is "
+            "fenced: create a new one and call init_transactions(), then redo the work.",
+            current_producer_id=cur.producer_id,
+            current_epoch=cur.epoch,
+            **fenced,  # type: ignore[arg-type]
+        )
+    if decided_commit != commit and cur.abort_reason is not None and cur.epoch != epoch:
+        raise ProducerFencedError(
+            f"transactional id {tid!r}: transaction {txn} was aborted ({cur.abort_reason}); producer "
+            f"id {producer_id} epoch {epoch} is fenced. Close this producer.",
+            current_producer_id=cur.producer_id,
+            current_epoch=cur.epoch,
+            **fenced,  # type: ignore[arg-type]
+        )
+    if decided_commit != commit:
+        raise InvalidTxnStateError(
+            f"transactional id {tid!r}: transaction {txn} was already "
+            f"{'committed' if decided_commit else 'aborted'}"
+            + (f" ({cur.abort_reason})" if cur.abort_reason else "")
+            + f"; it cannot be {'committed' if commit else 'aborted'}",
+            transactional_id=tid,
+            current=cur.state.value,
+        )
+    if cur.epoch not in (epoch, epoch + 1) or cur.producer_id != producer_id:
+        raise ProducerFencedError(
+            f"transactional id {tid!r}: producer id {producer_id} epoch {epoch} is fenced",
+            current_producer_id=cur.producer_id,
+            current_epoch=cur.epoch,
+            **fenced,  # type: ignore[arg-type]
+        )

@@ -43,7 +43,10 @@ _C = CoordinatorState
 #: to-state -> the states it may be entered from. ``None`` stands for "no state yet" (new id).
 COORDINATOR_TRANSITIONS: dict[CoordinatorState, frozenset[CoordinatorState | None]] = {
     _C.EMPTY: frozenset({None, _C.EMPTY, _C.COMPLETE_COMMIT, _C.COMPLETE_ABORT, _C.DEAD}),
-    _C.ONGOING: frozenset({_C.ONGOING, _C.EMPTY, _C.COMPLETE_COMMIT, _C.COMPLETE_ABORT}),
+    # from Prepare*: the next transaction begins before the previous one's Complete (it moves to completing)
+    _C.ONGOING: frozenset(
+        {_C.ONGOING, _C.EMPTY, _C.COMPLETE_COMMIT, _C.COMPLETE_ABORT, _C.PREPARE_COMMIT, _C.PREPARE_ABORT}
+    ),
     _C.PREPARE_COMMIT: frozenset({_C.ONGOING, _C.PREPARE_COMMIT}),
     _C.PREPARE_ABORT: frozenset({_C.ONGOING, _C.PREPARE_ABORT}),
     _C.COMPLETE_COMMIT: frozenset({_C.PREPARE_COMMIT}),
@@ -56,7 +59,10 @@ def check_coordinator_transition(tid: str, current: CoordinatorState | None, tar
     if current not in COORDINATOR_TRANSITIONS[target]:
         raise InvalidTxnStateError(
             f"transactional id {tid!r}: invalid coordinator transition "
-            f"{current.value if current else '(none)'} -> {target.value}"
+            f"{current.value if current else '(none)'} -> {target.value}",
+            transactional_id=tid,
+            current=current.value if current else None,
+            target=target.value,
         )
 
 
@@ -100,5 +106,8 @@ def check_client_transition(tid: str | None, current: ClientState, target: Clien
         }.get(current, "")
         raise InvalidTxnStateError(
             f"transactional id {tid!r}: invalid producer transition {current.value} -> {target.value}"
-            + (f"; {hint}" if hint else "")
+            + (f"; {hint}" if hint else ""),
+            transactional_id=tid,
+            current=current.value,
+            target=target.value,
         )

@@ -1,23 +1,26 @@
 """One coordinator partition of the transaction log: records, state, replay (PROTOCOL.md "Transaction log").
 
 The transaction log is split into coordinator partitions by ``crc32(transactional id) % N``. Each one is
-a slot log ``_txnlog/coordinators/<05d c>/log/<020d slot>`` of records; a record is a list of actions on
-one transactional id, applied atomically in order:
+a slot log ``_txnlog/coordinators/<05d c>/log/<020d slot>`` of records
+(:class:`~txn_core.coordinator.actions.Record`); a record is a list of typed actions on one transactional
+id, applied atomically in order by :func:`~txn_core.coordinator.apply.apply`:
 
 =========  ====================================================================================
 action     effect
 =========  ====================================================================================
 init       new producer id or epoch for the id -> Empty
-begin      a transaction starts -> Ongoing; its TxnId is (coordinator, slot of this record)
+begin      a transaction starts -> Ongoing; its TxnId is (coordinator, slot of this record); from
+           Prepare* the previous transaction becomes the id's completing one
 add        participants (log paths) added to the ongoing transaction -> Ongoing
 prepare    the decision, COMMIT or ABORT -> PrepareCommit / PrepareAbort (may bump the epoch: fencing)
 complete   every participant has its marker -> CompleteCommit / CompleteAbort, epoch + 1 (KIP-890)
 =========  ====================================================================================
 
 A writer computes the next state from the state at slot ``n - 1`` (it has replayed every earlier slot)
-with :func:`apply_action`, then creates slot ``n``. If another writer took slot ``n`` it replays it and
-recomputes, so every record in the log is a valid transition of the state before it: replay applies
-them with the same function (prepare, persist, then change memory).
+with the same :func:`~txn_core.coordinator.apply.apply` that replay uses, then creates slot ``n``. If
+another writer took slot ``n`` it replays it and recomputes, so every record in the log is a valid
+transition of the state before it (prepare, persist, then change memory: :meth:`CoordinatorPartition._fold`
+computes, :meth:`CoordinatorPartition._commit` changes memory, for replay and writers alike).
 
 State is rebuilt from the newest coordinator snapshot plus the slots after it. The low watermark is the
 smallest sequence of a transaction that is not complete; everything below it is finished.
@@ -26,24 +29,23 @@ smallest sequence of a transaction that is not complete; everything below it is 
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sortedcontainers import SortedDict
 
 from txn_core import envelope, paths
-from txn_core.coordinator.states import CoordinatorState, check_coordinator_transition
+from txn_core.clock import Clock, monotonic, system_clock
+from txn_core.coordinator.actions import Action, Record
+from txn_core.coordinator.apply import apply
+from txn_core.coordinator.states import CoordinatorState
+from txn_core.coordinator.tidstate import Completing, TidState, TxnStatus
 from txn_core.errors import (
     CorruptDataError,
-    InvalidTxnStateError,
     ObjectExistsError,
     ObjectNotFoundError,
-    ProducerFencedError,
-    StorageError,
-    TransactionTimedOutError,
     TxnLogError,
 )
 from txn_core.ids import TxnId
@@ -51,6 +53,8 @@ from txn_core.logs import get_logger
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
 from txn_core.storage.guarded import opportunistic
+
+__all__ = ["Completing", "CoordinatorPartition", "CoordinatorViews", "TidState", "TxnStatus", "apply"]
 
 _C = CoordinatorState
 #: Completed transactions whose outcome each coordinator keeps for readers (beyond the low watermark).
@@ -61,205 +65,6 @@ SNAPSHOT_EVERY = 500
 SNAPSHOTS_KEPT = 2
 #: Compaction deletes only records older than this; a view idle for half of it re-checks snapshots.
 COMPACTION_MIN_AGE_MS = 3600 * 1000
-
-
-@dataclass(frozen=True, slots=True)
-class TidState:
-    """The coordinator's record of one transactional id (Kafka's TransactionMetadata)."""
-
-    tid: str
-    producer_id: int
-    epoch: int
-    state: CoordinatorState
-    timeout_ms: int
-    txn: TxnId | None = None
-    start_ms: int = 0
-    updated_ms: int = 0
-    participants: tuple[str, ...] = ()
-    metadata: dict[str, Any] | None = None
-    last_committed: dict[str, Any] | None = None
-    abort_reason: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tid": self.tid,
-            "producer_id": self.producer_id,
-            "epoch": self.epoch,
-            "state": self.state.value,
-            "timeout_ms": self.timeout_ms,
-            "txn": str(self.txn) if self.txn else None,
-            "start_ms": self.start_ms,
-            "updated_ms": self.updated_ms,
-            "participants": list(self.participants),
-            "metadata": self.metadata,
-            "last_committed": self.last_committed,
-            "abort_reason": self.abort_reason,
-        }
-
-    @classmethod
-    def from_json(cls, v: dict[str, Any]) -> TidState:
-        return cls(
-            v["tid"],
-            int(v["producer_id"]),
-            int(v["epoch"]),
-            CoordinatorState(v["state"]),
-            int(v["timeout_ms"]),
-            TxnId.parse(v["txn"]) if v.get("txn") else None,
-            int(v.get("start_ms", 0)),
-            int(v.get("updated_ms", 0)),
-            tuple(v.get("participants", ())),
-            v.get("metadata"),
-            v.get("last_committed"),
-            v.get("abort_reason"),
-        )
-
-    @property
-    def deadline_ms(self) -> int:
-        return self.start_ms + self.timeout_ms
-
-
-@dataclass(frozen=True, slots=True)
-class TxnStatus:
-    """What a reader needs to know about one transaction."""
-
-    txn: TxnId
-    #: Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort; None when only "finished"
-    #: is known (below the low watermark, outcome no longer kept: the partition's marker tells).
-    state: CoordinatorState | None
-    tid: str | None = None
-    start_ms: int = 0
-    timeout_ms: int = 0
-    #: participants of an open transaction (empty when only the final outcome is kept)
-    participants: tuple[str, ...] = ()
-
-    @property
-    def committed(self) -> bool:
-        return self.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT)
-
-    @property
-    def aborted(self) -> bool:
-        return self.state in (_C.PREPARE_ABORT, _C.COMPLETE_ABORT)
-
-    @property
-    def decided(self) -> bool:
-        return self.committed or self.aborted
-
-    @property
-    def finished(self) -> bool:
-        """Every participant has its marker."""
-        return self.state in (_C.COMPLETE_COMMIT, _C.COMPLETE_ABORT) or self.state is None
-
-
-def apply_action(current: TidState | None, action: dict[str, Any], coordinator: int, slot: int, ts: int) -> TidState:
-    """The state after ``action``; raises a named error if the action is not valid now.
-
-    Used by writers (to validate before persisting) and by replay (which wraps errors as corruption).
-    """
-    kind = action["action"]
-    tid = action["tid"]
-    if kind == "init":
-        check_coordinator_transition(tid, current.state if current else None, _C.EMPTY)
-        return TidState(
-            tid,
-            int(action["producer_id"]),
-            int(action["epoch"]),
-            _C.EMPTY,
-            int(action["timeout_ms"]),
-            None,
-            0,
-            ts,
-            (),
-            None,
-            current.last_committed
-            if current and current.producer_id == action["producer_id"]
-            else (current.last_committed if current else None),
-            None,
-        )
-    if current is None:
-        raise InvalidTxnStateError(f"transactional id {tid!r} has no producer: call init_transactions() first")
-    _check_epoch(current, action)
-    if kind == "begin":
-        check_coordinator_transition(tid, current.state, _C.ONGOING)
-        if current.state == _C.ONGOING:
-            raise InvalidTxnStateError(
-                f"transactional id {tid!r}: transaction {current.txn} is already ongoing; end it before "
-                "beginning another"
-            )
-        return replace(
-            current,
-            state=_C.ONGOING,
-            txn=TxnId(coordinator, slot),
-            start_ms=ts,
-            updated_ms=ts,
-            timeout_ms=int(action.get("timeout_ms", current.timeout_ms)),
-            participants=tuple(dict.fromkeys(action.get("participants", ()))),
-            metadata=None,
-            abort_reason=None,
-        )
-    _check_txn(current, action)
-    if kind == "add":
-        check_coordinator_transition(tid, current.state, _C.ONGOING)
-        merged = tuple(dict.fromkeys((*current.participants, *action["participants"])))
-        return replace(current, participants=merged, updated_ms=ts)
-    if kind == "prepare":
-        outcome = action["outcome"]
-        target = _C.PREPARE_COMMIT if outcome == "COMMIT" else _C.PREPARE_ABORT
-        if current.state.is_prepared and current.state != target:
-            raise InvalidTxnStateError(
-                f"transactional id {tid!r}: transaction {current.txn} is already {current.state.value}"
-                + (f" ({current.abort_reason})" if current.abort_reason else "")
-                + f"; it cannot move to {target.value}"
-            )
-        check_coordinator_transition(tid, current.state, target)
-        if current.state == target:
-            return current
-        new_epoch = int(action.get("new_epoch", current.epoch))
-        metadata = action.get("metadata")
-        return replace(
-            current,
-            state=target,
-            epoch=new_epoch,
-            updated_ms=ts,
-            metadata=metadata,
-            last_committed=metadata if target == _C.PREPARE_COMMIT and metadata is not None else current.last_committed,
-            abort_reason=action.get("reason") if target == _C.PREPARE_ABORT else None,
-        )
-    if kind == "complete":
-        target = _C.COMPLETE_COMMIT if current.state == _C.PREPARE_COMMIT else _C.COMPLETE_ABORT
-        check_coordinator_transition(tid, current.state, target)
-        return replace(current, state=target, epoch=current.epoch + 1, updated_ms=ts)
-    raise InvalidTxnStateError(f"unknown transaction log action {kind!r}")
-
-
-def _check_epoch(current: TidState, action: dict[str, Any]) -> None:
-    if "epoch" not in action:
-        return
-    pid, epoch = int(action.get("producer_id", current.producer_id)), int(action["epoch"])
-    if pid != current.producer_id or epoch != current.epoch:
-        if (
-            current.abort_reason == "timeout"
-            and current.txn is not None
-            and pid == current.producer_id
-            and epoch < current.epoch
-        ):
-            raise TransactionTimedOutError(
-                f"transactional id {current.tid!r}: transaction {current.txn} exceeded its timeout of "
-                f"{current.timeout_ms} ms and was aborted by another participant; this producer "
-                f"(id {pid}, epoch {epoch}) is fenced. Create a new producer and call init_transactions()."
-            )
-        raise ProducerFencedError(
-            f"transactional id {current.tid!r}: producer id {pid} epoch {epoch} is fenced by producer id "
-            f"{current.producer_id} epoch {current.epoch}. Another instance with the same transactional id "
-            "called init_transactions(); close this producer."
-        )
-
-
-def _check_txn(current: TidState, action: dict[str, Any]) -> None:
-    if "txn" in action and current.txn is not None and str(current.txn) != action["txn"]:
-        raise InvalidTxnStateError(
-            f"transactional id {current.tid!r}: request for transaction {action['txn']} but the current one "
-            f"is {current.txn} ({current.state.value})"
-        )
 
 
 #: A finished transactional id idle this long (coordinator log time) expires (Kafka's
@@ -283,21 +88,49 @@ def _expired(st: TidState, now: int) -> bool:
     return kept is None or kept.get(EPHEMERAL_KEY) is True
 
 
-class CoordinatorPartition:
-    """Replayed state of one coordinator partition; appends validated records. Thread-safe."""
+def _finished(before: TidState | None, after: TidState) -> list[tuple[TxnId, CoordinatorState]]:
+    """The transactions a step completed, with their final state: the current one reaching Complete*, or
+    the completing one leaving."""
+    out: list[tuple[TxnId, CoordinatorState]] = []
+    if (
+        before is not None
+        and before.completing is not None
+        and (after.completing is None or after.completing.txn != before.completing.txn)
+    ):
+        c = before.completing
+        out.append((c.txn, CoordinatorState.COMPLETE_COMMIT if c.committed else CoordinatorState.COMPLETE_ABORT))
+    complete = after.state in (CoordinatorState.COMPLETE_COMMIT, CoordinatorState.COMPLETE_ABORT)
+    if (
+        after.txn is not None
+        and complete
+        and (before is None or (before.txn, before.state) != (after.txn, after.state))
+    ):
+        out.append((after.txn, after.state))
+    return out
 
-    def __init__(self, storage: Storage, coordinator: int, clock: Callable[[], int]) -> None:
+
+class CoordinatorPartition:
+    """Replayed state of one coordinator partition; appends validated records. Thread-safe.
+
+    Invariants (:meth:`_check`): ``open_txns`` maps the sequence of every transaction that is not complete
+    (each id's current and completing ones) to its id, and nothing else; ``outcomes`` holds at most
+    :data:`RECENT_OUTCOMES` final states; every transaction id's sequence is below ``next_slot``.
+    """
+
+    def __init__(self, storage: Storage, coordinator: int, clock: Clock | None = None) -> None:
         self.storage = storage
         self.coordinator = coordinator
         self.slots = SlotLog(storage, paths.coordinator_log(coordinator))
-        self.clock = clock
+        self.clock: Clock = clock or system_clock
+        self._monotonic = monotonic(clock)
         self._lock = threading.RLock()
         self.next_slot = -1  # -1: not loaded yet
         self.tids: dict[str, TidState] = {}
         self.open_txns: SortedDict = SortedDict()  # sequence -> tid, transactions not complete
         self.outcomes: OrderedDict[int, CoordinatorState] = OrderedDict()  # sequence -> final state
         self._snapshot_slot = 0
-        self._last_refresh = time.monotonic()
+        self._snapshotting = False
+        self._last_refresh = self._monotonic()
         #: coordinator log time: the newest record timestamp applied; finished ids expire by it
         self.log_time_ms = 0
 
@@ -321,8 +154,8 @@ class CoordinatorPartition:
         self.tids = {t["tid"]: TidState.from_json(t) for t in snap["tids"]}
         self.open_txns = SortedDict()
         for st in self.tids.values():
-            if st.txn is not None and not st.state.is_complete:
-                self.open_txns[st.txn.sequence] = st.tid
+            for txn in st.open_txns():
+                self.open_txns[txn.sequence] = st.tid
         self.outcomes = OrderedDict((int(s), CoordinatorState(v)) for s, v in snap["outcomes"])
         self.log_time_ms = int(snap.get("log_time_ms", max((t.updated_ms for t in self.tids.values()), default=0)))
 
@@ -341,8 +174,9 @@ class CoordinatorPartition:
                     break
                 self._apply_record(self.next_slot, data)
                 self.next_slot += 1
-            if self.next_slot - self._snapshot_slot >= SNAPSHOT_EVERY:
-                opportunistic(self.storage, "coordinator snapshot", self._write_snapshot)
+            snapshot = self._snapshot_due()
+        if snapshot is not None:
+            self._maintain(snapshot)
 
     def _current_enough(self) -> bool:
         """Whether an append may create at ``next_slot`` without first reading it (PROTOCOL.md "Transaction
@@ -350,12 +184,12 @@ class CoordinatorPartition:
         was free. Then a record another writer put there since is younger than the compaction age, so
         it still exists and the create itself reports the conflict (and the append replays and retries);
         a slot reused after compaction cannot happen."""
-        return self.next_slot >= 0 and time.monotonic() - self._last_refresh < COMPACTION_MIN_AGE_MS / 2000
+        return self.next_slot >= 0 and self._monotonic() - self._last_refresh < COMPACTION_MIN_AGE_MS / 2000
 
     def _compacted_past_us(self) -> bool:
         """Whether compaction deleted slots this view has not applied yet (only possible when the view
         was idle for longer than half the compaction age; see PROTOCOL.md "Compaction")."""
-        now = time.monotonic()
+        now = self._monotonic()
         idle, self._last_refresh = now - self._last_refresh, now
         if idle < COMPACTION_MIN_AGE_MS / 2000:
             return False
@@ -365,18 +199,29 @@ class CoordinatorPartition:
 
     def _apply_record(self, slot: int, data: bytes) -> None:
         key = self.slots.key(slot)
-        record = envelope.decode(data, key, envelope.ObjectKind.COORDINATOR_RECORD).json(key)
+        record = Record.from_json(envelope.decode(data, key, envelope.ObjectKind.COORDINATOR_RECORD).json(key), key)
         try:
-            self._apply_actions(slot, record)
+            steps = self._fold(record.actions, slot, record.ts)
         except TxnLogError as exc:
             raise CorruptDataError(f"{key}: record is not a valid transition: {exc}", key) from exc
+        self._commit(steps, record.ts)
 
-    def _apply_actions(self, slot: int, record: dict[str, Any]) -> None:
-        ts = int(record["ts"])
-        for action in record["actions"]:
-            tid = action["tid"]
-            before = self.tids.get(tid)
-            after = apply_action(before, action, self.coordinator, slot, ts)
+    def _fold(self, actions: Sequence[Action], slot: int, ts: int) -> list[tuple[str, TidState | None, TidState]]:
+        """The steps ``actions`` in a record at ``slot`` make, computed without changing anything: ``(tid,
+        before, after)`` per action, in order. Raises if an action is not valid."""
+        steps: list[tuple[str, TidState | None, TidState]] = []
+        states: dict[str, TidState | None] = {}
+        for action in actions:
+            before = states[action.tid] if action.tid in states else self.tids.get(action.tid)
+            after = apply(before, action, self.coordinator, slot, ts)
+            steps.append((action.tid, before, after))
+            states[action.tid] = after
+        return steps
+
+    def _commit(self, steps: list[tuple[str, TidState | None, TidState]], ts: int) -> None:
+        """Make the steps of a durable record (replayed or just created) the state: per action, as replay
+        does, so a completion folded into a later action keeps its outcome."""
+        for tid, before, after in steps:
             self._index(before, after)
             self.tids[tid] = after
         self._advance_time(ts)
@@ -395,23 +240,43 @@ class CoordinatorPartition:
             del self.tids[tid]
 
     def _index(self, before: TidState | None, after: TidState) -> None:
-        if before is not None and before.txn is not None and before.txn != after.txn:
-            self.open_txns.pop(before.txn.sequence, None)
-        if after.txn is None:
-            return
-        seq = after.txn.sequence
-        if after.state.is_complete:
-            if self.open_txns.pop(seq, None) is not None or seq not in self.outcomes:
-                self.outcomes[seq] = after.state
-                while len(self.outcomes) > RECENT_OUTCOMES:
-                    self.outcomes.popitem(last=False)
-        else:
+        """Keep ``open_txns`` and ``outcomes`` in step with one transition of one id."""
+        still_open = {t.sequence for t in after.open_txns()}
+        if before is not None:
+            for txn in before.open_txns():
+                if txn.sequence not in still_open:
+                    self.open_txns.pop(txn.sequence, None)
+        for seq in still_open:
             self.open_txns[seq] = after.tid
+        for txn, final in _finished(before, after):
+            self.outcomes[txn.sequence] = final
+            while len(self.outcomes) > RECENT_OUTCOMES:
+                self.outcomes.popitem(last=False)
+
+    def _check(self) -> None:
+        """Assert the invariants (the randomised model test calls it after every step)."""
+        with self._lock:
+            expected = {txn.sequence: st.tid for st in self.tids.values() for txn in st.open_txns()}
+            assert dict(self.open_txns) == expected, (dict(self.open_txns), expected)
+            for st in self.tids.values():
+                st.check()
+                for txn in (st.txn, st.completing.txn if st.completing else None):
+                    assert txn is None or (txn.coordinator == self.coordinator and txn.sequence < self.next_slot), st
+            assert len(self.outcomes) <= RECENT_OUTCOMES
+            assert 0 <= self._snapshot_slot <= max(self.next_slot, 0)
 
     # --- snapshots ------------------------------------------------------------------------------
 
-    def _write_snapshot(self) -> None:
-        snap = {
+    def _snapshot_due(self) -> dict[str, Any] | None:
+        """Under the lock: the snapshot to write now (the log grew :data:`SNAPSHOT_EVERY` records past the
+        newest one), or None. Claims the slot so one thread of this process writes it."""
+        if self._snapshotting or self.next_slot - self._snapshot_slot < SNAPSHOT_EVERY:
+            return None
+        self._snapshotting = True
+        return self._snapshot_value()
+
+    def _snapshot_value(self) -> dict[str, Any]:
+        return {
             "coordinator": self.coordinator,
             "next_slot": self.next_slot,
             "low_watermark": self.low_watermark(),
@@ -420,34 +285,50 @@ class CoordinatorPartition:
             "log_time_ms": self.log_time_ms,
             "time_ms": self.clock(),
         }
+
+    def _write_snapshot(self, snap: dict[str, Any]) -> None:
+        """Write ``snap`` (taken under the lock) and delete snapshots beyond the newest two. Runs outside
+        the lock: a slow store delays no append."""
         prefix = paths.coordinator_snapshots(self.coordinator)
-        key = prefix + paths.slot_name(self.next_slot)
-        envelope.create_json(self.storage, key, envelope.ObjectKind.COORDINATOR_SNAPSHOT, snap)
-        get_logger("txnlog.snapshots").info("coordinator snapshot %s written", key)
-        self._snapshot_slot = self.next_slot
+        key = prefix + paths.slot_name(int(snap["next_slot"]))
+        try:
+            envelope.create_json(self.storage, key, envelope.ObjectKind.COORDINATOR_SNAPSHOT, snap)
+        except ObjectExistsError:
+            pass  # another participant wrote the snapshot of the same slot: the same state
+        else:
+            get_logger("txnlog.snapshots").info("coordinator snapshot %s written", key)
+        with self._lock:
+            self._snapshot_slot = max(self._snapshot_slot, int(snap["next_slot"]))
         names = sorted(n for n in self.storage.list(prefix) if not n.endswith("/"))
         for name in names[:-SNAPSHOTS_KEPT]:
             self.storage.delete(prefix + name)
 
-    def _snapshot_after_append(self) -> None:
-        """Snapshot maintenance after a record landed: it never turns the committed append into a failure."""
+    def _maintain(self, snap: dict[str, Any]) -> None:
+        """Snapshot maintenance after a record landed or was replayed, outside the lock. Whatever fails
+        here is logged and never turns a committed append or a read into a reported failure: the next
+        participant tries again."""
         try:
-            self._write_snapshot()
-        except StorageError as exc:
+            opportunistic(self.storage, "coordinator snapshot", lambda: self._write_snapshot(snap))
+        except Exception as exc:
             get_logger("txnlog.snapshots").warning(
-                "coordinator %d: snapshot at slot %d not written (%s); the next writer tries again",
+                "coordinator %d: snapshot at slot %s not written (%s); the next participant tries again",
                 self.coordinator,
-                self.next_slot,
+                snap["next_slot"],
                 exc,
             )
+        finally:
+            with self._lock:
+                self._snapshotting = False
 
     def snapshot_now(self) -> int:
         """Write a snapshot at the current tail (maintenance); returns its slot."""
         with self._lock:
             self.refresh()
-            if self._snapshot_slot != self.next_slot:
-                self._write_snapshot()
-            return self.next_slot
+            if self._snapshot_slot == self.next_slot:
+                return self.next_slot
+            snap = self._snapshot_value()
+        self._write_snapshot(snap)
+        return int(snap["next_slot"])
 
     def compact(self, min_age_ms: int = COMPACTION_MIN_AGE_MS) -> int:
         """Delete log slots below the newest snapshot that are older than ``min_age_ms``; returns count."""
@@ -480,6 +361,14 @@ class CoordinatorPartition:
         with self._lock:
             return self.tids.get(tid)
 
+    def prepared(self, txn: TxnId) -> TidState | None:
+        """The decided, incomplete transaction ``txn`` as its completer sees it (state, epoch,
+        participants), whether it is its id's current or completing one; None otherwise."""
+        with self._lock:
+            tid = self.open_txns.get(txn.sequence)
+            st = self.tids.get(tid) if tid is not None else None
+            return st.prepared(txn) if st is not None else None
+
     def status(self, txn: TxnId) -> TxnStatus | None:
         """The status of ``txn`` as of the last refresh; None if this view has not seen it yet."""
         with self._lock:
@@ -489,63 +378,67 @@ class CoordinatorPartition:
             tid = self.open_txns.get(seq)
             if tid is not None:
                 st = self.tids[tid]
-                return TxnStatus(txn, st.state, tid, st.start_ms, st.timeout_ms, st.participants)
+                if st.txn == txn:
+                    return TxnStatus(txn, st.state, tid, st.start_ms, st.timeout_ms, st.participants)
+                c = st.completing
+                if c is not None and c.txn == txn:
+                    return TxnStatus(txn, c.state, tid, 0, st.timeout_ms, c.participants)
             final = self.outcomes.get(seq)
             if final is not None:
                 return TxnStatus(txn, final)
             return TxnStatus(txn, None)
 
     def open_states(self) -> list[TidState]:
+        """Every transaction that is not complete, as its id's state (a completing one as its completer
+        sees it, :meth:`TidState.prepared`), oldest first."""
         with self._lock:
-            return [self.tids[t] for t in self.open_txns.values()]
+            out = []
+            for seq, tid in self.open_txns.items():
+                st = self.tids[tid]
+                if st.txn is not None and st.txn.sequence == seq:
+                    out.append(st)
+                elif st.completing is not None:
+                    view = st.prepared(st.completing.txn)
+                    if view is not None:
+                        out.append(view)
+            return out
 
     # --- append ---------------------------------------------------------------------------------
 
-    def append(self, tid: str, build: Callable[[TidState | None], Iterable[dict[str, Any]] | None]) -> TidState | None:
+    def append(self, tid: str, build: Callable[[TidState | None], Sequence[Action] | None]) -> TidState | None:
         """Append the actions ``build(current state)`` returns, validated against the latest state.
 
         ``build`` is called again after every lost race with the then-current state; it may raise (e.g.
-        the producer was fenced meanwhile) or return None (nothing to do any more). Returns the new state.
+        the producer was fenced meanwhile) or return None or nothing (nothing to do any more). Returns the
+        id's new state. Snapshot maintenance runs after the record landed and cannot fail the append.
         """
+        snapshot: dict[str, Any] | None = None
         with self._lock:
             if not self._current_enough():
                 self.refresh()
             while True:
                 current = self.tids.get(tid)
                 actions = build(current)
-                if actions is None:
-                    return current
-                actions = list(actions)
                 if not actions:
                     return current
                 ts = self.clock()
-                after = current
-                steps: list[tuple[TidState | None, TidState]] = []
-                for action in actions:
-                    before, after = after, apply_action(after, action, self.coordinator, self.next_slot, ts)
-                    steps.append((before, after))
-                record = {"ts": ts, "actions": actions}
-                header, payload = envelope.encode_json(envelope.ObjectKind.COORDINATOR_RECORD, record)
+                steps = self._fold(actions, self.next_slot, ts)
+                record = Record(ts, tuple(actions))
+                header, payload = envelope.encode_json(envelope.ObjectKind.COORDINATOR_RECORD, record.to_json())
                 try:
                     create_resolving(self.storage, self.slots.key(self.next_slot), [header, payload], header)
                 except ObjectExistsError:
                     self.refresh()
                     continue
-                if after is None:  # unreachable: at least one action was applied
-                    raise InvalidTxnStateError(f"transactional id {tid!r}: no state after {actions}")
-                for before, step in steps:  # per action, as replay does: a folded complete keeps its outcome
-                    self._index(before, step)
-                self.tids[tid] = after
-                self._advance_time(ts)
+                self._commit(steps, ts)
                 self.next_slot += 1
-                self._last_refresh = time.monotonic()  # the slot was free: nothing older was compacted away
-                if self.next_slot - self._snapshot_slot >= SNAPSHOT_EVERY:
-                    self._snapshot_after_append()
-                return after
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
+                self._last_refresh = self._monotonic()  # the slot was free: nothing older was compacted away
+                snapshot = self._snapshot_due()
+                after = self.tids.get(tid)
+                break
+        if snapshot is not None:
+            self._maintain(snapshot)
+        return after
 
 
 @dataclass
@@ -554,7 +447,7 @@ class CoordinatorViews:
 
     storage: Storage
     count: int
-    clock: Callable[[], int] = wall_clock_ms
+    clock: Clock = system_clock
     _views: dict[int, CoordinatorPartition] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -565,3 +458,10 @@ class CoordinatorViews:
                 view = CoordinatorPartition(self.storage, coordinator, self.clock)
                 self._views[coordinator] = view
             return view
+
+    def check(self) -> None:
+        """Every loaded view's invariants (:meth:`CoordinatorPartition._check`)."""
+        with self._lock:
+            views = list(self._views.values())
+        for view in views:
+            view._check()

@@ -1,51 +1,63 @@
-"""The producer: idempotent by default, transactional with a transactional id (PROTOCOL.md "Producing").
+"""The producer: idempotent by default, transactional with a transactional id (PROTOCOL.md "Transactions").
 
 Idempotence: every producer has a unique producer id; each entry it appends carries ``(producer id,
-epoch, base sequence)`` with a sequence per partition. An append whose outcome is unknown stays pending
-with its writer id and payload; the next :meth:`Producer.flush` retries exactly that append, which the
-partition log resolves to the same slot if it had landed. A duplicate that lands anyway is skipped by
-readers (same producer, epoch and sequence).
+epoch, base sequence)`` with a sequence per partition. An append whose outcome is unknown stays in flight
+with its writer id and payload (:mod:`txn_core.producer.accumulator`); the next :meth:`Producer.flush`
+retries exactly that append, which the partition log resolves to the same slot if it had landed. A
+duplicate that lands anyway is skipped by readers (same producer, epoch and sequence).
 
 Transactions: ``init_transactions`` fences older instances; ``begin_transaction`` is local; the first
 flush to a partition registers it with the coordinator before writing (``begin``/``add`` record);
 ``commit_transaction`` flushes and persists PrepareCommit (the commit point: from here the transaction
-is visible to read_committed readers on every partition at once) and returns; the markers and
-CompleteCommit are written by a background thread while the application prepares the next transaction,
-whose first coordinator request waits for them. ``close()`` and ``wait_for_completion()`` wait too; if
-the process dies first, the next participant completes the transaction (PROTOCOL.md "Recovery").
-The epoch is bumped by every completion (KIP-890), so a delayed write or end request of a finished
+is visible to read_committed readers on every partition at once) and returns. The markers and the
+Complete record follow off the critical path (:mod:`txn_core.producer.completion`): the Complete rides on
+the producer's next record once the markers are durable, and the next ``begin`` never waits for them.
+Every transaction runs at a fresh epoch (KIP-890), so a delayed write or end request of a finished
 transaction cannot touch the next one.
+
+Client states change only through :meth:`Producer._transition` (the table in
+``txn_core/coordinator/states.py``), errors included: an abortable error (``commit_transaction`` refuses,
+``abort_transaction`` works) or a fatal one (fenced: close the producer).
+
+A failed ``commit_transaction`` says what is known: :class:`CommitFailedError` (certainly not committed:
+call it again, it resumes, or abort) or :class:`CommitStateUnknownError` (the decision may be durable:
+call it again to learn; never treat the transaction as aborted).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import threading
-import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from txn_core import offsets_fence, paths
-from txn_core.coordinator.states import ClientState, CoordinatorState, check_client_transition
+from txn_core.coordinator.states import ClientState, check_client_transition
 from txn_core.coordinator.txnlog import TidState
-from txn_core.entry import EntryKind, crc32, encode_arrow
+from txn_core.entry import EntryKind, Payload
 from txn_core.errors import (
+    CommitFailedError,
+    CommitStateUnknownError,
     ConfigurationError,
     InvalidTxnStateError,
+    ObjectExistsError,
     ProducerClosedError,
     ProducerFencedError,
     StorageError,
     TxnLogError,
+    UnknownOutcomeError,
 )
 from txn_core.ids import TopicPartition, TxnId, validate_name
+from txn_core.logs import get_logger
 from txn_core.parallel import submit
 from txn_core.partition import AppendResult
+from txn_core.producer.accumulator import PartitionBuffer
+from txn_core.producer.completion import Completions, PendingCompletion
 from txn_core.routing import split_by_key
 from txn_core.schema import conform
 from txn_core.staging import StagedRef, reference_payload
@@ -57,33 +69,9 @@ if TYPE_CHECKING:
 _S = ClientState
 DEFAULT_BATCH_BYTES = 4 << 20
 MAX_ENTRY_BYTES = 64 << 20
+logger = get_logger("txnlog.producer")
 
-
-@dataclass
-class _Pending:
-    """Data buffered for one partition log, and an append whose outcome is not known yet."""
-
-    tables: list[pa.Table] = field(default_factory=list)
-    nbytes: int = 0
-    rows: int = 0
-    inflight: tuple[bytes, pa.Buffer, int, int] | None = None  # writer id, payload, rows, sequence
-
-
-#: How long a decided transaction waits for the next one to carry its Complete record.
-COMPLETE_LINGER_S = 0.2
-
-
-@dataclass
-class _PendingCompletion:
-    """The second phase of a decided transaction, run by the producer's background thread."""
-
-    prepared: TidState
-    future: Future[None] | None = None
-    claimed: threading.Event = field(default_factory=threading.Event)
-    markers_written: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    completed: TidState | None = None
-    folded: bool = False
+Offsets = dict[tuple[str, int] | TopicPartition, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,17 +109,17 @@ class Producer:
         self.transaction_timeout_ms = transaction_timeout_ms
         self.batch_bytes = min(batch_bytes, MAX_ENTRY_BYTES)
         self._lock = threading.RLock()
-        self._pending: dict[str, _Pending] = {}
+        self._buffers: dict[str, PartitionBuffer] = {}
         self._schemas: dict[str, pa.Schema] = {}
         self._sequences: dict[str, int] = {}
         self._rr = itertools.count()
         self._pool: ThreadPoolExecutor | None = None
-        self._completer: ThreadPoolExecutor | None = None
-        self._pending_completion: _PendingCompletion | None = None
+        self._completions = Completions(lambda: self.log.coordinator)
         self._results: list[RecordMetadata] = []
         self.producer_id = -1
         self.epoch = 0
-        # transactional state
+        #: the epoch the next transaction begins at: the current epoch, or a decided one's plus one
+        self._next_epoch = 0
         self._state = _S.UNINITIALIZED if transactional_id else _S.READY
         self._txn: TxnId | None = None
         self._participants: set[str] = set()
@@ -139,7 +127,7 @@ class Producer:
         if transactional_id is None:
             from txn_core.pidalloc import allocate_producer_id
 
-            self.producer_id = allocate_producer_id(log.storage)
+            self.producer_id = allocate_producer_id(log.storage, clock=log.clock)
 
     # --- state ----------------------------------------------------------------------------------
 
@@ -153,20 +141,53 @@ class Producer:
         return self._txn
 
     def _transition(self, target: ClientState) -> None:
+        """The one way the client state changes (the table in ``states.py``). Called by the thread that
+        holds the producer's lock, or by a pool thread working for it while it waits (no lock taken)."""
         check_client_transition(self.transactional_id, self._state, target)
         self._state = target
+
+    def _fatal(self, exc: BaseException) -> None:
+        """Fenced or failed for good: every later call but ``close`` raises."""
+        self._error = exc
+        logger.warning("producer %s: fatal error, close it: %s", self.transactional_id, exc)
+        self._transition(_S.FATAL_ERROR)
+
+    def _abortable(self, exc: BaseException) -> None:
+        """The transaction failed: ``commit_transaction`` refuses, ``abort_transaction`` works."""
+        self._error = exc
+        logger.info("producer %s: transaction %s must be aborted: %s", self.transactional_id, self._txn, exc)
+        self._transition(_S.ABORTABLE_ERROR)
 
     def _require_open(self) -> None:
         if self._state == _S.CLOSED:
             raise ProducerClosedError(f"producer {self.transactional_id or self.producer_id} is closed")
         if self._state == _S.FATAL_ERROR:
             raise ProducerFencedError(
-                f"producer {self.transactional_id!r} is in a fatal state ({self._error}); close it and create a new one"
+                f"producer {self.transactional_id!r} is in a fatal state ({self._error}); close it and create "
+                "a new one",
+                transactional_id=self.transactional_id,
+                producer_id=self.producer_id,
+                epoch=self.epoch,
             ) from self._error
 
-    def _fatal(self, exc: BaseException) -> None:
-        self._error = exc
-        self._state = _S.FATAL_ERROR
+    def _require_transactional(self, what: str) -> None:
+        if self.transactional_id is None:
+            raise InvalidTxnStateError(f"{what}() needs a transactional producer: Log.producer(transactional_id='...')")
+
+    def _require_in_transaction(self, what: str) -> None:
+        if self.transactional_id is not None and self._state != _S.IN_TRANSACTION:
+            if self._state == _S.UNINITIALIZED:
+                raise InvalidTxnStateError(
+                    f"transactional id {self.transactional_id!r}: call init_transactions() before {what}()",
+                    transactional_id=self.transactional_id,
+                    current=self._state.value,
+                )
+            raise InvalidTxnStateError(
+                f"transactional id {self.transactional_id!r}: {what}() needs an open transaction "
+                f"(state {self._state.value}); call begin_transaction() first",
+                transactional_id=self.transactional_id,
+                current=self._state.value,
+            )
 
     # --- transactions ---------------------------------------------------------------------------
 
@@ -176,10 +197,13 @@ class Producer:
             self._require_transactional("init_transactions")
             self._require_open()
             self._transition(_S.INITIALIZING)
-            with contextlib.suppress(TxnLogError):
-                self._await_completion()  # init_producer below finishes whatever is left
+            try:
+                self._completions.finish()
+            except TxnLogError as exc:  # init_producer below finishes whatever is left
+                logger.info("producer %s: previous transaction left to init: %s", self.transactional_id, exc)
             state = self.log.coordinator.init_producer(self.transactional_id or "", self.transaction_timeout_ms)
             self.producer_id, self.epoch = state.producer_id, state.epoch
+            self._next_epoch = state.epoch
             self._sequences.clear()
             self._transition(_S.READY)
 
@@ -190,14 +214,10 @@ class Producer:
             self._transition(_S.IN_TRANSACTION)
             self._txn = None
             self._participants = set()
-            self._pending.clear()
+            self._buffers.clear()
 
     def send_offsets_to_transaction(
-        self,
-        offsets: dict[tuple[str, int] | TopicPartition, int],
-        group_id: str,
-        *,
-        start_offsets: dict[tuple[str, int] | TopicPartition, int] | None = None,
+        self, offsets: Offsets, group_id: str, *, start_offsets: Offsets | None = None
     ) -> None:
         """Commit consumer-group offsets atomically with this transaction (visible only if it commits).
 
@@ -209,29 +229,19 @@ class Producer:
         with self._lock:
             self._require_transactional("send_offsets_to_transaction")
             self._require_open()
-            if self._state != _S.IN_TRANSACTION:
-                raise InvalidTxnStateError(
-                    f"transactional id {self.transactional_id!r}: send_offsets_to_transaction needs an open "
-                    f"transaction (state {self._state.value}); call begin_transaction() first"
-                )
+            self._require_in_transaction("send_offsets_to_transaction")
             validate_name("group", group_id)
             table = self.log.groups.offsets_table(offsets)
-            path = paths.group_log_path(group_id)
-            self._ensure_registered([path])
+            self._ensure_registered([paths.group_log_path(group_id)])
             self._write_offsets(group_id, table, offsets, start_offsets)
 
-    def _write_offsets(
-        self,
-        group_id: str,
-        table: pa.Table,
-        offsets: dict[tuple[str, int] | TopicPartition, int],
-        start_offsets: dict[tuple[str, int] | TopicPartition, int] | None,
-    ) -> None:
+    def _write_offsets(self, group_id: str, table: pa.Table, offsets: Offsets, start_offsets: Offsets | None) -> None:
         """Append the group's offsets entry (its log registered already) and, with ``start_offsets``, claim
         the start in parallel (PROTOCOL.md "Offsets fence"). May run on a pool thread: takes no lock."""
         path = paths.group_log_path(group_id)
+        payload = Payload.of_arrow(table.to_batches(), table.schema)
         if start_offsets is None:
-            self._append_data(path, table, sequence=False)
+            self._append(path, payload, table.num_rows)
             return
         txn = self._txn
         if txn is None:  # pragma: no cover - registration always yields a transaction id
@@ -243,13 +253,12 @@ class Producer:
             )
         )
         try:
-            self._append_data(path, table, sequence=False)
+            self._append(path, payload, table.num_rows)
         finally:
             try:
                 fence.result()
             except TxnLogError as exc:
-                self._state = _S.ABORTABLE_ERROR
-                self._error = exc
+                self._abortable(exc)
                 raise
 
     def append_to_transaction(
@@ -272,36 +281,25 @@ class Producer:
         with self._lock:
             self._require_transactional("append_to_transaction")
             self._require_open()
-            if self._state != _S.IN_TRANSACTION:
-                raise InvalidTxnStateError(
-                    f"transactional id {self.transactional_id!r}: append_to_transaction needs an open "
-                    f"transaction (state {self._state.value}); call begin_transaction() first"
-                )
+            self._require_in_transaction("append_to_transaction")
             self._ensure_registered([path])
             try:
-                result = self.log.partition_log(path).append(
-                    EntryKind.DATA,
-                    payload,
-                    len(payload),
-                    crc32(payload),
-                    record_count,
-                    producer_id=self.producer_id,
-                    producer_epoch=self.epoch,
-                    txn=self._txn,
-                )
+                result = self._append(path, Payload.of(payload), record_count)
                 if check is not None:
                     check(self._txn, result)
             except TxnLogError as exc:
-                self._state = _S.ABORTABLE_ERROR
-                self._error = exc
+                self._abortable(exc)
                 raise
             return result
 
     def commit_transaction(self, metadata: dict[str, Any] | None = None) -> None:
-        """Commit: flush, persist PrepareCommit (the commit point), write markers, persist CompleteCommit.
+        """Commit: flush, persist PrepareCommit (the commit point) and return; markers and CompleteCommit
+        follow in the background.
 
         ``metadata`` (JSON) is stored with the decision and readable afterwards as
-        ``Log.transaction_metadata(transactional_id)``: the Spark sink keeps its batch id there.
+        ``Log.transaction_metadata(transactional_id)``: the Spark sink keeps its batch id there. Storage
+        failures raise :class:`CommitFailedError` (not committed; call again to resume, or abort) or
+        :class:`CommitStateUnknownError` (the decision may be durable; call again to learn it).
         """
         with self._lock:
             self._require_transactional("commit_transaction")
@@ -309,152 +307,159 @@ class Producer:
             if self._state == _S.ABORTABLE_ERROR:
                 raise InvalidTxnStateError(
                     f"transactional id {self.transactional_id!r}: the transaction failed ({self._error}); "
-                    "call abort_transaction()"
+                    "call abort_transaction()",
+                    transactional_id=self.transactional_id,
+                    current=self._state.value,
                 ) from self._error
             self._transition(_S.COMMITTING)
             try:
-                self._flush_locked()
-                if self._txn is None and metadata is not None:
-                    self._begin_remote([])
+                try:
+                    self._flush_locked()
+                    if self._txn is None and metadata is not None:
+                        self._begin_remote([])
+                except ObjectExistsError:
+                    raise
+                except (UnknownOutcomeError, StorageError) as exc:
+                    raise CommitFailedError(
+                        f"transactional id {self.transactional_id!r}: the transaction was not committed: its "
+                        f"writes did not all complete ({exc}). Call commit_transaction() again (it resumes the "
+                        "writes) or abort_transaction().",
+                        transactional_id=self.transactional_id,
+                    ) from exc
                 if self._txn is not None:
-                    state = self.log.coordinator.end(
-                        self.transactional_id or "",
-                        self.producer_id,
-                        self.epoch,
-                        self._txn,
-                        True,
-                        metadata,
-                        complete=False,
-                    )
-                    self._after_decision(state)
+                    self._decide(True, metadata)
             except ProducerFencedError as exc:
                 self._fatal(exc)
                 raise
             except StorageError:
-                raise  # outcome unknown: commit_transaction() may be retried, or the transaction aborted
+                raise  # state stays Committing: commit_transaction() may be called again, or abort
             except TxnLogError as exc:
-                self._state = _S.ABORTABLE_ERROR
-                self._error = exc
+                self._abortable(exc)
                 raise
             self._transition(_S.READY)
 
     def abort_transaction(self) -> None:
-        """Abort: drop buffered data; if anything reached the coordinator, persist PrepareAbort, markers,
-        CompleteAbort."""
+        """Abort: drop buffered data; if anything reached the coordinator, persist PrepareAbort (markers and
+        CompleteAbort follow in the background)."""
         with self._lock:
             self._require_transactional("abort_transaction")
             self._require_open()
             self._transition(_S.ABORTING)
-            self._pending.clear()
+            self._buffers.clear()
             try:
                 if self._txn is not None:
-                    state = self.log.coordinator.end(
-                        self.transactional_id or "", self.producer_id, self.epoch, self._txn, False, complete=False
-                    )
-                    self._after_decision(state)
+                    self._decide(False, None)
             except ProducerFencedError as exc:
                 self._fatal(exc)
                 raise
             self._transition(_S.READY)
 
-    def _after_decision(self, state: TidState) -> None:
-        """The decision is durable: write the markers in the background (second phase).
-
-        The Complete* record is deferred: the next transaction's ``begin`` carries it (one record for
-        both, :meth:`TransactionCoordinator.complete_and_begin`), or, if no transaction begins within
-        :data:`COMPLETE_LINGER_S`, the background thread writes it alone. ``close()`` and
-        ``wait_for_completion()`` finish it at once.
-        """
-        if state.state.is_prepared:
-            if self._completer is None:
-                self._completer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txnlog-completer")
-            pending = _PendingCompletion(state)
-            pending.future = self._completer.submit(self._second_phase, pending)
-            self._pending_completion = pending
-            self._txn = None
-            self._participants = set()
-        else:
-            self._after_end(state)
-
-    def _second_phase(self, pending: _PendingCompletion) -> None:
-        self.log.coordinator.write_markers(pending.prepared)
-        pending.markers_written.set()
-        if pending.claimed.wait(COMPLETE_LINGER_S):
-            return  # the next begin (or close) completes it
-        with pending.lock:
-            if pending.completed is None and not pending.folded:
-                pending.completed = self.log.coordinator.complete(pending.prepared, markers_written=True)
-
-    def _take_completion(self, begin_participants: list[str] | None = None) -> TidState | None:
-        """Finish the previous transaction's second phase; with ``begin_participants``, begin the next
-        transaction in the same record. Returns the begun state (or None)."""
-        pending = self._pending_completion
-        if pending is None:
-            return None
-        pending.claimed.set()
+    def _decide(self, commit: bool, metadata: dict[str, Any] | None) -> None:
+        """Persist the decision on the current transaction (folding completed predecessors into the same
+        record); then its second phase runs in the background."""
+        txn = self._txn
+        if txn is None:  # pragma: no cover
+            return
         try:
-            if pending.future is not None:
-                pending.future.result()  # the markers are written (or this raises)
-            with pending.lock:
-                if pending.completed is None and begin_participants is not None:
-                    pending.folded = True
-                    begun = self.log.coordinator.complete_and_begin(
-                        pending.prepared, self.transaction_timeout_ms, begin_participants
-                    )
-                    self._pending_completion = None
-                    self._sequences.clear()
-                    self.epoch = begun.epoch
-                    return begun
-                if pending.completed is None:
-                    pending.completed = self.log.coordinator.complete(pending.prepared, markers_written=True)
-                done = pending.completed
-        except TxnLogError:
-            done = self.log.coordinator.complete(pending.prepared)  # retry the whole second phase once
-        self._pending_completion = None
-        self._after_end(done)
-        return None
-
-    def _await_completion(self) -> None:
-        """Wait for the previous transaction's markers and Complete record; adopt the bumped epoch."""
-        self._take_completion()
-
-    def wait_for_markers(self) -> None:
-        """Block until the last decided transaction's markers are in every partition it wrote. Its
-        Complete record may still be pending: the next ``begin`` carries it, or ``close()`` writes it."""
-        with self._lock:
-            pending = self._pending_completion
-            if pending is None or pending.future is None:
-                return
-            while not pending.markers_written.wait(0.05):
-                if pending.future.done():
-                    if pending.future.exception() is not None:
-                        self._take_completion()  # retries the whole second phase once, or raises
-                    return
-
-    def wait_for_completion(self) -> None:
-        """Block until every decided transaction of this producer has all its markers written."""
-        with self._lock:
-            self._await_completion()
-
-    def _after_end(self, state: TidState) -> None:
-        if state.producer_id != self.producer_id:
-            raise ProducerFencedError(f"transactional id {self.transactional_id!r}: fenced")
-        if state.state in (CoordinatorState.COMPLETE_COMMIT, CoordinatorState.COMPLETE_ABORT):
-            self.epoch = state.epoch
-            self._sequences.clear()
+            state = self._with_completions(
+                lambda done: self.log.coordinator.end(
+                    self.transactional_id or "",
+                    self.producer_id,
+                    self.epoch,
+                    txn,
+                    commit,
+                    metadata,
+                    complete=False,
+                    completed=done,
+                )
+            )
+        except UnknownOutcomeError as exc:
+            raise CommitStateUnknownError(
+                f"transactional id {self.transactional_id!r}: the decision on transaction {txn} may or may not "
+                f"be durable ({exc}). Call {'commit' if commit else 'abort'}_transaction() again to learn it "
+                "(it is idempotent); do not assume either outcome.",
+                transactional_id=self.transactional_id,
+            ) from exc
+        except StorageError as exc:
+            if commit and not isinstance(exc, ObjectExistsError):
+                raise CommitFailedError(
+                    f"transactional id {self.transactional_id!r}: transaction {txn} was not committed: the "
+                    f"store refused its decision ({exc}). Call commit_transaction() again or abort_transaction().",
+                    transactional_id=self.transactional_id,
+                ) from exc
+            raise
+        self._check_not_fenced(state)
+        if state.state.is_prepared and state.txn == txn:
+            self._completions.start(state)
+            self._next_epoch = state.epoch + 1
+        elif state.state.is_complete and state.txn == txn:
+            self._next_epoch = state.epoch
         self._txn = None
         self._participants = set()
 
-    def _require_transactional(self, what: str) -> None:
-        if self.transactional_id is None:
-            raise InvalidTxnStateError(f"{what}() needs a transactional producer: Log.producer(transactional_id='...')")
+    def _check_not_fenced(self, state: TidState) -> None:
+        """A state the coordinator returned for this producer's id names another producer: fenced."""
+        if state.producer_id != self.producer_id:
+            raise ProducerFencedError(
+                f"transactional id {self.transactional_id!r}: fenced by producer id {state.producer_id}",
+                transactional_id=self.transactional_id,
+                producer_id=self.producer_id,
+                epoch=self.epoch,
+                current_producer_id=state.producer_id,
+                current_epoch=state.epoch,
+            )
+
+    def _with_completions(self, record: Callable[[list[TxnId]], TidState], *, for_begin: bool = False) -> TidState:
+        """Create a coordinator record of this producer, carrying the Complete of every decided transaction
+        whose markers are durable (:mod:`txn_core.producer.completion`)."""
+        claimed: list[PendingCompletion] = self._completions.claim(for_begin=for_begin)
+        try:
+            state = record([c.txn for c in claimed])
+        except BaseException:
+            self._completions.release(claimed)
+            raise
+        self._completions.landed(claimed, state)
+        return state
+
+    def wait_for_markers(self) -> None:
+        """Block until the last decided transaction's markers are in every partition it wrote. Its
+        Complete record may still be pending: the producer's next record carries it, or ``close()`` writes it."""
+        with self._lock:
+            self._completions.wait_markers()
+
+    def wait_for_completion(self) -> None:
+        """Block until every decided transaction of this producer has all its markers and its Complete
+        record written."""
+        with self._lock:
+            self._finish_completions()
+
+    def _finish_completions(self) -> None:
+        done = self._completions.finish()
+        if done is None:
+            return
+        self._check_not_fenced(done)
+        if self._txn is None and done.state.is_complete:
+            self.epoch = self._next_epoch = done.epoch
+            self._sequences.clear()
 
     def _begin_remote(self, participants: list[str]) -> None:
-        state = self._take_completion(begin_participants=participants)
-        if state is None:
-            state = self.log.coordinator.begin(
-                self.transactional_id or "", self.producer_id, self.epoch, self.transaction_timeout_ms, participants
-            )
+        """Persist the ``begin`` of the current transaction with its first participants, at the epoch that
+        follows the last decided transaction (whose Complete this record carries if its markers landed)."""
+        epoch = self._next_epoch
+        state = self._with_completions(
+            lambda done: self.log.coordinator.begin(
+                self.transactional_id or "",
+                self.producer_id,
+                epoch,
+                self.transaction_timeout_ms,
+                participants,
+                completed=done,
+            ),
+            for_begin=True,
+        )
+        if state.epoch != self.epoch:
+            self._sequences.clear()
+        self.epoch = self._next_epoch = state.epoch
         self._txn = state.txn
         self._participants.update(participants)
 
@@ -469,7 +474,12 @@ class Producer:
             if self._txn is None:
                 self._begin_remote(new)
             else:
-                self.log.coordinator.add(self.transactional_id, self.producer_id, self.epoch, self._txn, new)
+                txn = self._txn
+                self._with_completions(
+                    lambda done: self.log.coordinator.add(
+                        self.transactional_id or "", self.producer_id, self.epoch, txn, new, completed=done
+                    )
+                )
                 self._participants.update(new)
         except ProducerFencedError as exc:
             self._fatal(exc)
@@ -485,22 +495,18 @@ class Producer:
         """
         with self._lock:
             self._require_open()
-            if self.transactional_id is not None and self._state != _S.IN_TRANSACTION:
-                if self._state == _S.UNINITIALIZED:
-                    raise InvalidTxnStateError(
-                        f"transactional id {self.transactional_id!r}: call init_transactions() before send()"
-                    )
-                raise InvalidTxnStateError(
-                    f"transactional id {self.transactional_id!r}: send() needs an open transaction "
-                    f"(state {self._state.value}); call begin_transaction() first"
-                )
+            self._require_in_transaction("send")
             meta = self.log.topics.get(topic, refresh=topic not in self._schemas)
             self._schemas[topic] = meta.schema
             table = conform(data, meta.schema, topic=topic)
             if table.num_rows == 0:
                 return
             for p, part in self._route(meta, table, partition, key_column).items():
-                self._buffer(paths.partition_log_path(topic, p), part)
+                path = paths.partition_log_path(topic, p)
+                buffer = self._buffers.setdefault(path, PartitionBuffer())
+                buffer.add(part)
+                if buffer.nbytes >= self.batch_bytes:
+                    self._write_buffers({path: buffer})
 
     def _route(
         self, meta: TopicMeta, table: pa.Table, partition: int | None, key_column: str | None
@@ -518,21 +524,13 @@ class Producer:
             return split_by_key(table, key_column, meta.partitions)
         return {next(self._rr) % meta.partitions: table}
 
-    def _buffer(self, path: str, table: pa.Table) -> None:
-        pending = self._pending.setdefault(path, _Pending())
-        pending.tables.append(table)
-        pending.nbytes += table.nbytes
-        pending.rows += table.num_rows
-        if pending.nbytes >= self.batch_bytes:
-            self._write_pending({path: pending})
-
     def send_staged(
         self,
         refs: list[StagedRef],
         *,
-        offsets: dict[tuple[str, int] | TopicPartition, int] | None = None,
+        offsets: Offsets | None = None,
         group_id: str | None = None,
-        start_offsets: dict[tuple[str, int] | TopicPartition, int] | None = None,
+        start_offsets: Offsets | None = None,
     ) -> list[RecordMetadata]:
         """Append one DATA_REF entry per staged object (see :mod:`txn_core.staging`), in this transaction.
 
@@ -546,11 +544,7 @@ class Producer:
         """
         with self._lock:
             self._require_open()
-            if self.transactional_id is not None and self._state != _S.IN_TRANSACTION:
-                raise InvalidTxnStateError(
-                    f"transactional id {self.transactional_id!r}: send_staged() needs an open transaction "
-                    f"(state {self._state.value}); call begin_transaction() first"
-                )
+            self._require_in_transaction("send_staged")
             offsets_table: pa.Table | None = None
             if offsets is not None:
                 self._require_transactional("send_staged(offsets=...)")
@@ -572,25 +566,12 @@ class Producer:
             if not by_path and group_path is None:
                 return []
             self._ensure_registered(list(by_path) + ([group_path] if group_path else []))
-            results: list[RecordMetadata] = []
 
             def one(path: str, items: list[StagedRef]) -> list[RecordMetadata]:
                 out = []
-                plog = self.log.partition_log(path)
                 for ref in items:
-                    payload = reference_payload(ref)
                     seq = self._sequences.get(path, 0)
-                    r = plog.append(
-                        EntryKind.DATA_REF,
-                        payload,
-                        len(payload),
-                        crc32(payload),
-                        ref.rows,
-                        producer_id=self.producer_id,
-                        producer_epoch=self.epoch,
-                        base_sequence=seq,
-                        txn=self._txn,
-                    )
+                    r = self._append(path, Payload.of(reference_payload(ref)), ref.rows, EntryKind.DATA_REF, seq)
                     self._sequences[path] = seq + ref.rows
                     out.append(RecordMetadata(ref.topic, ref.partition, r.base_offset, ref.rows, r.timestamp_ms))
                 return out
@@ -606,20 +587,26 @@ class Producer:
                     return []
 
                 work.append(write_offsets)
-            if len(work) == 1:
-                return work[0]()
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txnlog-producer")
-            futures = [self._pool.submit(w) for w in work]
-            first: BaseException | None = None
-            for f in futures:  # every write finishes before this returns or raises
-                try:
-                    results.extend(f.result())
-                except BaseException as exc:
-                    first = first or exc
-            if first is not None:
-                raise first
-            return results
+            return [r for rs in self._run_all(work) for r in rs]
+
+    def _run_all(self, work: list[Callable[[], list[RecordMetadata]]]) -> list[list[RecordMetadata]]:
+        """Run independent writes at once (one partition log each); every one finishes before this returns
+        or raises (the first error)."""
+        if len(work) == 1:
+            return [work[0]()]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txnlog-producer")
+        futures = [self._pool.submit(w) for w in work]
+        results: list[list[RecordMetadata]] = []
+        first: BaseException | None = None
+        for f in futures:
+            try:
+                results.append(f.result())
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+        return results
 
     def flush(self) -> list[RecordMetadata]:
         """Write everything buffered; returns where each entry landed since the last flush."""
@@ -630,94 +617,60 @@ class Producer:
             return results
 
     def _flush_locked(self) -> None:
-        todo = {p: pend for p, pend in self._pending.items() if pend.tables or pend.inflight}
+        todo = {p: b for p, b in self._buffers.items() if b.pending}
         if todo:
-            self._write_pending(todo)
+            self._write_buffers(todo)
 
-    def _write_pending(self, todo: dict[str, _Pending]) -> None:
+    def _write_buffers(self, todo: dict[str, PartitionBuffer]) -> None:
         self._ensure_registered(list(todo))
-        if len(todo) == 1:
-            for path, pend in todo.items():
-                self._write_one(path, pend)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txnlog-producer")
-        futures = [self._pool.submit(self._write_one, path, pend) for path, pend in todo.items()]
-        errors = []
-        for f in futures:
-            try:
-                f.result()
-            except BaseException as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        self._run_all([functools.partial(self._write_one, path, buffer) for path, buffer in todo.items()])
 
-    def _write_one(self, path: str, pending: _Pending) -> None:
-        """Append ``pending``'s in-flight entry (if any), then its buffered tables as entries."""
-        if pending.inflight is not None:
-            self._append_inflight(path, pending)
-        while pending.tables:
-            tables: list[pa.Table] = []
-            nbytes = 0
-            while pending.tables and (not tables or nbytes + pending.tables[0].nbytes <= MAX_ENTRY_BYTES):
-                t = pending.tables.pop(0)
-                tables.append(t)
-                nbytes += t.nbytes
-            pending.nbytes -= nbytes
-            rows = sum(t.num_rows for t in tables)
-            pending.rows -= rows
-            batches = [b for t in tables for b in t.to_batches() if b.num_rows]
-            payload = encode_arrow(batches, tables[0].schema)
-            seq = self._sequences.get(path, 0)
-            pending.inflight = (uuid.uuid4().bytes, payload, rows, seq)
-            self._append_inflight(path, pending)
+    def _write_one(self, path: str, buffer: PartitionBuffer) -> list[RecordMetadata]:
+        """Append ``buffer``'s in-flight entry (if any), then its buffered tables as entries."""
+        while True:
+            if buffer.inflight is None:
+                if not buffer.tables:
+                    return []
+                buffer.next_entry(MAX_ENTRY_BYTES, self._sequences.get(path, 0))
+            inflight = buffer.inflight
+            if inflight is None:  # pragma: no cover
+                return []
+            result = self._append(
+                path, inflight.payload, inflight.rows, EntryKind.DATA, inflight.sequence, inflight.writer_id
+            )
+            buffer.inflight = None
+            self._sequences[path] = inflight.sequence + inflight.rows
+            topic, partition = _split_path(path)
+            self._results.append(
+                RecordMetadata(topic, partition, result.base_offset, inflight.rows, result.timestamp_ms)
+            )
 
-    def _append_inflight(self, path: str, pending: _Pending) -> None:
-        if pending.inflight is None:  # pragma: no cover
-            return
-        writer_id, payload, rows, seq = pending.inflight
-        view = memoryview(payload)
-        result = self.log.partition_log(path).append(
-            EntryKind.DATA,
-            [view],
-            len(view),
-            crc32(view),
-            rows,
+    def _append(
+        self,
+        path: str,
+        payload: Payload,
+        record_count: int,
+        kind: EntryKind = EntryKind.DATA,
+        sequence: int = -1,
+        writer_id: bytes | None = None,
+    ) -> AppendResult:
+        """One entry of this producer (its id, epoch and current transaction) into ``path``."""
+        return self.log.partition_log(path).append_payload(
+            kind,
+            payload,
+            record_count,
             producer_id=self.producer_id,
             producer_epoch=self.epoch,
-            base_sequence=seq,
+            base_sequence=sequence,
             txn=self._txn,
             writer_id=writer_id,
         )
-        pending.inflight = None
-        self._sequences[path] = seq + rows
-        topic, partition = _split_path(path)
-        self._results.append(RecordMetadata(topic, partition, result.base_offset, rows, result.timestamp_ms))
-
-    def _append_data(self, path: str, table: pa.Table, *, sequence: bool) -> None:
-        batches = table.to_batches()
-        payload = encode_arrow(batches, table.schema)
-        view = memoryview(payload)
-        seq = self._sequences.get(path, 0) if sequence else -1
-        self.log.partition_log(path).append(
-            EntryKind.DATA,
-            [view],
-            len(view),
-            crc32(view),
-            table.num_rows,
-            producer_id=self.producer_id,
-            producer_epoch=self.epoch,
-            base_sequence=seq,
-            txn=self._txn,
-        )
-        if sequence:
-            self._sequences[path] = seq + table.num_rows
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def close(self, *, flush: bool = True) -> None:
-        """Flush (idempotent producer) and release resources. An open transaction is left to its timeout
-        unless aborted first."""
+        """Flush (idempotent producer), finish decided transactions and release resources. An open
+        transaction is left to its timeout unless aborted first."""
         with self._lock:
             if self._state == _S.CLOSED:
                 return
@@ -725,15 +678,13 @@ class Producer:
                 if flush and self.transactional_id is None and self._state != _S.FATAL_ERROR:
                     self._flush_locked()
                 if self._state != _S.FATAL_ERROR:
-                    self._await_completion()
+                    self._finish_completions()
             finally:
-                if self._completer is not None:
-                    self._completer.shutdown(wait=True)
-                    self._completer = None
+                self._completions.shutdown()
                 if self._pool is not None:
                     self._pool.shutdown(wait=True)
                     self._pool = None
-                self._state = _S.CLOSED
+                self._transition(_S.CLOSED)
 
     def __enter__(self) -> Producer:
         return self

@@ -21,11 +21,11 @@ next ``init_transactions`` of its producer, like any participant.
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from txn_core.entry import EntryKind, crc32, encode_json
+from txn_core.clock import monotonic
+from txn_core.entry import EntryKind, Payload
 from txn_core.errors import CorruptDataError, ObjectNotFoundError, TransactionConflictError, UnknownOutcomeError
 from txn_core.partition import AppendResult
 from txn_core.subscriptions.records import AckRecord
@@ -55,6 +55,7 @@ class AckLog:
         self.path = meta.ref.ack_log_path
         self.plog = log.partition_log(self.path)
         self.snapshots = SnapshotStore(log.storage, meta.ref)
+        self._monotonic = monotonic(log.clock)
         self._state: SubscriptionState | None = None
         self.verdicts: OrderedDict[int, Verdict] = OrderedDict()
         self.last_snapshot = SnapshotRef(-1, 0)
@@ -96,7 +97,7 @@ class AckLog:
         """
         with self._lock:
             state = self._replay(until_slot)
-            if resolve and state.txns and time.monotonic() - self._last_resolve >= RESOLVE_EVERY_S:
+            if resolve and state.txns and self._monotonic() - self._last_resolve >= RESOLVE_EVERY_S:
                 self.resolve_pending()
                 state = self.state
             return state
@@ -134,28 +135,27 @@ class AckLog:
         same position of the log: the state stays a function of the log alone.
         """
         with self._lock:
-            self._last_resolve = time.monotonic()
+            self._last_resolve = self._monotonic()
             txns = list(self.state.txns)
             statuses = {t: self.log.coordinator.resolve(t) for t in txns}
             state = self._replay(None)
             for t, status in statuses.items():
                 if t in state.txns and status.finished:
-                    payload = encode_json(
+                    payload = Payload.of_json(
                         {
                             "outcome": "ABORT",
                             "txn": str(t),
                             "reason": "acknowledgements written after the transaction's marker",
                         }
                     )
-                    self.plog.append(EntryKind.ABORT, payload, len(payload), crc32(payload), 1, txn=t)
+                    self.plog.append_payload(EntryKind.ABORT, payload, 1, txn=t)
             self._replay(None)
 
     # --- writing --------------------------------------------------------------------------------
 
     def append(self, record: AckRecord) -> AppendResult:
         """Append a non-transactional ack record (one entry)."""
-        payload = record.encode()
-        return self.plog.append(EntryKind.DATA, payload, len(payload), crc32(payload), 1)
+        return self.plog.append_payload(EntryKind.DATA, Payload.of(record.encode()), 1)
 
     def verdict(self, slot: int) -> Verdict:
         """The verdict of the ack record at ``slot`` (replaying up to it)."""

@@ -1,0 +1,187 @@
+"""The coordinator's state of one transactional id, and what readers learn of one transaction.
+
+:class:`TidState` is Kafka's TransactionMetadata: producer id and epoch, the state of the id's current
+transaction, its participants, and the last committed metadata. A transactional id has at most **two**
+transactions that are not complete: its current one, and at most one earlier, decided transaction whose
+markers may still be landing (:class:`Completing`), because the next transaction may begin before the
+previous one's Complete record (PROTOCOL.md "Transactions", the two-phase end). Both are values: every
+change makes a new state (see :mod:`txn_core.coordinator.apply`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from txn_core.coordinator.states import CoordinatorState
+from txn_core.ids import TxnId
+
+_C = CoordinatorState
+
+
+@dataclass(frozen=True, slots=True)
+class Completing:
+    """A decided transaction of a transactional id that has begun its next one before this one's Complete
+    record. Its markers may still be landing; readers treat it as decided (PROTOCOL.md "Read bound")."""
+
+    txn: TxnId
+    committed: bool
+    #: the epoch the transaction ran at (its markers carry it)
+    epoch: int
+    participants: tuple[str, ...]
+    #: when it was decided (the Prepare record's time): the completion grace counts from here
+    decided_ms: int
+
+    @property
+    def state(self) -> CoordinatorState:
+        return _C.PREPARE_COMMIT if self.committed else _C.PREPARE_ABORT
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "txn": str(self.txn),
+            "committed": self.committed,
+            "epoch": self.epoch,
+            "participants": list(self.participants),
+            "decided_ms": self.decided_ms,
+        }
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> Completing:
+        return cls(
+            TxnId.parse(v["txn"]),
+            bool(v["committed"]),
+            int(v["epoch"]),
+            tuple(v["participants"]),
+            int(v["decided_ms"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TidState:
+    """The coordinator's record of one transactional id (Kafka's TransactionMetadata).
+
+    Invariants (checked by :meth:`check`): ``completing`` is set only while the current transaction is
+    Ongoing or Prepare* and is an earlier transaction; a Complete* or Empty id has nothing completing.
+    """
+
+    tid: str
+    producer_id: int
+    epoch: int
+    state: CoordinatorState
+    timeout_ms: int
+    txn: TxnId | None = None
+    start_ms: int = 0
+    updated_ms: int = 0
+    participants: tuple[str, ...] = ()
+    metadata: dict[str, Any] | None = None
+    last_committed: dict[str, Any] | None = None
+    abort_reason: str | None = None
+    completing: Completing | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "tid": self.tid,
+            "producer_id": self.producer_id,
+            "epoch": self.epoch,
+            "state": self.state.value,
+            "timeout_ms": self.timeout_ms,
+            "txn": str(self.txn) if self.txn else None,
+            "start_ms": self.start_ms,
+            "updated_ms": self.updated_ms,
+            "participants": list(self.participants),
+            "metadata": self.metadata,
+            "last_committed": self.last_committed,
+            "abort_reason": self.abort_reason,
+        }
+        if self.completing is not None:
+            out["completing"] = self.completing.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> TidState:
+        completing = v.get("completing")
+        return cls(
+            v["tid"],
+            int(v["producer_id"]),
+            int(v["epoch"]),
+            CoordinatorState(v["state"]),
+            int(v["timeout_ms"]),
+            TxnId.parse(v["txn"]) if v.get("txn") else None,
+            int(v.get("start_ms", 0)),
+            int(v.get("updated_ms", 0)),
+            tuple(v.get("participants", ())),
+            v.get("metadata"),
+            v.get("last_committed"),
+            v.get("abort_reason"),
+            Completing.from_json(completing) if completing else None,
+        )
+
+    @property
+    def deadline_ms(self) -> int:
+        return self.start_ms + self.timeout_ms
+
+    def open_txns(self) -> list[TxnId]:
+        """The id's transactions that are not complete, oldest first (at most two)."""
+        out = [self.completing.txn] if self.completing is not None else []
+        if self.txn is not None and not self.state.is_complete:
+            out.append(self.txn)
+        return out
+
+    def prepared(self, txn: TxnId) -> TidState | None:
+        """The state as seen by whoever completes the decided transaction ``txn`` (the current one or the
+        completing one): its state, epoch and participants; None if ``txn`` is not decided and incomplete."""
+        if self.txn == txn and self.state.is_prepared:
+            return self
+        c = self.completing
+        if c is None or c.txn != txn:
+            return None
+        return replace(
+            self,
+            txn=c.txn,
+            state=c.state,
+            epoch=c.epoch,
+            participants=c.participants,
+            updated_ms=c.decided_ms,
+            completing=None,
+        )
+
+    def check(self) -> None:
+        """Assert the invariants (tests call it after every step of the randomised model test)."""
+        c = self.completing
+        if c is None:
+            return
+        assert self.txn is not None and self.state in (_C.ONGOING, _C.PREPARE_COMMIT, _C.PREPARE_ABORT), self
+        assert c.txn.coordinator == self.txn.coordinator and c.txn.sequence < self.txn.sequence, self
+        assert c.epoch < self.epoch, self
+
+
+@dataclass(frozen=True, slots=True)
+class TxnStatus:
+    """What a reader needs to know about one transaction."""
+
+    txn: TxnId
+    #: Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort; None when only "finished"
+    #: is known (below the low watermark, outcome no longer kept: the partition's marker tells).
+    state: CoordinatorState | None
+    tid: str | None = None
+    start_ms: int = 0
+    timeout_ms: int = 0
+    #: participants of an open transaction (empty when only the final outcome is kept)
+    participants: tuple[str, ...] = ()
+
+    @property
+    def committed(self) -> bool:
+        return self.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT)
+
+    @property
+    def aborted(self) -> bool:
+        return self.state in (_C.PREPARE_ABORT, _C.COMPLETE_ABORT)
+
+    @property
+    def decided(self) -> bool:
+        return self.committed or self.aborted
+
+    @property
+    def finished(self) -> bool:
+        """Every participant has its marker."""
+        return self.state in (_C.COMPLETE_COMMIT, _C.COMPLETE_ABORT) or self.state is None
