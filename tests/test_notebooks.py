@@ -73,6 +73,9 @@ def test_01_transactions(tmp_path: Path) -> None:
     assert re.search(r"4\s+A commits\s+8\s+5\s+3\s+1\n", printed)  # A's commit: the LSO stops at B's first record
     assert "the LSO never passes the log end" in printed
     assert "image/png" in kinds
+    # an application transaction: committed once, the retry a no-op
+    assert "first run: committed, 3 rows" in printed and "retry after a crash: replayed, 0 rows" in printed
+    assert "loads holds 3 records" in printed
 
 
 @pytest.mark.spark

@@ -9,9 +9,12 @@ Start with :func:`open_log`::
 """
 
 from txn_core.admin import HangingTransaction, TransactionDescription, TransactionListing
+from txn_core.apptxn import AppCommitter, AppVersion, CommitResult, GroupPosition, abort_staged, commit_staged
 from txn_core.consumer import Consumer
 from txn_core.coordinator.states import ClientState, CoordinatorState
 from txn_core.errors import (
+    CommitFailedError,
+    CommitStateUnknownError,
     ConcurrentTransactionsError,
     ConfigurationError,
     CorruptDataError,
@@ -60,7 +63,12 @@ __all__ = [
     "READ_COMMITTED",
     "READ_UNCOMMITTED",
     "AckStatus",
+    "AppCommitter",
+    "AppVersion",
     "ClientState",
+    "CommitFailedError",
+    "CommitResult",
+    "CommitStateUnknownError",
     "ConcurrentTransactionsError",
     "ConfigurationError",
     "Consumer",
@@ -69,6 +77,7 @@ __all__ = [
     "DataLossError",
     "GroupFencedError",
     "GroupNotFoundError",
+    "GroupPosition",
     "HangingTransaction",
     "InvalidNameError",
     "InvalidOffsetError",
@@ -104,6 +113,8 @@ __all__ = [
     "TxnLogError",
     "UnknownOutcomeError",
     "UnstableOffsetsError",
+    "abort_staged",
+    "commit_staged",
     "open_log",
 ]
 

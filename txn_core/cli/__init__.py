@@ -6,6 +6,7 @@ Nouns and verbs::
     transactions  list | describe | abort | find-hanging | expire
     groups        list | describe
     dump          URL TOPIC [--partition P] [--isolation L] [--from O] [--to O] [--limit N] [--show-control]
+    produce       URL TOPIC FILE [--app-id ID --version N] [--partition P | --key-column C]
     maintenance   snapshot | compact | retention | sweep-staging
     demo          [--core] [--dir DIR]
 
@@ -21,7 +22,7 @@ import os
 import sys
 import traceback
 
-from txn_core.cli import demo, dump, groups, maintenance, topics, transactions
+from txn_core.cli import demo, dump, groups, maintenance, produce, topics, transactions
 from txn_core.cli.common import PROG, HelpFormatter, Parser, common_options
 from txn_core.errors import TxnLogError
 
@@ -32,6 +33,7 @@ examples:
   txnlog topics create /data/log orders --partitions 4 --schema 'id:int64,name:string,ts:timestamp[ms]'
   txnlog topics describe /data/log orders
   txnlog dump /data/log orders --isolation read_uncommitted --show-control
+  txnlog produce /data/log orders day.parquet --app-id nightly-orders --version 20261123
   txnlog transactions find-hanging /data/log
   txnlog transactions abort /data/log copier-1
   txnlog groups describe /data/log billing
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     transactions.register(sub, common)
     groups.register(sub, common)
     dump.register(sub, common)
+    produce.register(sub, common)
     maintenance.register(sub, common)
     demo.register(sub)
     return parser

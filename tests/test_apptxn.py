@@ -1,0 +1,190 @@
+"""Application transactions in the core (PROTOCOL.md "Application transactions"): staged data committed
+exactly once per (application, version), replays are no-ops, only listed staged objects become visible,
+cleanup never deletes what is committed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import txn_core
+from txn_core import paths
+from txn_core.apptxn import AppCommitter, AppVersion, abort_staged, commit_staged, stage_table
+from txn_core.staging import write_staged
+from txn_core.storage import MemoryStorage
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+def _log() -> txn_core.Log:
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex))
+    log.create_topic("t", 2, SCHEMA)
+    return log
+
+
+def _ids(log: txn_core.Log) -> list[int]:
+    c = log.consumer()
+    c.assign([("t", 0), ("t", 1)])
+    out: list[int] = []
+    while (got := c.poll()).num_rows:
+        out.extend(got.column("id").to_pylist())
+    return sorted(out)
+
+
+def _staged(log: txn_core.Log) -> list[str]:
+    def walk(prefix: str) -> list[str]:
+        out = []
+        for name in log.storage.list(prefix):
+            out += walk(prefix + name) if name.endswith("/") else [prefix + name]
+        return out
+
+    return walk(paths.STAGING)
+
+
+def test_each_version_commits_once_and_a_replay_commits_nothing() -> None:
+    log = _log()
+    with AppCommitter(log) as committer:
+        first = committer.write_once(
+            AppVersion("loader", run_id="r", version=0), "t", pa.table({"id": [1, 2]}, schema=SCHEMA), key_column="id"
+        )
+        second = committer.write_once(
+            AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [3]}, schema=SCHEMA)
+        )
+        committed_objects = _staged(log)  # the committed units' data: their references point at them
+        again = committer.write_once(
+            AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [3]}, schema=SCHEMA)
+        )
+        older = committer.write_once(
+            AppVersion("loader", run_id="r", version=0), "t", pa.table({"id": [1, 2]}, schema=SCHEMA)
+        )
+    assert [first.outcome, second.outcome, again.outcome, older.outcome] == [
+        "committed",
+        "committed",
+        "replayed",
+        "replayed",
+    ]
+    assert _ids(log) == [1, 2, 3]
+    assert _staged(log) == committed_objects, "a replay leaves nothing staged of its own"
+    assert len(committed_objects) == first.objects + second.objects
+    progress = log.transaction_metadata("loader")
+    assert progress is not None and progress["batch_id"] == 1 and progress["query_id"] == "r"
+
+
+def test_a_replay_in_another_process_after_a_crash_commits_nothing() -> None:
+    """A fresh committer (another process, after a crash) learns the progress from storage alone."""
+    log = _log()
+    unit = AppVersion("loader", run_id="r", version=5)
+    with AppCommitter(log) as committer:
+        committer.write_once(unit, "t", pa.table({"id": [7]}, schema=SCHEMA), partition=1)
+    fresh = txn_core.Log(log.storage)
+    with AppCommitter(fresh) as other:
+        assert other.write_once(unit, "t", pa.table({"id": [7]}, schema=SCHEMA), partition=1).outcome == "replayed"
+    assert _ids(fresh) == [7]
+
+
+def test_only_the_listed_staged_objects_become_visible_and_the_rest_is_cleaned_up() -> None:
+    """A failed attempt's object under the unit's prefix is never visible and is deleted by the commit."""
+    log = _log()
+    unit = AppVersion("loader", run_id="r", version=0)
+    stray = write_staged(
+        log.storage,
+        unit.prefix,
+        "t",
+        0,
+        [pa.record_batch([pa.array([666])], schema=SCHEMA)],
+        SCHEMA,
+        tag="failed",
+    )
+    refs = stage_table(log, unit, "t", pa.table({"id": [1]}, schema=SCHEMA), partition=0)
+    result, kept = commit_staged(log, unit, refs, topic="t")
+    assert result.outcome == "committed" and result.deleted == 1 and stray is not None
+    assert _ids(log) == [1]
+    assert _staged(log) == [r.key for r in refs], "the stray attempt is deleted, the committed data kept"
+    assert kept is not None
+    kept[0].close()
+
+
+def test_a_kept_producer_fenced_by_another_committer_starts_over_from_storage() -> None:
+    """Two committers of one application: the second fences the first; the first's next unit (with its
+    kept producer) is fenced at its begin, before anything is decided, and starts over: exactly once."""
+    log_a = _log()
+    log_b = txn_core.Log(log_a.storage)
+    a, b = AppCommitter(log_a), AppCommitter(log_b)
+    a.write_once(AppVersion("app", run_id="r", version=0), "t", pa.table({"id": [0]}, schema=SCHEMA))
+    b.write_once(
+        AppVersion("app", run_id="r", version=1), "t", pa.table({"id": [1]}, schema=SCHEMA)
+    )  # fences a's kept producer
+    assert (
+        a.write_once(AppVersion("app", run_id="r", version=1), "t", pa.table({"id": [1]}, schema=SCHEMA)).outcome
+        == "replayed"
+    )
+    assert (
+        a.write_once(AppVersion("app", run_id="r", version=2), "t", pa.table({"id": [2]}, schema=SCHEMA)).outcome
+        == "committed"
+    )
+    a.close()
+    b.close()
+    assert _ids(txn_core.Log(log_a.storage)) == [0, 1, 2]
+
+
+def test_abort_deletes_an_uncommitted_attempt_and_leaves_a_committed_one() -> None:
+    log = _log()
+    unit = AppVersion("app", run_id="r", version=0)
+    refs = stage_table(log, unit, "t", pa.table({"id": [1, 2]}, schema=SCHEMA), partition=0)
+    assert abort_staged(log, unit, refs) == 1 and _staged(log) == []
+    refs = stage_table(log, unit, "t", pa.table({"id": [1, 2]}, schema=SCHEMA), partition=0)
+    _, kept = commit_staged(log, unit, refs, topic="t")
+    assert kept is not None
+    kept[0].close()
+    assert abort_staged(log, unit, refs) == 0, "a committed unit's objects are data"
+    assert _ids(log) == [1, 2]
+
+
+def test_a_one_shot_write_is_ephemeral_and_never_replayed() -> None:
+    log = _log()
+    with AppCommitter(log) as committer:
+        unit = AppVersion("once", write_id="w1")
+        assert committer.write_once(unit, "t", pa.table({"id": [9]}, schema=SCHEMA)).outcome == "committed"
+        assert committer.write_once(unit, "t", pa.table({"id": [9]}, schema=SCHEMA)).outcome == "replayed"
+    progress = log.transaction_metadata("once")
+    assert progress is not None and progress["ephemeral"] is True and progress["write_id"] == "w1"
+    assert _ids(log) == [9]
+
+
+def test_bad_input_names_the_problem() -> None:
+    log = _log()
+    with pytest.raises(txn_core.ConfigurationError, match="partition 5 does not exist"):
+        stage_table(log, AppVersion("x", run_id="r", version=0), "t", pa.table({"id": [1]}, schema=SCHEMA), partition=5)
+    with pytest.raises(txn_core.SchemaMismatchError):
+        stage_table(log, AppVersion("x", run_id="r", version=0), "t", pa.table({"name": ["a"]}))
+    assert _staged(log) == []
+
+
+def test_the_cli_produces_a_file_once_per_app_version(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    log = txn_core.open_log(url)
+    log.create_topic("t", 2, SCHEMA)
+    data = tmp_path / "day.parquet"
+    pq.write_table(pa.table(pa.table({"id": [1, 2, 3]}, schema=SCHEMA)), data)
+    cli = [sys.executable, "-m", "txn_core.cli", "produce", url, "t", str(data), "--app-id", "nightly"]
+
+    def run(*extra: str) -> str:
+        done = subprocess.run([*cli, *extra], capture_output=True, text=True, check=False, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "committed 3 rows" in run("--version", "20261123")
+    assert "already committed" in run("--version", "20261123")
+    assert _ids(txn_core.open_log(url)) == [1, 2, 3]
+    bad = subprocess.run(
+        [*cli, "--version", "1", "--format", "csv"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert bad.returncode == 1 and "txnlog: error:" in bad.stderr
+    lone = subprocess.run([*cli], capture_output=True, text=True, timeout=120, check=False)
+    assert lone.returncode == 1 and "--app-id and --version go together" in lone.stderr
