@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 
 import txn_core
+from txn_core import paths
 
 pytestmark = pytest.mark.spark
 
@@ -269,6 +270,52 @@ def test_available_now_with_max_offsets_runs_several_batches_and_reports_the_bac
     assert json.loads(first["latestOffset"])["topics"] == {"t": {"0": 50, "1": 50}}  # the true end, from batch 0
     assert json.loads(first["endOffset"])["topics"] == {"t": {"0": 12, "1": 13}}  # fair split of 25
     assert spark.sql("SELECT count(DISTINCT id) AS n FROM avail_now").first().n == 100
+
+
+# --- damage (txn_core PROTOCOL.md "Damage") -----------------------------------------------------------
+
+
+def test_a_damaged_entry_fails_batch_and_stream_reads_naming_it_unless_fail_on_data_loss_is_false(
+    spark: Any, tmp_path: Path
+) -> None:
+    url, log = new_log(tmp_path, partitions=1)
+    p = log.producer()
+    for n in range(3):
+        send(p, [2 * n, 2 * n + 1], "plain", partition=0)
+        p.flush()
+    key = paths.entries(paths.partition_log_path("t", 0)) + paths.slot_name(1)
+    entry = tmp_path / "log" / key
+    data = bytearray(entry.read_bytes())
+    data[20] ^= 0x01  # the middle entry's header checksum no longer matches
+    entry.write_bytes(bytes(data))
+    named = f"{key} is damaged.*failOnDataLoss=false"
+
+    with pytest.raises(Exception, match=named):
+        spark.read.format("txnlog").option("topic", "t").load(url).collect()
+    lenient = spark.read.format("txnlog").option("topic", "t").option("failOnDataLoss", "false").load(url)
+    assert sorted(r.id for r in lenient.collect()) == [0, 1, 4, 5]
+
+    skipping = (
+        stream(spark, url, failOnDataLoss="false")
+        .writeStream.format("memory")
+        .queryName("damage_skipped")
+        .option("checkpointLocation", str(tmp_path / "ck-skip"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    skipping.awaitTermination(120)
+    assert sorted(r.id for r in spark.sql("SELECT id FROM damage_skipped").collect()) == [0, 1, 4, 5]
+    stopping = (
+        stream(spark, url)
+        .writeStream.format("memory")
+        .queryName("damage_stopped")
+        .option("checkpointLocation", str(tmp_path / "ck-stop"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match=named):
+        stopping.awaitTermination(120)  # once everything before the damaged entry was read
+    assert sorted(r.id for r in spark.sql("SELECT id FROM damage_stopped").collect()) == [0, 1]
 
 
 # --- errors at query start ---------------------------------------------------------------------------
