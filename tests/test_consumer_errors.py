@@ -89,22 +89,34 @@ def read_until_error(consumer: txn_core.Consumer, budgets: list[int]) -> tuple[l
         got.extend(table.column("x").to_pylist())
 
 
+SIZES = st.lists(st.integers(1, 5), min_size=2, max_size=7)
+BUDGETS = st.lists(st.integers(1, 9), min_size=1, max_size=4)
+
+
+def faulty_log(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], data: st.DataObject, fault: str
+) -> tuple[str, int, list[int]]:
+    """A log built by :func:`build` with a drawn entry damaged: its URL, the damaged entry, the bases."""
+    bad = data.draw(st.integers(1 if fault == "gap" else 0, len(sizes) - 1))
+    url = f"file://{tmp_path_factory.mktemp('log')}/log"
+    return url, bad, build(url, sizes, bad, fault)
+
+
+def drawn_consumer(log: txn_core.Log, data: st.DataObject) -> txn_core.Consumer:
+    """A consumer of ``t``/0 under a drawn isolation level."""
+    consumer = log.consumer(isolation_level=data.draw(st.sampled_from(["read_committed", "read_uncommitted"])))
+    consumer.assign([("t", 0)])
+    return consumer
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    sizes=st.lists(st.integers(1, 5), min_size=2, max_size=7),
-    data=st.data(),
-    fault=st.sampled_from(FAULTS),
-    budgets=st.lists(st.integers(1, 9), min_size=1, max_size=4),
-)
+@given(sizes=SIZES, data=st.data(), fault=st.sampled_from(FAULTS), budgets=BUDGETS)
 def test_polls_return_everything_before_an_error_and_stop_on_it(
     tmp_path_factory: pytest.TempPathFactory, sizes: list[int], data: st.DataObject, fault: str, budgets: list[int]
 ) -> None:
-    bad = data.draw(st.integers(1 if fault == "gap" else 0, len(sizes) - 1))
-    url = f"file://{tmp_path_factory.mktemp('log')}/log"
-    bases = build(url, sizes, bad, fault)
+    url, bad, bases = faulty_log(tmp_path_factory, sizes, data, fault)
     with txn_core.open_log(url) as log:
-        consumer = log.consumer(isolation_level=data.draw(st.sampled_from(["read_committed", "read_uncommitted"])))
-        consumer.assign([("t", 0)])
+        consumer = drawn_consumer(log, data)
         got, error = read_until_error(consumer, budgets)
         assert error is not None, "the damaged entry is never skipped silently"
         assert got == list(range(bases[bad])), "every record before the damaged entry, once, in order"
@@ -115,21 +127,13 @@ def test_polls_return_everything_before_an_error_and_stop_on_it(
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    sizes=st.lists(st.integers(1, 5), min_size=2, max_size=7),
-    data=st.data(),
-    fault=st.sampled_from(DAMAGE),
-    budgets=st.lists(st.integers(1, 9), min_size=1, max_size=4),
-)
+@given(sizes=SIZES, data=st.data(), fault=st.sampled_from(DAMAGE), budgets=BUDGETS)
 def test_once_the_damaged_entry_is_marked_lost_the_same_consumer_delivers_everything_else_once(
     tmp_path_factory: pytest.TempPathFactory, sizes: list[int], data: st.DataObject, fault: str, budgets: list[int]
 ) -> None:
-    bad = data.draw(st.integers(0, len(sizes) - 1))
-    url = f"file://{tmp_path_factory.mktemp('log')}/log"
-    bases = build(url, sizes, bad, fault)
+    url, bad, bases = faulty_log(tmp_path_factory, sizes, data, fault)
     with txn_core.open_log(url) as log:
-        consumer = log.consumer(isolation_level=data.draw(st.sampled_from(["read_committed", "read_uncommitted"])))
-        consumer.assign([("t", 0)])
+        consumer = drawn_consumer(log, data)
         before, error = read_until_error(consumer, budgets)
         assert error is not None and before == list(range(bases[bad]))
         last_header = fault == "header" and bad == len(sizes) - 1  # nothing after it tells its size

@@ -173,19 +173,17 @@ def _two_transactions(log: txn_core.Log) -> None:
     """Transaction A (values 1, 2) commits, B (10, 11) aborts, then a plain record 99: entries
     ``A data, A COMMIT, B data, B ABORT, 99`` in slots 0..4."""
     log.create_topic("t", 1, SCHEMA)
-    a = log.producer("a")
-    a.init_transactions()
-    a.begin_transaction()
-    a.send("t", pa.table({"x": [1, 2]}, schema=SCHEMA), partition=0)
-    a.commit_transaction()
-    a.close()
-    b = log.producer("b")
-    b.init_transactions()
-    b.begin_transaction()
-    b.send("t", pa.table({"x": [10, 11]}, schema=SCHEMA), partition=0)
-    b.flush()
-    b.abort_transaction()
-    b.close()
+    for tid, values, commit in (("a", [1, 2], True), ("b", [10, 11], False)):
+        producer = log.producer(tid)
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("t", pa.table({"x": values}, schema=SCHEMA), partition=0)
+        producer.flush()
+        if commit:
+            producer.commit_transaction()
+        else:
+            producer.abort_transaction()
+        producer.close()
     with log.producer() as plain:
         plain.send("t", pa.table({"x": [99]}, schema=SCHEMA), partition=0)
     kinds = [log.partition_log(PATH).read_header(s).kind for s in range(5)]

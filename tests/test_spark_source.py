@@ -69,6 +69,17 @@ def stream(spark: Any, url: str, **options: str) -> Any:
     return reader.load(url)
 
 
+def available_now(frame: Any, name: str, checkpoint: Path) -> Any:
+    """Start ``frame`` into the in-memory table ``name`` with Trigger.AvailableNow; returns the query."""
+    return (
+        frame.writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
 # --- batch -----------------------------------------------------------------------------------------
 
 
@@ -255,14 +266,7 @@ def test_available_now_with_max_offsets_runs_several_batches_and_reports_the_bac
     for part in range(2):
         send(p, list(range(part * 50, part * 50 + 50)), "plain", partition=part)
     p.flush()
-    q = (
-        stream(spark, url, maxOffsetsPerTrigger="25")
-        .writeStream.format("memory")
-        .queryName("avail_now")
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    q = available_now(stream(spark, url, maxOffsetsPerTrigger="25"), "avail_now", tmp_path / "ck")
     q.awaitTermination()
     progress = [x for x in q.recentProgress if x["numInputRows"]]
     assert [x["numInputRows"] for x in progress] == [25, 25, 25, 25]
@@ -295,24 +299,10 @@ def test_a_damaged_entry_fails_batch_and_stream_reads_naming_it_unless_fail_on_d
     lenient = spark.read.format("txnlog").option("topic", "t").option("failOnDataLoss", "false").load(url)
     assert sorted(r.id for r in lenient.collect()) == [0, 1, 4, 5]
 
-    skipping = (
-        stream(spark, url, failOnDataLoss="false")
-        .writeStream.format("memory")
-        .queryName("damage_skipped")
-        .option("checkpointLocation", str(tmp_path / "ck-skip"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    skipping = available_now(stream(spark, url, failOnDataLoss="false"), "damage_skipped", tmp_path / "ck-skip")
     skipping.awaitTermination(120)
     assert sorted(r.id for r in spark.sql("SELECT id FROM damage_skipped").collect()) == [0, 1, 4, 5]
-    stopping = (
-        stream(spark, url)
-        .writeStream.format("memory")
-        .queryName("damage_stopped")
-        .option("checkpointLocation", str(tmp_path / "ck-stop"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    stopping = available_now(stream(spark, url), "damage_stopped", tmp_path / "ck-stop")
     with pytest.raises(Exception, match=named):
         stopping.awaitTermination(120)  # once everything before the damaged entry was read
     assert sorted(r.id for r in spark.sql("SELECT id FROM damage_stopped").collect()) == [0, 1]
