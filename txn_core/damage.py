@@ -169,15 +169,18 @@ def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False
             entries.seek(slot)
             try:
                 entry = entries.next()
-                if entry.lost is None and slot not in found and not entry.header.is_control:
-                    entry_table(log.storage, entry)
             except DamagedEntryError as exc:
                 if slot not in found:
                     found[slot] = _inspect(plog, topic, partition, slot, exc.check or str(exc), exc.header, None)
-            except CorruptDataError as exc:
-                found[slot] = _inspect(plog, topic, partition, slot, exc.check or str(exc), entry.header, None)
+                continue
             except ObjectNotFoundError:
                 break
+            if entry.lost is not None or slot in found or entry.header.is_control:
+                continue
+            try:
+                entry_table(log.storage, entry)
+            except CorruptDataError as exc:  # the payload or the staged object it names
+                found[slot] = _inspect(plog, topic, partition, slot, exc.check or str(exc), entry.header, None)
     return [found[s] for s in sorted(found)]
 
 
@@ -329,8 +332,8 @@ def mark_lost(
                 f"slot {exc.slot} of {where}, before slot {slot}, is damaged too and not marked lost: mark the "
                 f"damaged entries in slot order (slot {exc.slot} first)"
             ) from exc
+        outcomes = _open_outcomes(log, path, slot, where)  # refuses before the seal writes anything
         nxt, sealed = _end_of(log, plog, slot, first, records, where)
-        outcomes = _open_outcomes(log, path, slot, where)
     lost = LostEntry(
         path,
         slot,
