@@ -74,11 +74,14 @@ class TxnLogBatchReader(DataSourceReader):
     def _ending(self, view: LogView, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         available = {tp: view.available_end(tp) for tp in tps}
         if self.opts.ending != "offsets":
+            for tp in tps:
+                view.check_damage(tp, None)
             return available
         every = view.topic_partitions(refresh=False)
         wanted = view.resolve_spec(self.opts.ending_offsets, "endingOffsets", every)
         out = {}
         for tp in tps:
+            view.check_damage(tp, wanted[tp])
             out[tp] = min(wanted[tp], available[tp])
             if wanted[tp] > available[tp]:
                 log.warning(

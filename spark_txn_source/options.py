@@ -14,7 +14,8 @@
 ``consumerGroup``          the group whose committed offsets ``startingOffsets=group`` resumes from
                            (partitions without one start at the earliest offset)
 ``includeMetadata``        ``true`` (default): add ``_topic``, ``_partition``, ``_offset``, ``_timestamp``
-``failOnDataLoss``         ``true`` (default): offsets removed by retention fail the query; ``false``: skip
+``failOnDataLoss``         ``true`` (default): offsets removed by retention, and damaged entries nobody marked
+                           lost, fail the query; ``false``: skip them with a warning
 ``minPartitions``          at least this many Spark tasks per batch (ranges are split by offsets)
 ``storage.<key>``          passed to fsspec as ``storage_options`` (JSON values decoded; a dotted key nests:
                            ``storage.client_kwargs.endpoint_url`` -> ``{"client_kwargs": {"endpoint_url": ..}}``)

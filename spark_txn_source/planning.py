@@ -8,6 +8,10 @@ headers) and answers three questions, all through ``txn_core``:
   (:func:`txn_core.ranges.available_end`: the last stable offset under read_committed);
 * what to do with a start below the log start (retention): fail with a clear message, or skip ahead
   (``failOnDataLoss``); partitions that appear later start at their beginning;
+* what to do with a damaged entry nobody marked lost (PROTOCOL.md "Damage"): with ``failOnDataLoss=true`` the
+  available end stops before it, and a read that needs more fails naming the object and the option (a
+  stream once it has read everything before it, a batch read at once, since it would end short); with
+  ``false`` planning and tasks skip it with a warning;
 * the :class:`~txn_core.ranges.OffsetRange` tasks of ``[start, end)``, with the filters executors apply.
 
 Nothing here is pickled to executors; only the ``OffsetRange`` values are.
@@ -29,7 +33,7 @@ from spark_txn_source.options import (
     SourceOptions,
 )
 from txn_core import paths
-from txn_core.errors import ConfigurationError, DataLossError
+from txn_core.errors import ConfigurationError, CorruptDataError, DataLossError
 from txn_core.ids import TopicPartition
 from txn_core.log import Log
 from txn_core.logs import get_logger
@@ -49,6 +53,21 @@ MAX_OFFSETS_PER_TASK = 1_000_000
 
 class SourceDataLossError(DataLossError):
     """Offsets a query still had to read were removed by retention (``failOnDataLoss=true``)."""
+
+
+class SourceCorruptDataError(CorruptDataError):
+    """A damaged entry, not marked lost, that a query had to read (``failOnDataLoss=true``)."""
+
+
+def damage_hint(exc: CorruptDataError) -> SourceCorruptDataError:
+    """The error a query fails with at a damaged entry: what is damaged, how an operator marks it lost,
+    and the option that makes this query skip such entries."""
+    return SourceCorruptDataError(
+        f"{exc} To have this query skip damaged entries nobody marked lost (with a warning in the log), set "
+        "option failOnDataLoss=false.",
+        exc.key,
+        exc.check,
+    )
 
 
 def open_existing_log(url: str, storage_options: Mapping[str, object]) -> Log:
@@ -95,6 +114,7 @@ class LogView:
         state = self._states.get(tp)
         if state is None:
             state = self.log.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
+            state.skip_damaged = not self.opts.fail_on_data_loss
             self._states[tp] = state
         return state
 
@@ -118,12 +138,25 @@ class LogView:
         refreshed = submit(self.topic_partitions)
 
         def one(tp: TopicPartition) -> tuple[TopicPartition, int, int]:
-            return tp, self.checked_start(tp, begin.get(tp)), self.available_end(tp)
+            start = self.checked_start(tp, begin.get(tp))
+            end = self.available_end(tp)
+            if end <= start:
+                self.check_damage(tp, start + 1)  # a stream that read everything before a damaged entry
+            return tp, start, end
 
         rows = parallel_map(one, known)
         seen = set(known)
         rows += parallel_map(one, [tp for tp in refreshed.result() if tp not in seen])
         return {tp: s for tp, s, _ in rows}, {tp: e for tp, _, e in rows}
+
+    def check_damage(self, tp: TopicPartition, needed: int | None) -> None:
+        """With ``failOnDataLoss=true``, fail when a damaged entry nobody marked lost ends ``tp``'s
+        offsets short of ``needed`` (None: the log end, what a batch read wants): the read would otherwise
+        end there without a word."""
+        state = self.state(tp)
+        damage = state.damage
+        if damage is not None and self.opts.fail_on_data_loss and (needed is None or needed > state.buffer.position):
+            raise damage_hint(damage) from damage
 
     # --- where reads start ----------------------------------------------------------------------
 

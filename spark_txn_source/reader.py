@@ -22,9 +22,15 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
 from spark_txn_source.options import SourceOptions, parse_options
-from spark_txn_source.planning import SourceDataLossError, data_loss_hint, open_existing_log
+from spark_txn_source.planning import (
+    SourceCorruptDataError,
+    SourceDataLossError,
+    damage_hint,
+    data_loss_hint,
+    open_existing_log,
+)
 from spark_txn_source.schema import check_requested, conform, spark_schema, topic_arrow_schema
-from txn_core.errors import DataLossError
+from txn_core.errors import CorruptDataError, DataLossError
 from txn_core.partition import PartitionLog
 from txn_core.ranges import OffsetRange, read_range
 from txn_core.storage import Storage, open_storage
@@ -103,3 +109,7 @@ def read_partition(opts: SourceOptions, schema: StructType, partition: InputPart
             yield conform(batch, target)
     except DataLossError as exc:
         raise SourceDataLossError(data_loss_hint(str(exc))) from exc
+    except CorruptDataError as exc:  # damaged since planning, or a damaged payload (failOnDataLoss=true)
+        if isinstance(exc, SourceCorruptDataError) or not opts.fail_on_data_loss:
+            raise
+        raise damage_hint(exc) from exc

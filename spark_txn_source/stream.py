@@ -14,7 +14,8 @@ in :meth:`prepareForTriggerAvailableNow` and then runs rate-limited batches up t
 :meth:`reportLatestOffset` reports the uncapped available end, so progress shows the backlog.
 
 Partitions added to a topic while the query runs join from their beginning. A start offset removed by
-retention fails the query unless ``failOnDataLoss=false``.
+retention fails the query unless ``failOnDataLoss=false``; so does a damaged entry nobody marked lost, once
+every record before it was read (PROTOCOL.md "Damage").
 
 Driver-side state (the :class:`LogView`) lives only in the long-lived driver process; executors get a
 fresh reader with the options and schema only (see ``__getstate__``).

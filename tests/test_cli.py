@@ -181,7 +181,7 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
         "topics": ["create", "list", "describe", "add-partitions", "set-retention"],
         "transactions": ["list", "describe", "abort", "find-hanging", "expire"],
         "groups": ["list", "describe"],
-        "maintenance": ["snapshot", "compact", "retention", "sweep-staging"],
+        "maintenance": ["snapshot", "compact", "retention", "sweep-staging", "damaged", "mark-lost"],
     }
     for noun, names in verbs.items():
         r = txnlog_inprocess(capsys, noun, "--help")
@@ -493,6 +493,49 @@ def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Call
     ]
     assert text.splitlines()[2].split() == ["orders", "1", "10", "10", "0", "0", "B"]  # held by fresh's transaction
     assert "(entries younger than 0 ms and data of open transactions are kept)" in text
+
+
+def test_maintenance_damaged_and_mark_lost_round_trip(tmp_path: Path, here: Callable[..., Result]) -> None:
+    """A damaged entry is listed with what its bytes still tell, marking it lost asks for --yes, and once
+    marked, describe says by whom and why and dump reads past it (PROTOCOL.md "Damage")."""
+    url = tmp_path / "log"
+    log = txn_core.open_log(str(url))
+    log.create_topic("orders", 1, SCHEMA)
+    with log.producer() as producer:
+        for n in range(3):
+            producer.send("orders", pa.table({"id": [2 * n, 2 * n + 1], "name": ["a", "b"]}), partition=0)
+            producer.flush()
+    entry = url / paths.entries(paths.partition_log_path("orders", 0)) / paths.slot_name(1)
+    data = bytearray(entry.read_bytes())
+    data[20] ^= 0x01  # the header checksum no longer matches
+    entry.write_bytes(bytes(data))
+    key = f"{paths.entries(paths.partition_log_path('orders', 0))}{paths.slot_name(1)}"
+
+    listed = txnlog("maintenance", "damaged", url)
+    assert listed.out.splitlines()[0].split()[:4] == ["topic", "partition", "slot", "offsets"]
+    row = listed.out.splitlines()[1]
+    assert row.split()[:4] == ["orders", "0", "1", "[2,"] and "header checksum mismatch" in row and row.endswith("no")
+    assert f"{key}: the payload reads as an Arrow stream of 2 records" in listed.out
+    (found,) = here("maintenance", "damaged", url, "--json").json()
+    assert (found["slot"], found["first_offset"], found["next_offset"], found["marked_lost"]) == (1, 2, 4, None)
+    failed = here("dump", url, "orders", code=1)
+    assert f"{key} is damaged" in failed.err and "mark-lost" in failed.err
+
+    mark = ("maintenance", "mark-lost", url, "--topic", "orders", "--partition", "0", "--slot", "1")
+    dry = here(*mark, "--reason", "bit rot, no replica", code=1)
+    assert "header checksum mismatch" in dry.out and "Pass --yes" in dry.err
+    assert not (url / paths.lost_entries(paths.partition_log_path("orders", 0))).exists(), "nothing was marked"
+    done = here(*mark, "--reason", "bit rot, no replica", "--yes")
+    assert "marked offsets [2, 4) of orders-0 lost (2 record(s)" in done.out and "bit rot, no replica" in done.out
+
+    described = here("topics", "describe", url, "orders", "--json").json()["partition_details"][0]
+    (damaged,) = described["damaged_entries"]
+    assert (damaged["slot"], damaged["marked_lost"], damaged["reason"]) == (1, True, "bit rot, no replica")
+    assert described["last_stable_offset"] == described["log_end_offset"] == 6
+    text = here("topics", "describe", url, "orders").out
+    assert "damaged entries" in text and "yes, by " in text
+    dumped = [json.loads(line) for line in here("dump", url, "orders", "--json").out.splitlines()]
+    assert [r["id"] for r in dumped] == [0, 1, 4, 5]
 
 
 # --- demo ----------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Hidden corners of reading and planning: a storage that corrupts one read, slows one read, or fails one
-read once, at every read of a consumer's catch-up, of a range's planning and reading (what the Spark
-source does on the driver and in tasks), and of a transaction-buffer rebuild.
+"""Hidden corners of reading and planning: a storage that corrupts one read, slows one request, or fails
+one request once, at every read, listing and existence check of a consumer's catch-up, of a range's
+planning and reading (what the Spark source does on the driver and in tasks), and of a transaction-buffer
+rebuild.
 
 Whatever the fault and wherever it lands: no record of an aborted transaction, none twice, none wrong;
 an error is a ``TxnLogError`` naming what happened; a fault that passes costs nothing once the caller
@@ -29,7 +30,9 @@ FAULTS = ["corrupt", "slow", "fail_once"]
 
 
 class ReadFaults(DelegatingStorage):
-    """Read number ``at`` (counting ``read`` and ``read_buffer``) is corrupted, slowed, or fails once."""
+    """Request number ``at`` (counting ``read``, ``read_buffer``, ``list`` and ``exists``) is slowed or fails
+    once, or, for a read, is corrupted (a listing or an existence answer carries no checksum to catch a
+    lie with: the storage contract vouches for them)."""
 
     def __init__(self, inner: Storage, fault: str | None = None, at: int = -1) -> None:
         super().__init__(inner)
@@ -42,12 +45,17 @@ class ReadFaults(DelegatingStorage):
             i, self.reads = self.reads, self.reads + 1
         return i == self.at
 
-    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+    def _request(self, what: str) -> bool:
+        """Count a request; fail it once or slow it when it is the one. True if it is the one."""
         hit = self._hit()
         if hit and self.fault == "fail_once":
-            raise StorageError(f"read of {key} failed: injected connection reset")
+            raise StorageError(f"{what} failed: injected connection reset")
         if hit and self.fault == "slow":
             time.sleep(0.05)
+        return hit
+
+    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        hit = self._request(f"read of {key}")
         data = self.inner.read(key, start, end)
         if hit and self.fault == "corrupt" and data:
             flipped = bytearray(data)
@@ -57,6 +65,14 @@ class ReadFaults(DelegatingStorage):
 
     def read_buffer(self, key: str) -> Any:
         return pa.py_buffer(self.read(key))
+
+    def list(self, prefix: str) -> list[str]:
+        self._request(f"listing of {prefix}")
+        return self.inner.list(prefix)
+
+    def exists(self, key: str) -> bool:
+        self._request(f"existence check of {key}")
+        return self.inner.exists(key)
 
 
 @pytest.fixture(scope="module")

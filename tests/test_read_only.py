@@ -100,6 +100,32 @@ def test_a_log_on_a_read_only_mount_reads_fully(tmp_path: Path) -> None:
     assert listing(source) == before, "reading wrote nothing"
 
 
+def test_the_cli_group_and_transaction_verbs_read_a_read_only_mount(tmp_path: Path) -> None:
+    source = tmp_path / "log"
+    make_log(f"file://{source}")
+    with txn_core.open_log(f"file://{source}") as log:  # a group with committed offsets to describe
+        consumer = log.consumer(group_id="analysts")
+        consumer.assign([("t", 0), ("t", 1)])
+        while consumer.poll().num_rows:
+            pass
+        consumer.commit()
+    before = listing(source)
+    with read_only_bind_mount(source, tmp_path / "ro") as ro:
+        for verb in (
+            ["groups", "list", str(ro)],
+            ["groups", "describe", str(ro), "analysts"],
+            ["transactions", "list", str(ro), "--all"],
+            ["transactions", "describe", str(ro), "writer"],
+            ["transactions", "find-hanging", str(ro)],
+        ):
+            cli = subprocess.run(
+                [sys.executable, "-m", "txn_core.cli", *verb, "--json"], capture_output=True, text=True, check=False
+            )
+            assert cli.returncode == 0 and "probably a bug" not in cli.stderr, (verb, cli.stderr)
+            assert cli.stdout.strip(), verb
+    assert listing(source) == before, "reading wrote nothing"
+
+
 def test_a_mistyped_path_is_a_clear_error_that_creates_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-log"
     with pytest.raises(ConfigurationError, match="no txnlog at"):
@@ -183,3 +209,18 @@ def test_the_spark_source_reads_a_read_only_log(spark: Any, tmp_path: Path) -> N
         rows = spark.read.format("txnlog").option("topic", "t").load(str(ro)).collect()
         assert sorted(r.id for r in rows) == list(range(11))
     assert listing(source) == before
+
+
+@pytest.mark.spark
+def test_the_spark_sink_writes_beside_other_files_only_when_allowed(spark: Any, tmp_path: Path) -> None:
+    data = tmp_path / "tables"
+    data.mkdir()
+    (data / "part-0000.parquet").write_bytes(b"PAR1")
+    frame = spark.createDataFrame([(1,), (2,)], "id long")
+    writer = frame.write.format("txnlog").option("topic", "t").option("partitions", "1").mode("append")
+    with pytest.raises(Exception, match=r"holds other files \(part-0000\.parquet\).*allowNonEmptyPath=true"):
+        writer.save(str(data))
+    assert listing(data) == ["part-0000.parquet"], "nothing was written"
+    writer.option("allowNonEmptyPath", "true").save(str(data))
+    assert sorted(r.id for r in spark.read.format("txnlog").option("topic", "t").load(str(data)).collect()) == [1, 2]
+    assert (data / "part-0000.parquet").read_bytes() == b"PAR1"

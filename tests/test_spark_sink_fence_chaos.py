@@ -4,10 +4,12 @@ The output must be exactly the committed input (txn_core PROTOCOL.md "Offsets fe
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sink_driver import kill_driver, start_driver
@@ -15,8 +17,26 @@ from test_scale_out import GROUP, HOSTILE_ENV, copy_config, new_input, run_to_en
 from test_spark_sink_chaos import check_exactly_once
 
 from conftest import make_location
+from spark_txn_source import offsets
 
 pytestmark = [pytest.mark.spark, pytest.mark.chaos, pytest.mark.seaweedfs]
+
+
+def first_batch_start(checkpoint: Path) -> dict[str, Any] | None:
+    """The group position a query's first batch started from: the source records it under ``start`` in the
+    end offset of batch 0 (Spark's offsets log: a version line, the batch metadata, then one line per
+    source). None when the query never planned a batch."""
+    path = checkpoint / "offsets" / "0"
+    if not path.exists():
+        return None
+    source = json.loads(path.read_text().splitlines()[2])
+    start = source.get(offsets.START)
+    return start if isinstance(start, dict) else None
+
+
+def committed_a_batch(checkpoint: Path) -> bool:
+    """Spark records ``commits/N`` once the sink committed batch N."""
+    return any(p.name.isdigit() for p in (checkpoint / "commits").glob("*"))
 
 
 def test_two_copiers_racing_on_one_group_on_s3_copy_committed_input_exactly_once(
@@ -44,6 +64,15 @@ def test_two_copiers_racing_on_one_group_on_s3_copy_committed_input_exactly_once
     failures = [
         n for n, _ in racers if "consumer group 'copier'" in (tmp_path / f"driver-{n}.log").read_text(errors="replace")
     ]
+    starts = {n: first_batch_start(tmp_path / f"chk-{n}") for n, _ in racers}
+    same_start = starts["a"] is not None and starts["a"] == starts["b"]
+    if same_start and committed_a_batch(tmp_path / f"chk-{victim_name}"):
+        # Both queries planned their first batch from the same group position and the victim committed
+        # one: the survivor, alive for a minute after, claimed a start the victim held (or the other way
+        # round). Exactly the race the fence exists for: one of them must have been refused. (A victim
+        # killed before its first commit, or a survivor that only started from where the victim had got
+        # to, never raced: no fence need fire then.)
+        assert failures, f"both copiers committed from group position {starts['a']} and no fence fired"
     # A third query from the group (new checkpoint) drains what is left.
     final = copy_config(location, tmp_path / "chk-final")
     final["read"] = {**final["read"], "startingOffsets": "group", "consumerGroup": GROUP}

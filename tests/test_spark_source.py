@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 
 import txn_core
+from txn_core import paths
 
 pytestmark = pytest.mark.spark
 
@@ -66,6 +67,17 @@ def stream(spark: Any, url: str, **options: str) -> Any:
     for k, v in options.items():
         reader = reader.option(k, v)
     return reader.load(url)
+
+
+def available_now(frame: Any, name: str, checkpoint: Path) -> Any:
+    """Start ``frame`` into the in-memory table ``name`` with Trigger.AvailableNow; returns the query."""
+    return (
+        frame.writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
 
 
 # --- batch -----------------------------------------------------------------------------------------
@@ -254,14 +266,7 @@ def test_available_now_with_max_offsets_runs_several_batches_and_reports_the_bac
     for part in range(2):
         send(p, list(range(part * 50, part * 50 + 50)), "plain", partition=part)
     p.flush()
-    q = (
-        stream(spark, url, maxOffsetsPerTrigger="25")
-        .writeStream.format("memory")
-        .queryName("avail_now")
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    q = available_now(stream(spark, url, maxOffsetsPerTrigger="25"), "avail_now", tmp_path / "ck")
     q.awaitTermination()
     progress = [x for x in q.recentProgress if x["numInputRows"]]
     assert [x["numInputRows"] for x in progress] == [25, 25, 25, 25]
@@ -269,6 +274,38 @@ def test_available_now_with_max_offsets_runs_several_batches_and_reports_the_bac
     assert json.loads(first["latestOffset"])["topics"] == {"t": {"0": 50, "1": 50}}  # the true end, from batch 0
     assert json.loads(first["endOffset"])["topics"] == {"t": {"0": 12, "1": 13}}  # fair split of 25
     assert spark.sql("SELECT count(DISTINCT id) AS n FROM avail_now").first().n == 100
+
+
+# --- damage (txn_core PROTOCOL.md "Damage") -----------------------------------------------------------
+
+
+def test_a_damaged_entry_fails_batch_and_stream_reads_naming_it_unless_fail_on_data_loss_is_false(
+    spark: Any, tmp_path: Path
+) -> None:
+    url, log = new_log(tmp_path, partitions=1)
+    p = log.producer()
+    for n in range(3):
+        send(p, [2 * n, 2 * n + 1], "plain", partition=0)
+        p.flush()
+    key = paths.entries(paths.partition_log_path("t", 0)) + paths.slot_name(1)
+    entry = tmp_path / "log" / key
+    data = bytearray(entry.read_bytes())
+    data[20] ^= 0x01  # the middle entry's header checksum no longer matches
+    entry.write_bytes(bytes(data))
+    named = f"{key} is damaged.*failOnDataLoss=false"
+
+    with pytest.raises(Exception, match=named):
+        spark.read.format("txnlog").option("topic", "t").load(url).collect()
+    lenient = spark.read.format("txnlog").option("topic", "t").option("failOnDataLoss", "false").load(url)
+    assert sorted(r.id for r in lenient.collect()) == [0, 1, 4, 5]
+
+    skipping = available_now(stream(spark, url, failOnDataLoss="false"), "damage_skipped", tmp_path / "ck-skip")
+    skipping.awaitTermination(120)
+    assert sorted(r.id for r in spark.sql("SELECT id FROM damage_skipped").collect()) == [0, 1, 4, 5]
+    stopping = available_now(stream(spark, url), "damage_stopped", tmp_path / "ck-stop")
+    with pytest.raises(Exception, match=named):
+        stopping.awaitTermination(120)  # once everything before the damaged entry was read
+    assert sorted(r.id for r in spark.sql("SELECT id FROM damage_stopped").collect()) == [0, 1]
 
 
 # --- errors at query start ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ them (``initialOffset`` -> ``latestOffset`` -> ``partitions`` -> ``read``), on a
 from __future__ import annotations
 
 import datetime
+import logging
 import uuid
 from typing import Any
 
@@ -16,7 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Read
 
 import txn_core
 from spark_txn_source.batch import TxnLogBatchReader, TxnLogFilteringBatchReader
-from spark_txn_source.planning import SourceDataLossError, fair_split
+from spark_txn_source.planning import SourceCorruptDataError, SourceDataLossError, fair_split
 from spark_txn_source.reader import make_batch_reader, make_stream_reader, source_schema
 from spark_txn_source.schema import arrow_target
 from spark_txn_source.stream import TxnLogStreamReader
@@ -182,6 +183,58 @@ def test_offsets_removed_by_retention_fail_the_query_unless_accepted(url: str, m
     lenient = stream(url, failOnDataLoss="false")
     end = lenient.latestOffset(start, ReadAllAvailable())
     assert read_ids(lenient, lenient.partitions(start, end)) == [4, 5]
+
+
+def damage_header(url: str, partition: int, slot: int) -> str:
+    """Flip a bit in the header of one entry (PROTOCOL.md "Damage"); returns its key."""
+    storage = txn_core.open_log(url).storage
+    key = paths.entries(paths.partition_log_path("t", partition)) + paths.slot_name(slot)
+    data = bytearray(storage.read(key))
+    data[20] ^= 0x01
+    storage.delete(key)
+    storage.create(key, [bytes(data)])
+    return key
+
+
+def test_a_stream_fails_at_a_damaged_entry_once_it_read_everything_before_it_unless_it_accepts_loss(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    for i in range(3):
+        write(url, 0, [i * 2, i * 2 + 1])
+    write(url, 1, [100])
+    key = damage_header(url, 0, 1)
+    reader = stream(url)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert positions(end) == {"t-0": 2, "t-1": 1}, "planned up to the damaged entry"
+    assert sorted(read_ids(reader, reader.partitions(start, end))) == [0, 1, 100]
+    with pytest.raises(SourceCorruptDataError, match=f"{key} is damaged.*failOnDataLoss=false"):
+        reader.latestOffset(end, ReadAllAvailable())  # nothing before it is left: never a silent stall
+
+    caplog.set_level(logging.WARNING, logger="txnlog")
+    lenient = stream(url, failOnDataLoss="false")
+    end = lenient.latestOffset(start, ReadAllAvailable())
+    assert positions(end) == {"t-0": 6, "t-1": 1}
+    assert sorted(read_ids(lenient, lenient.partitions(start, end))) == [0, 1, 4, 5, 100]
+    warned = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+    assert warned and all("skipping them" in m for m in warned), "planning and the task both say so"
+
+
+def test_a_batch_read_fails_at_a_damaged_entry_unless_it_accepts_loss(url: str) -> None:
+    for i in range(3):
+        write(url, 0, [i * 2, i * 2 + 1])
+    planned, _ = batch(url)
+    parts = planned.partitions()  # planned before the damage: the task meets it
+    key = damage_header(url, 0, 1)
+    with pytest.raises(SourceCorruptDataError, match=f"{key} is damaged.*failOnDataLoss=false"):
+        read_ids(planned, parts)
+    strict, _ = batch(url)
+    with pytest.raises(SourceCorruptDataError, match=f"{key} is damaged.*failOnDataLoss=false"):
+        strict.partitions()  # a batch read would end short at it: it fails at once
+    lenient, _ = batch(url, failOnDataLoss="false")
+    assert read_ids(lenient, lenient.partitions()) == [0, 1, 4, 5]
+    below, _ = batch(url, endingOffsets='{"t": {"0": 2, "1": -1}}')
+    assert read_ids(below, below.partitions()) == [0, 1], "a read that ends before the damage needs nothing of it"
 
 
 def test_a_checkpoint_of_another_log_is_refused(url: str) -> None:

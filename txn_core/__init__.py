@@ -18,6 +18,7 @@ from txn_core.errors import (
     ConcurrentTransactionsError,
     ConfigurationError,
     CorruptDataError,
+    DamagedEntryError,
     DataLossError,
     GroupFencedError,
     GroupNotFoundError,
@@ -43,7 +44,14 @@ from txn_core.errors import (
     UnstableOffsetsError,
 )
 from txn_core.ids import TopicPartition, TxnId
-from txn_core.log import Log, OngoingTransaction, PartitionDescription, TopicDescription, open_log
+from txn_core.log import (
+    DamagedEntryDescription,
+    Log,
+    OngoingTransaction,
+    PartitionDescription,
+    TopicDescription,
+    open_log,
+)
 from txn_core.logs import configure_from_env
 from txn_core.producer import Producer, RecordMetadata
 from txn_core.reader import READ_COMMITTED, READ_UNCOMMITTED
@@ -74,6 +82,8 @@ __all__ = [
     "Consumer",
     "CoordinatorState",
     "CorruptDataError",
+    "DamagedEntryDescription",
+    "DamagedEntryError",
     "DataLossError",
     "GroupFencedError",
     "GroupNotFoundError",

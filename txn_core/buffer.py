@@ -7,7 +7,9 @@ State derived from the partition log alone, as of ``position`` (the offset after
 * ``skips``: offset ranges never to deliver (duplicates, zombie writes after a commit marker);
 * ``producers``: per-producer epoch and sequence, for de-duplication;
 * ``gaps``: entries that follow a sequence gap (delivering one raises OutOfOrderSequenceError);
-* ``ended``: transactions whose marker was applied recently, with the outcome (a bounded cache).
+* ``ended``: transactions whose marker was applied recently, with the outcome (a bounded cache);
+* ``lost_outcomes``: transactions that were open when the buffer passed a lost entry (which may have held
+  their marker), with the outcome its lost-entry record gives (PROTOCOL.md "Damage").
 
 The log-derived max read position (last stable offset) is the first offset of the earliest ongoing
 transaction, else ``position``. Readers lift it further with the coordinator's decisions (a transaction
@@ -29,6 +31,7 @@ from sortedcontainers import SortedDict
 from txn_core.aborted import AbortedIndex, SkipRanges
 from txn_core.entry import EntryHeader, EntryKind
 from txn_core.ids import TxnId
+from txn_core.lost import ONGOING, LostEntry
 from txn_core.producer_state import PRODUCER_EXPIRY_STEP_MS, ProducerStates, SequenceCheck
 
 ENDED_CACHE = 100_000
@@ -42,6 +45,7 @@ class Disposition(enum.Enum):
     CONTROL = "control"  # a marker: never delivered
     SKIP = "skip"  # duplicate, fenced or zombie write: never delivered
     ABORTED = "aborted"  # data of an already-aborted transaction: never delivered
+    LOST = "lost"  # offsets of an entry whose records are gone (PROTOCOL.md "Damage"): never delivered
 
 
 @dataclass(slots=True)
@@ -68,6 +72,11 @@ class TxnBuffer:
         self.ended: OrderedDict[TxnId, tuple[bool, int]] = OrderedDict()  # txn -> (committed, marker)
         #: entries after a sequence gap: offset -> (producer id, epoch, expected, got); fail if delivered
         self.gaps: dict[int, tuple[int, int, int, int]] = {}
+        #: open transactions a lost entry may have ended -> outcome from its record (None: none recorded,
+        #: the entry was skipped unmarked; the transaction log decides). Bounded by the open transactions.
+        self.lost_outcomes: dict[TxnId, str | None] = {}
+        #: a damaged entry not marked lost was skipped (a reader's own choice): never to be snapshotted
+        self.skipped_unmarked = False
         self.size_bytes = 0
         self.committed_count = 0
         self.aborted_count = 0
@@ -80,13 +89,18 @@ class TxnBuffer:
 
     # --- apply ----------------------------------------------------------------------------------
 
-    def apply(self, slot: int, header: EntryHeader, size: int) -> Disposition:
-        """Apply the entry at ``slot`` (which must be the next one) and classify it."""
+    def apply(self, slot: int, header: EntryHeader, size: int, lost: LostEntry | None = None) -> Disposition:
+        """Apply the entry at ``slot`` (which must be the next one) and classify it. An entry of kind LOST
+        comes with its ``lost`` record."""
         if header.base_offset != self.position:
             raise ValueError(
                 f"{self.where}: entry at slot {slot} starts at offset {header.base_offset}, buffer is at "
                 f"{self.position}"
             )
+        if header.kind is EntryKind.LOST:
+            if lost is None:
+                raise ValueError(f"{self.where}: the lost entry at slot {slot} came without its record")
+            return self._apply_lost(slot, header, size, lost)
         txn = header.txn
         if header.kind.is_control:
             self._advance(slot, header, size)
@@ -135,6 +149,18 @@ class TxnBuffer:
             cur.entries += 1
         return Disposition.TXN_DATA
 
+    def _apply_lost(self, slot: int, header: EntryHeader, size: int, lost: LostEntry) -> Disposition:
+        # Its records are gone. It may have held the marker of any transaction open here: remember what
+        # the record says of each (the marker that follows, if any, still decides). It may have held any
+        # producer's next sequence numbers: each one's next entry resynchronises it.
+        for txn in self.by_txn:
+            if self.lost_outcomes.get(txn) in (None, ONGOING):
+                self.lost_outcomes[txn] = lost.outcome(txn) if lost.marked else None
+        self.producers.resync_all()
+        self.skipped_unmarked |= not lost.marked
+        self._advance(slot, header, size)
+        return Disposition.LOST
+
     def _advance(self, slot: int, header: EntryHeader, size: int) -> None:
         self.position = header.next_offset
         self.slot = slot + 1
@@ -155,6 +181,7 @@ class TxnBuffer:
         cur = self.by_txn.pop(txn, None)
         if cur is not None:
             del self.ongoing[cur.first_offset]
+        self.lost_outcomes.pop(txn, None)
         if not committed:
             if cur is not None:
                 self.aborted.add(txn, cur.first_offset, cur.last_offset, marker)
@@ -176,6 +203,7 @@ class TxnBuffer:
         if cur is None:
             return
         del self.ongoing[cur.first_offset]
+        self.lost_outcomes.pop(txn, None)
         for first, last in entries:
             self.skips.add(first, last)
         self.ended[txn] = (True, -1)
@@ -232,6 +260,8 @@ class TxnBuffer:
         b.producers = self.producers.copy()
         b.ended = OrderedDict(self.ended)
         b.gaps = dict(self.gaps)
+        b.lost_outcomes = dict(self.lost_outcomes)
+        b.skipped_unmarked = self.skipped_unmarked
         b.size_bytes, b.committed_count, b.aborted_count = self.size_bytes, self.committed_count, self.aborted_count
         b.log_time_ms = self.log_time_ms
         b.where = self.where
@@ -251,5 +281,7 @@ class TxnBuffer:
                 raise AssertionError(f"{o.txn} is both ongoing and ended")
         if self.max_read_position > self.position:
             raise AssertionError("max read position beyond position")
+        if any(t not in self.by_txn for t in self.lost_outcomes):
+            raise AssertionError("a lost-entry outcome is kept for a transaction that is not open")
         self.aborted._check()
         self.skips._check()

@@ -5,6 +5,11 @@
 (the default) it returns only records of committed transactions and non-transactional records, never
 beyond a partition's last stable offset, never control records; under ``read_uncommitted``, every record
 but control records. Memory is bounded by each partition reader's window and ``max_records``.
+
+A damaged entry stops its partition: the records before it are returned, then every poll raises
+:class:`~txn_core.errors.DamagedEntryError` naming it until an operator marks it lost (then its offsets are
+passed over with a warning) or restores it. ``skip_damaged=True`` is the explicit choice to pass damage
+nobody marked, with a warning (PROTOCOL.md "Damage").
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class Consumer:
         isolation_level: str = "read_committed",
         auto_offset_reset: str = "earliest",
         window_bytes: int = 64 << 20,
+        skip_damaged: bool = False,
     ) -> None:
         if isolation_level not in ISOLATION_LEVELS:
             raise ConfigurationError(f"isolation_level must be one of {ISOLATION_LEVELS}, got {isolation_level!r}")
@@ -63,6 +69,7 @@ class Consumer:
         self.isolation_level = isolation_level
         self.auto_offset_reset = auto_offset_reset
         self.window_bytes = window_bytes
+        self.skip_damaged = skip_damaged
         self._readers: dict[TopicPartition, PartitionReader] = {}
         self._order: list[TopicPartition] = []
         self._next = 0
@@ -107,6 +114,7 @@ class Consumer:
 
             def open_reader(tp: TopicPartition) -> PartitionReader:
                 state = self.log.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
+                state.skip_damaged = self.skip_damaged
                 reader = PartitionReader(state, tp.topic, tp.partition, self.isolation_level, self.window_bytes)
                 c = committed.get(tp)
                 if c is not None:
@@ -114,7 +122,7 @@ class Consumer:
                 elif self.auto_offset_reset == "earliest":
                     reader.seek(reader.log.log_start(refresh=True).offset)
                 else:
-                    reader.seek(reader.log.end_offset())
+                    reader.seek(reader.log.readable_end())
                 return reader
 
             # Each partition's opening (log start, snapshot, tail) is independent: overlap them.
@@ -141,7 +149,7 @@ class Consumer:
 
     def seek_to_end(self, tp: tuple[str, int] | TopicPartition) -> None:
         r = self._reader(_tp(tp))
-        r.seek(r.log.end_offset())
+        r.seek(r.log.readable_end())
         self._deferred = None
 
     def _reader(self, tp: TopicPartition) -> PartitionReader:

@@ -5,7 +5,7 @@ Header layout (little-endian)::
     off size field            meaning
     0   4    magic            b"TXLE"
     4   1    version          1
-    5   1    kind             0 DATA, 1 COMMIT marker, 2 ABORT marker, 3 DATA_REF
+    5   1    kind             0 DATA, 1 COMMIT marker, 2 ABORT marker, 3 DATA_REF, 4 SEAL
     6   2    flags            bit 0: transactional
     8   2    header_size      128
     10  2    reserved         0
@@ -25,7 +25,8 @@ Header layout (little-endian)::
 
 DATA payload: an Arrow IPC stream (schema + record batches). DATA_REF payload: JSON naming one staged
 object (an entry-format DATA object written elsewhere) with its size, payload crc and row count.
-Marker payload: JSON ``{"outcome": "COMMIT"|"ABORT", "txn": "C:S"}``.
+Marker payload: JSON ``{"outcome": "COMMIT"|"ABORT", "txn": "C:S"}``. SEAL payload: JSON naming the lost
+entry it closes (PROTOCOL.md "Damage").
 """
 
 from __future__ import annotations
@@ -56,10 +57,14 @@ class EntryKind(enum.IntEnum):
     COMMIT = 1
     ABORT = 2
     DATA_REF = 3
+    #: closes the offsets of a damaged last entry that an operator marked lost (PROTOCOL.md "Damage")
+    SEAL = 4
+    #: never stored: the header readers make up for an entry marked lost (its offsets, no records)
+    LOST = 255
 
     @property
     def is_control(self) -> bool:
-        return self in (EntryKind.COMMIT, EntryKind.ABORT)
+        return self in (EntryKind.COMMIT, EntryKind.ABORT, EntryKind.SEAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,18 +137,17 @@ class EntryHeader:
 
 
 def decode_header(data: Any, key: str) -> EntryHeader:
-    """Decode and verify the header at the start of ``data`` (which may hold more than the header)."""
+    """Decode and verify the header at the start of ``data`` (which may hold more than the header).
+
+    Raises :class:`CorruptDataError` naming ``key`` and, as its ``check``, the check that failed."""
     if len(data) < HEADER_SIZE:
         if len(data) >= 4 and bytes(memoryview(data)[:4]) != MAGIC:
-            raise CorruptDataError(
-                f"{key} is not a txnlog entry (bad magic {bytes(memoryview(data)[:4])!r}); a foreign or damaged object "
-                "sits in the log. Move it away; nothing after it is read until then.",
-                key,
-            )
+            raise _foreign(key, bytes(memoryview(data)[:4]))
         raise CorruptDataError(
             f"{key} is truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte entry header. "
-            "The object is damaged; restore it from a replica or remove the partition's tail.",
+            'The object is damaged; restore it from a replica or mark it lost (PROTOCOL.md "Damage").',
             key,
+            f"truncated to {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header",
         )
     body = bytes(memoryview(data)[:124])
     (
@@ -167,30 +171,35 @@ def decode_header(data: Any, key: str) -> EntryHeader:
         _pad,
     ) = _STRUCT.unpack(body)
     if magic != MAGIC:
-        raise CorruptDataError(
-            f"{key} is not a txnlog entry (bad magic {magic!r}); a foreign or damaged object sits in the "
-            "log. Move it away; nothing after it is read until then.",
-            key,
-        )
+        raise _foreign(key, magic)
     (crc,) = _CRC.unpack(bytes(memoryview(data)[124:128]))
     if crc != crc32c(body):
-        raise CorruptDataError(
-            f"{key}: entry header checksum mismatch (stored {crc:#010x}, computed {crc32c(body):#010x}); "
-            "the object is corrupt.",
-            key,
-        )
+        check = f"header checksum mismatch (stored {crc:#010x}, computed {crc32c(body):#010x})"
+        raise CorruptDataError(f"{key}: entry {check}; the object is corrupt.", key, check)
     if version != VERSION or header_size != HEADER_SIZE:
         raise CorruptDataError(
             f"{key}: entry format version {version} (header {header_size} bytes) is not supported by this "
             f"txnlog (version {VERSION}); upgrade txnlog.",
             key,
+            f"unsupported entry format version {version}",
         )
     try:
         ekind = EntryKind(kind)
-    except ValueError as exc:
-        raise CorruptDataError(f"{key}: unknown entry kind {kind}", key) from exc
+    except ValueError:
+        ekind = EntryKind.LOST  # not a kind an entry may have
+    if ekind is EntryKind.LOST:
+        raise CorruptDataError(f"{key}: unknown entry kind {kind}", key, f"unknown entry kind {kind}")
     txn = TxnId(txn_hi, txn_lo) if flags & FLAG_TRANSACTIONAL else None
     return EntryHeader(ekind, base_offset, count, pid, epoch, seq, txn, ts, plen, pcrc, writer_id)
+
+
+def _foreign(key: str, magic: bytes) -> CorruptDataError:
+    return CorruptDataError(
+        f"{key} is not a txnlog entry (bad magic {magic!r}); a foreign or damaged object sits in the log. "
+        'Move it away, or mark it lost (PROTOCOL.md "Damage"); nothing after it is read until then.',
+        key,
+        f"bad magic {magic!r}: not a txnlog entry",
+    )
 
 
 def verify_payload(header: EntryHeader, data: Any, key: str) -> memoryview:
@@ -201,14 +210,12 @@ def verify_payload(header: EntryHeader, data: Any, key: str) -> memoryview:
             f"{key} is truncated: payload has {len(view)} bytes, header says {header.payload_len}. "
             "The object is damaged; nothing after it is read.",
             key,
+            f"payload has {len(view)} bytes, header says {header.payload_len}",
         )
     crc = crc32c(view)
     if crc != header.payload_crc:
-        raise CorruptDataError(
-            f"{key}: payload checksum mismatch (stored {header.payload_crc:#010x}, computed {crc:#010x}); "
-            "the object is corrupt.",
-            key,
-        )
+        check = f"payload checksum mismatch (stored {header.payload_crc:#010x}, computed {crc:#010x})"
+        raise CorruptDataError(f"{key}: {check}; the object is corrupt.", key, check)
     return view
 
 

@@ -51,6 +51,7 @@ class ObjectKind(enum.IntEnum):
     SUBSCRIPTION = 10
     GROUP_SNAPSHOT = 11
     OFFSETS_CLAIM = 12
+    LOST_ENTRY = 13
 
 
 @dataclass(frozen=True, slots=True)

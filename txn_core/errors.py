@@ -7,6 +7,11 @@ happened, with the ids, offsets or objects involved, and what to do about it (PR
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from txn_core.entry import EntryHeader
+
 
 class TxnLogError(Exception):
     """Root of all txnlog errors."""
@@ -108,11 +113,39 @@ class StorageContractError(StorageError):
 
 
 class CorruptDataError(TxnLogError):
-    """An object is corrupt, truncated or not a txnlog object. Nothing after it is skipped silently."""
+    """An object is corrupt, truncated or not a txnlog object. Nothing after it is skipped silently.
 
-    def __init__(self, message: str, key: str | None = None) -> None:
+    ``check`` names the check the object failed (``"header checksum mismatch"``), when one did."""
+
+    def __init__(self, message: str, key: str | None = None, check: str | None = None) -> None:
         super().__init__(message)
         self.key = key
+        self.check = check
+
+
+class DamagedEntryError(CorruptDataError):
+    """A partition entry fails its checks and is not marked lost (PROTOCOL.md "Damage").
+
+    ``path`` and ``slot`` locate it; ``header`` is its header when only the payload is damaged (the
+    entry's offsets are then known); ``first_offset`` is where its offsets begin, when the caller knows.
+    Reads stop before it; an operator restores the object or marks its offsets lost."""
+
+    def __init__(
+        self,
+        message: str,
+        key: str,
+        check: str,
+        *,
+        path: str,
+        slot: int,
+        header: EntryHeader | None = None,
+        first_offset: int | None = None,
+    ) -> None:
+        super().__init__(message, key, check)
+        self.path = path
+        self.slot = slot
+        self.header = header
+        self.first_offset = first_offset
 
 
 class DataLossError(TxnLogError):

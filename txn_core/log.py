@@ -19,9 +19,11 @@ from txn_core.clock import Clock, system_clock
 from txn_core.consumer import Consumer
 from txn_core.coordinator.service import TransactionCoordinator
 from txn_core.coordinator.txnlog import CoordinatorViews
+from txn_core.damage import skipped_lost
 from txn_core.errors import ConfigurationError, ObjectNotFoundError
 from txn_core.groups import GroupStore
 from txn_core.ids import TxnId
+from txn_core.lost import list_lost
 from txn_core.partition import PartitionLog
 from txn_core.producer import DEFAULT_BATCH_BYTES, Producer
 from txn_core.reader import PartitionState
@@ -29,6 +31,8 @@ from txn_core.storage import Storage, open_storage
 from txn_core.topics import TopicConfig, TopicMeta, TopicStore
 
 if TYPE_CHECKING:
+    from txn_core.damage import DamagedEntry
+    from txn_core.lost import LostEntry
     from txn_core.subscriptions import Subscription, SubscriptionConsumer
 
 FORMAT_VERSION = 1
@@ -50,6 +54,22 @@ class OngoingTransaction:
 
 
 @dataclass(frozen=True, slots=True)
+class DamagedEntryDescription:
+    """A damaged entry of a partition (PROTOCOL.md "Damage"): where it is, which check it fails, its offsets
+    when known (``next_offset`` is None for a damaged last entry), and whether an operator marked it lost."""
+
+    slot: int
+    key: str
+    check: str
+    first_offset: int | None
+    next_offset: int | None
+    marked_lost: bool
+    reason: str | None = None
+    by: str | None = None
+    marked_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionDescription:
     partition: int
     log_start_offset: int
@@ -59,6 +79,8 @@ class PartitionDescription:
     aborted_transactions: int = 0
     committed_transactions: int = 0
     size_bytes: int = 0
+    #: entries marked lost, and the damaged entry not marked lost that reading stops at, in slot order
+    damaged_entries: tuple[DamagedEntryDescription, ...] = ()
 
     @property
     def lso_lag(self) -> int:
@@ -267,15 +289,17 @@ class Log:
                 )
             )
         start = state.log.log_start(refresh=True)
+        damaged = _damaged_entries(state, start.slot)
         return PartitionDescription(
             partition,
             start.offset,
-            buffer.position,
+            buffer.position if state.damage is None else state.log.readable_end(),
             bound,
             tuple(ongoing),
             len(buffer.aborted),
             buffer.committed_count,
             max(0, buffer.size_bytes - start.bytes_before),
+            damaged,
         )
 
     # --- clients --------------------------------------------------------------------------------
@@ -296,8 +320,17 @@ class Log:
         *,
         isolation_level: str = "read_committed",
         auto_offset_reset: str = "earliest",
+        skip_damaged: bool = False,
     ) -> Consumer:
-        return Consumer(self, group_id, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset)
+        """A consumer (see :class:`Consumer`); ``skip_damaged`` passes damaged entries nobody marked lost,
+        with a warning, instead of stopping at them (PROTOCOL.md "Damage")."""
+        return Consumer(
+            self,
+            group_id,
+            isolation_level=isolation_level,
+            auto_offset_reset=auto_offset_reset,
+            skip_damaged=skip_damaged,
+        )
 
     # --- subscriptions (txn_core.subscriptions; PROTOCOL.md "Subscriptions") ------------------------
 
@@ -374,6 +407,21 @@ class Log:
 
         return admin.abort_hanging(self, topic, partition, txn)
 
+    # --- damage (PROTOCOL.md "Damage") ----------------------------------------------------------
+
+    def damaged_entries(self, topic: str, partition: int, *, payloads: bool = False) -> list[DamagedEntry]:
+        """The damaged entries of one partition, marked lost or not (see :func:`txn_core.damage.find_damaged`)."""
+        from txn_core import damage
+
+        return damage.find_damaged(self, topic, partition, payloads=payloads)
+
+    def mark_lost(self, topic: str, partition: int, slot: int, *, reason: str, records: int | None = None) -> LostEntry:
+        """An operator's act: record that the damaged entry at ``slot`` is lost, so readers skip its offsets
+        (see :func:`txn_core.damage.mark_lost`)."""
+        from txn_core import damage
+
+        return damage.mark_lost(self, topic, partition, slot, reason=reason, records=records)
+
     def transaction_metadata(self, transactional_id: str) -> dict[str, Any] | None:
         """The metadata stored with the last committed transaction of ``transactional_id``."""
         state = self.coordinator.state(transactional_id)
@@ -404,3 +452,36 @@ class Log:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _damaged_entries(state: PartitionState, start_slot: int) -> tuple[DamagedEntryDescription, ...]:
+    """The entries of a partition marked lost (one LIST) and the damaged one its scan stopped at."""
+    out = [
+        DamagedEntryDescription(
+            lost.slot,
+            lost.key,
+            lost.check,
+            lost.first_offset,
+            lost.next_offset,
+            True,
+            lost.reason,
+            lost.by,
+            lost.marked_ms,
+        )
+        for lost in list_lost(state.log.storage, state.log.path)
+        if lost.slot >= start_slot
+    ]
+    damage = state.damage
+    if damage is not None:
+        extent = skipped_lost(state.log, damage)
+        out.append(
+            DamagedEntryDescription(
+                damage.slot,
+                damage.key or state.log.entries.key(damage.slot),
+                damage.check or str(damage),
+                damage.first_offset,
+                extent.next_offset if extent is not None else None,
+                False,
+            )
+        )
+    return tuple(sorted(out, key=lambda d: d.slot))

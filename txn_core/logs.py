@@ -6,6 +6,8 @@ Loggers (all under ``txnlog``, so one setting controls them all):
 ``txnlog.coordinator``          INFO: commit and abort decisions, fencing (epoch bumps), timeouts
 ``txnlog.producer``             INFO: a producer fenced or failed fatally
 ``txnlog.snapshots``            INFO: buffer and coordinator snapshots written
+``txnlog.damage``               WARNING: offsets passed over as lost (marked lost, or damage a reader
+                                chose to skip), and entries marked lost (PROTOCOL.md "Damage")
 ``txnlog.storage``              INFO: retried and unresolved writes
 ``txnlog.storage.requests``     DEBUG: every storage request (operation, key, bytes, milliseconds)
 ``txnlog.spark.sink``           INFO: each micro-batch's commit (committed or replayed, rows, objects)

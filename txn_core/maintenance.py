@@ -9,7 +9,10 @@ Retention of a partition, in this order (each step is safe to crash after):
    slots; see "Stale writers" in PROTOCOL.md);
 2. publish the log start: create ``<path>/start/<020d slot>`` holding ``{slot, offset}``;
 3. write a buffer snapshot at the current position with everything below the new start pruned;
-4. delete the entries below the start (and the staged objects their DATA_REF entries name), oldest first.
+4. delete the entries below the start (and the staged objects their DATA_REF entries name), oldest first,
+   then the lost-entry marks below it (PROTOCOL.md "Damage").
+
+It never reaches past a damaged entry not marked lost: the buffer stops there, and so does the walk.
 
 Readers that meet a missing entry below the published start raise :class:`DataLossError` (or skip
 forward when told to), never read past a hole silently.
@@ -23,11 +26,14 @@ from typing import TYPE_CHECKING
 
 from txn_core import envelope, paths
 from txn_core.entry import HEADER_SIZE, EntryKind, decode_header, verify_payload
-from txn_core.errors import ConfigurationError, ObjectNotFoundError
+from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
+from txn_core.logs import get_logger
 from txn_core.snapshots import SnapshotStore
 
 if TYPE_CHECKING:
     from txn_core.log import Log
+
+logger = get_logger(__name__)
 
 #: Entries younger than this are never deleted by retention (stale-writer guard; PROTOCOL.md).
 MIN_ENTRY_AGE_MS = 10 * 60 * 1000
@@ -80,13 +86,15 @@ def _retain(
     state = log.partition_state(path)
     state.scan_to_end()
     start = plog.log_start(refresh=True)
-    tail_slot, _end = plog.tail(refresh=True)
-    limit = state.read_bound()  # never delete data of a transaction that is still open
+    tail_slot, _end = plog.readable_tail(refresh=True)
+    # Never delete data of a transaction that is still open, nor anything from a damaged entry not marked
+    # lost on (the buffer stops there: what it does not know it does not delete).
+    limit = state.read_bound()
     total = state.buffer.size_bytes
     # Walk entries from the start, deciding how far retention reaches.
     slot, offset, freed = start.slot, start.offset, 0
     headers = []
-    while slot < tail_slot:
+    while slot < min(tail_slot, state.buffer.slot):
         header = plog.read_header(slot)
         size = HEADER_SIZE + header.payload_len
         expired = retention_ms is not None and now_ms - header.timestamp_ms > retention_ms
@@ -121,9 +129,12 @@ def _retain(
                 data = log.storage.read(key)
                 ref = json.loads(bytes(verify_payload(header, data, key)))
                 log.storage.delete(str(ref["key"]))
-            except ObjectNotFoundError:
-                pass
+            except (ObjectNotFoundError, CorruptDataError):
+                pass  # a damaged reference names nothing for sure: its staged object is left to the sweep
         log.storage.delete(key)
+    for name in log.storage.list(paths.lost_entries(path)):  # a lost-entry mark goes with its entry
+        if name.isdigit() and int(name) < slot:
+            log.storage.delete(paths.lost_entries(path) + name)
     markers = sorted(n for n in log.storage.list(paths.log_start(path)) if not n.endswith("/"))
     for name in markers[:-START_MARKERS_KEPT]:
         log.storage.delete(paths.log_start(path) + name)
@@ -161,32 +172,45 @@ def sweep_staging(log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: in
     """Delete staged objects older than ``older_than_ms`` that no DATA_REF entry references.
 
     References are collected from every partition's DATA_REF entries (a full header scan plus a read of
-    each reference), so this is a maintenance task for quiet hours, not a hot path.
+    each reference), so this is a maintenance task for quiet hours, not a hot path. A damaged entry (marked
+    lost or not) may be a reference nobody can read: every staged object of its partition is kept.
     """
     now_ms = log.clock() if now_ms is None else now_ms
     referenced: set[str] = set()
+    #: staged-object name prefixes (``<topic>-<05d p>-``) of partitions holding an entry whose reference
+    #: cannot be read: any of their staged objects may be the one it names, so all of them are kept
+    unknown: set[str] = set()
     for topic in log.topics.list(include_internal=True):
         meta = log.topics.get(topic)
         for p in range(meta.partitions):
             plog = log.partition_log(paths.partition_log_path(topic, p))
             start = plog.log_start(refresh=True)
-            tail_slot, _ = plog.tail(refresh=True)
+            tail_slot = plog.entries.find_tail(start.slot)
             for slot in range(start.slot, tail_slot):
                 key = plog.entries.key(slot)
                 try:
                     data = log.storage.read(key)
+                    header = decode_header(data, key)
+                    if header.kind == EntryKind.DATA_REF:
+                        referenced.add(str(json.loads(bytes(verify_payload(header, data, key)))["key"]))
                 except ObjectNotFoundError:
                     continue
-                header = decode_header(data, key)
-                if header.kind == EntryKind.DATA_REF:
-                    referenced.add(str(json.loads(bytes(verify_payload(header, data, key)))["key"]))
+                except (CorruptDataError, ValueError, KeyError) as exc:
+                    unknown.add(f"{topic}-{p:05d}-")
+                    logger.warning(
+                        "%s is damaged (%s): the staged objects of %s-%d are all kept, since it may reference any",
+                        key,
+                        getattr(exc, "check", None) or exc,
+                        topic,
+                        p,
+                    )
     deleted = 0
     for owner in log.storage.list(paths.STAGING):
         for batch in log.storage.list(paths.STAGING + owner):
             prefix = paths.STAGING + owner + batch
             for name in log.storage.list(prefix):
                 key = prefix + name
-                if key in referenced or name.endswith("/"):
+                if key in referenced or name.endswith("/") or name.startswith(tuple(unknown)):
                     continue
                 mtime = log.storage.mtime_ms(key)
                 if mtime is not None and now_ms - mtime < older_than_ms:

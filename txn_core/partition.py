@@ -13,6 +13,11 @@ Append (any number of processes at once):
 
 Crash windows: a crash before the create leaves nothing; the create is atomic, so a crash during it
 leaves either the whole entry or nothing (on local disk, possibly a ``.tmp-*`` file nobody lists).
+
+Damage (PROTOCOL.md "Damage"): an entry that fails its checks on two reads in a row is damaged. Reading it
+gives the header made up from its lost-entry record when an operator marked it lost, else raises
+:class:`DamagedEntryError`; a damaged entry inside the log does not hide the entries after it from the tail
+search, and a damaged *last* entry makes the log end unknown, so appends fail until it is marked lost.
 """
 
 from __future__ import annotations
@@ -28,8 +33,16 @@ from sortedcontainers import SortedDict
 from txn_core import envelope, paths
 from txn_core.clock import Clock, monotonic, system_clock
 from txn_core.entry import HEADER_SIZE, EntryHeader, EntryKind, Payload, decode_header, verify_payload
-from txn_core.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, OffsetOutOfRangeError
+from txn_core.errors import (
+    ConfigurationError,
+    CorruptDataError,
+    DamagedEntryError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    OffsetOutOfRangeError,
+)
 from txn_core.ids import TxnId
+from txn_core.lost import LostEntry, damaged_entry_error, read_lost
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
 
@@ -68,12 +81,16 @@ class LogStart:
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """A read entry: header, slot, and the raw object bytes (payload follows the header)."""
+    """A read entry: header, slot, and the raw object bytes (payload follows the header).
+
+    ``lost`` is set for an entry whose records are gone (PROTOCOL.md "Damage"): its header is then the
+    real one (only the payload is damaged) or, of kind LOST, the one its lost-entry record gives."""
 
     slot: int
     header: EntryHeader
     data: Any  # the whole object: a pyarrow.Buffer (or bytes)
     key: str
+    lost: LostEntry | None = None
 
     def payload(self) -> memoryview:
         return verify_payload(self.header, self.data, self.key)
@@ -94,6 +111,7 @@ class PartitionLog:
         self._start: LogStart | None = None
         self._start_checked = 0.0
         self._index: SortedDict = SortedDict()  # base_offset -> (slot, record_count); see _note
+        self._lost: dict[int, LostEntry] = {}  # lost-entry records read (immutable once they exist)
 
     def __getstate__(self) -> dict[str, object]:
         return {"storage": self.storage, "path": self.path}
@@ -177,24 +195,74 @@ class PartitionLog:
         if slot == start.slot:
             self._tail = (slot, start.offset)
         else:
-            self._tail = (slot, self.read_header(slot - 1).next_offset)
+            self._tail = self._after_last_readable(slot, start)
         self._tail_checked = now
         return self._tail
 
+    def _after_last_readable(self, slot: int, start: LogStart) -> tuple[int, int]:
+        """``(s, next offset)`` for the highest ``s <= slot`` whose previous entry is readable (or the log
+        start): the entries before ``slot`` normally (one read); short of a damaged run at the end, which
+        :meth:`_advance_tail_locked` then meets."""
+        s = slot
+        while s > start.slot:
+            try:
+                return s, self.read_header(s - 1).next_offset
+            except DamagedEntryError:
+                s -= 1
+        return start.slot, start.offset
+
     def _advance_tail_locked(self, slot: int, offset: int) -> tuple[int, int]:
-        """Follow slots created by others since the cached tail (one GET per new slot)."""
+        """Follow slots created by others since the cached tail (one GET per new slot). A damaged entry
+        with entries after it is stepped over; a damaged last entry raises :class:`DamagedEntryError`
+        with its ``first_offset``: nobody knows where its offsets end."""
+        damaged: DamagedEntryError | None = None  # the first of a run of damaged entries
         while True:
             try:
                 header = self.read_header(slot)
             except ObjectNotFoundError:
+                if damaged is not None:  # only retention deletes entries: the run is the end after all
+                    raise damaged from None
                 break
+            except DamagedEntryError as exc:
+                if damaged is None:
+                    exc.first_offset, damaged = offset, exc
+                if not self.entries.exists(slot + 1):
+                    self._tail = (damaged.slot, offset)  # appends after it fail; readers stop at it
+                    raise damaged from None
+                slot += 1
+                continue
+            damaged = None
             slot, offset = slot + 1, header.next_offset
         self._tail = (slot, offset)
         return self._tail
 
     def end_offset(self) -> int:
-        """The log end offset (next offset to be assigned), following new entries."""
+        """The log end offset (next offset to be assigned), following new entries. Raises
+        :class:`DamagedEntryError` when the last entry is damaged and not marked lost."""
         return self.tail()[1]
+
+    def readable_tail(self, refresh: bool = False) -> tuple[int, int]:
+        """``(slot, offset)`` where reading stops now: the tail, or, when the last entry is damaged and
+        not marked lost, that entry's slot and first offset (nothing after it exists yet)."""
+        try:
+            return self.tail(refresh)
+        except DamagedEntryError as exc:
+            if exc.first_offset is None:
+                raise
+            return exc.slot, exc.first_offset
+
+    def readable_end(self) -> int:
+        """The offset where reading stops now (see :meth:`readable_tail`): what readers call the end."""
+        return self.readable_tail()[1]
+
+    def boundary_before(self, slot: int) -> tuple[int, int]:
+        """``(first offset, timestamp)`` the entry before ``slot`` gives the entry at ``slot``: where its
+        offsets begin, and the previous entry's time (the log start's offset and 0 for the first entry)."""
+        start = self.log_start()
+        if slot <= start.slot:
+            return start.offset, 0
+        header = self.read_header(slot - 1)
+        return header.next_offset, header.timestamp_ms
 
     # --- append ---------------------------------------------------------------------------------
 
@@ -218,6 +286,8 @@ class PartitionLog:
         ``writer_id`` identifies this logical append across retries (a fresh one when omitted). A caller
         retrying after an :class:`UnknownOutcomeError` passes the same writer id and gets the same slot.
         """
+        if kind is EntryKind.LOST:
+            raise ConfigurationError('an entry of kind LOST is never written (PROTOCOL.md "Damage")')
         chunks = [payload] if isinstance(payload, bytes | memoryview) else list(payload)
         wid = writer_id or uuid.uuid4().bytes
         ts = self.clock() if timestamp_ms is None else timestamp_ms
@@ -285,24 +355,64 @@ class PartitionLog:
         return entry
 
     def fetch_header(self, slot: int) -> EntryHeader:
-        """The verified header of ``slot`` (one ranged read); no effect on this object's caches, so it
-        may run on any thread (:mod:`txn_core.readahead`)."""
+        """The verified header of ``slot`` (one ranged read), or the LOST header of an entry marked lost;
+        :class:`DamagedEntryError` for a damaged entry not marked lost. Damage is confirmed by a second
+        read (a read can be corrupted on its way). No effect on this object's caches but the lost-entry
+        records it reads, so it may run on any thread (:mod:`txn_core.readahead`)."""
         key = self.entries.key(slot)
-        return decode_header(self.storage.read(key, 0, HEADER_SIZE), key)
+        try:
+            return decode_header(self.storage.read(key, 0, HEADER_SIZE), key)
+        except CorruptDataError:
+            pass
+        try:
+            return decode_header(self.storage.read(key, 0, HEADER_SIZE), key)
+        except CorruptDataError as exc:
+            return self._lost_or_raise(slot, exc).header()
 
     def fetch_entry(self, slot: int) -> Entry:
-        """The whole entry at ``slot`` in one request, header verified and length checked; no effect on
-        this object's caches (see :meth:`fetch_header`)."""
+        """The whole entry at ``slot`` in one request, header verified and length checked (see
+        :meth:`fetch_header` for damage). An entry marked lost comes with its record as ``lost`` and no
+        data, with its real header when only its payload is damaged."""
+        try:
+            return self._read_entry(slot)
+        except CorruptDataError:
+            pass
+        try:
+            return self._read_entry(slot)
+        except CorruptDataError as exc:
+            header = exc.header if isinstance(exc, DamagedEntryError) else None
+            lost = self._lost_or_raise(slot, exc)
+            return Entry(slot, header or lost.header(), b"", lost.key, lost)
+
+    def _read_entry(self, slot: int) -> Entry:
         key = self.entries.key(slot)
         data = self.storage.read_buffer(key)
         header = decode_header(data, key)
         if len(data) != HEADER_SIZE + header.payload_len:
-            raise CorruptDataError(
-                f"{key} is truncated: {len(data)} bytes, header says {HEADER_SIZE + header.payload_len}. "
-                "The object is damaged; nothing after it is read.",
-                key,
-            )
+            check = f"truncated: {len(data)} bytes, header says {HEADER_SIZE + header.payload_len}"
+            raise self.damaged(slot, CorruptDataError(check, key, check), header)
         return Entry(slot, header, data, key)
+
+    def lost_entry(self, slot: int) -> LostEntry | None:
+        """The lost-entry record of ``slot``, if an operator marked it lost (one GET; remembered)."""
+        lost = self._lost.get(slot)
+        if lost is None:
+            lost = read_lost(self.storage, self.path, slot)
+            if lost is not None:
+                self._lost[slot] = lost
+        return lost
+
+    def _lost_or_raise(self, slot: int, exc: CorruptDataError) -> LostEntry:
+        lost = self.lost_entry(slot)
+        if lost is None:
+            if isinstance(exc, DamagedEntryError):
+                raise exc
+            raise self.damaged(slot, exc) from exc
+        return lost
+
+    def damaged(self, slot: int, exc: CorruptDataError, header: EntryHeader | None = None) -> DamagedEntryError:
+        """The error for the damaged entry at ``slot`` (``exc`` says which check failed)."""
+        return damaged_entry_error(self.path, slot, exc, header)
 
     def remember(self, slot: int, header: EntryHeader) -> None:
         """Learn from a header read at ``slot``: where its offsets are, and the tail if it lies past it.
@@ -331,7 +441,7 @@ class PartitionLog:
         Uses known entries, else bisects slots by header reads: O(log n) small reads.
         """
         start = self.log_start()
-        tail_slot, end = self.tail()
+        tail_slot, end = self.readable_tail()
         if offset < start.offset or offset > end:
             raise OffsetOutOfRangeError(f"offset {offset} is outside {self.path}'s range [{start.offset}, {end}]")
         if offset == end:
@@ -344,7 +454,11 @@ class PartitionLog:
         lo, hi = start.slot, tail_slot - 1  # invariant: base(lo) <= offset < next(hi)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.read_header(mid).base_offset <= offset:
+            try:
+                base = self.read_header(mid).base_offset
+            except DamagedEntryError:
+                base = self.read_header(mid - 1).next_offset  # mid > lo >= the log start slot
+            if base <= offset:
                 lo = mid
             else:
                 hi = mid - 1

@@ -44,6 +44,14 @@ def partition_log_path(topic: str, partition: int) -> str:
     return f"{TOPICS}{topic}/{partition:05d}"
 
 
+def topic_partition_of(path: str) -> tuple[str, int] | None:
+    """``(topic, partition)`` of a topic partition's log path; None for other logs (groups, ack logs)."""
+    parts = path.split("/")
+    if len(parts) == 3 and parts[0] + "/" == TOPICS and parts[2].isdigit() and len(parts[2]) == 5:
+        return parts[1], int(parts[2])
+    return None
+
+
 def group_log_path(group: str) -> str:
     """The log path of a consumer group's offsets (an internal single-partition log)."""
     return f"{GROUPS}{group}/offsets"
@@ -66,6 +74,11 @@ def buffer_snapshots(path: str) -> str:
 
 def log_start(path: str) -> str:
     return f"{path}/start/"
+
+
+def lost_entries(path: str) -> str:
+    """Lost-entry records: an operator's mark that an entry's records are gone (PROTOCOL.md "Damage")."""
+    return f"{path}/lost/"
 
 
 def segments(path: str) -> str:

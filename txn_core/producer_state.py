@@ -14,6 +14,10 @@ producer's current epoch:
 A higher epoch resets the sequence (the first entry of a new epoch is accepted whatever its sequence);
 an entry with a lower epoch than already seen is a fenced zombie's write and is skipped. Producers idle
 for longer than the retention are forgotten when a snapshot is taken.
+
+After a lost entry (PROTOCOL.md "Damage") every known producer is **resynchronised** by its next entry:
+the lost entry may have held any of them's next sequence numbers, so a gap right after it is accepted
+(duplicates are still skipped).
 """
 
 from __future__ import annotations
@@ -46,11 +50,17 @@ class ProducerEntry:
 class ProducerStates:
     """Producer id -> (epoch, next sequence) for one partition."""
 
-    __slots__ = ("last_gap", "producers")
+    __slots__ = ("last_gap", "producers", "resync")
 
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
         self.last_gap: tuple[int, int] = (0, 0)
+        #: producers whose next entry follows a lost entry: a gap there is accepted (see module doc)
+        self.resync: set[int] = set()
+
+    def resync_all(self) -> None:
+        """A lost entry was passed: let every known producer's next entry resynchronise it."""
+        self.resync.update(self.producers)
 
     def check(
         self, producer_id: int, epoch: int, base_sequence: int, count: int, timestamp_ms: int, where: str, offset: int
@@ -60,10 +70,14 @@ class ProducerStates:
             return SequenceCheck.ACCEPT
         cur = self.producers.get(producer_id)
         if cur is None or epoch > cur.epoch:
+            self.resync.discard(producer_id)
             self.producers[producer_id] = ProducerEntry(epoch, base_sequence + count, timestamp_ms)
             return SequenceCheck.ACCEPT
         if epoch < cur.epoch:
             return SequenceCheck.FENCED
+        resync = producer_id in self.resync
+        if resync:
+            self.resync.discard(producer_id)
         if base_sequence == cur.next_sequence:
             cur.next_sequence += count
             cur.last_timestamp_ms = max(cur.last_timestamp_ms, timestamp_ms)
@@ -74,11 +88,12 @@ class ProducerStates:
         self.last_gap = (cur.next_sequence, base_sequence)
         cur.next_sequence = base_sequence + count
         cur.last_timestamp_ms = max(cur.last_timestamp_ms, timestamp_ms)
-        return SequenceCheck.GAP
+        return SequenceCheck.ACCEPT if resync else SequenceCheck.GAP
 
     def expire(self, now_ms: int, retention_ms: int = PRODUCER_STATE_RETENTION_MS) -> None:
         for pid in [p for p, e in self.producers.items() if now_ms - e.last_timestamp_ms > retention_ms]:
             del self.producers[pid]
+            self.resync.discard(pid)
 
     def _check(self) -> None:
         """Assert the invariants (the randomised model test calls it after every step): every state has a
@@ -102,6 +117,7 @@ class ProducerStates:
         s.producers = {
             p: ProducerEntry(e.epoch, e.next_sequence, e.last_timestamp_ms) for p, e in self.producers.items()
         }
+        s.resync = set(self.resync)
         return s
 
 

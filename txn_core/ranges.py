@@ -23,6 +23,12 @@ read_uncommitted range is bounded by the log end instead and keeps aborted data 
 
 Entries removed by retention while a range waits or is read are data loss: :class:`DataLossError`, or,
 when the caller accepts loss, the read continues at the new log start.
+
+Damage (PROTOCOL.md "Damage"): planning works up to a damaged entry that is not marked lost (the available
+end stops there, and :attr:`PartitionState.damage` says why); a range reaching into one raises its
+:class:`DamagedEntryError`, or, when the caller accepts loss, skips the offsets its neighbours give it with a
+warning. Offsets marked lost are always skipped, with a warning; a damaged payload or staged object is
+treated the same way.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 
 from txn_core.aborted import SkipRanges, txn_key
+from txn_core.damage import lost_records, skipped_lost, warn_skipped
 from txn_core.errors import (
     CorruptDataError,
+    DamagedEntryError,
     DataLossError,
     ObjectNotFoundError,
     OffsetOutOfRangeError,
@@ -49,6 +57,8 @@ from txn_core.records import MetadataColumns, StagedDataMissingError, entry_tabl
 
 log = get_logger(__name__)
 
+#: Why a range read skips damage nobody marked lost (its caller accepts loss).
+ACCEPTS_LOSS = "the reader accepts data loss (failOnDataLoss=false)"
 #: Record batches yielded by :func:`read_range` hold at most this many rows (zero-copy slices).
 MAX_BATCH_ROWS = 1 << 16
 
@@ -82,7 +92,9 @@ def available_end(state: PartitionState, isolation: str) -> int:
     """The end of what a reader may read now: the read bound (read_committed) or the log end.
 
     Scans new entry headers first. Under read_committed this may abort transactions past their timeout
-    (see :meth:`PartitionState.read_bound`), so a dead producer holds the bound at most that long.
+    (see :meth:`PartitionState.read_bound`), so a dead producer holds the bound at most that long. A damaged
+    entry not marked lost ends it too (``state.damage`` then names it; the caller decides whether a read
+    that needed more fails).
     """
     _check_isolation(isolation)
     state.scan_to_end()
@@ -114,6 +126,8 @@ def plan_range(
     if state.buffer.position < end:
         state.scan_to_end()
     _check_not_removed(plog, start)  # the scan may have met deletions the cached log start did not know
+    if state.buffer.position < end and state.damage is not None:
+        raise state.damage
     if state.buffer.position < end:
         raise OffsetOutOfRangeError(
             f"{plog.path}: offset {end} is beyond the log end {state.buffer.position}; the offsets do not "
@@ -176,7 +190,10 @@ def read_range(
     fail_on_data_loss: bool = True,
     max_batch_rows: int = MAX_BATCH_ROWS,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the deliverable records of ``rng`` in offset order (see module doc). Memory: one entry."""
+    """Yield the deliverable records of ``rng`` in offset order (see module doc). Memory: one entry.
+
+    ``fail_on_data_loss=False`` accepts loss: offsets removed by retention, and damaged entries nobody
+    marked lost, are skipped with a warning instead of raising."""
     _check_isolation(rng.isolation)
     committed = rng.isolation == READ_COMMITTED
     aborted = frozenset(rng.aborted)
@@ -194,6 +211,11 @@ def read_range(
             slot, pos = _after_missing_entry(plog, slot, pos, end, fail_on_data_loss)
             expected = None
             continue
+        except DamagedEntryError as exc:
+            lost = None if fail_on_data_loss else skipped_lost(plog, exc)
+            if lost is None:
+                raise
+            entry = Entry(slot, exc.header or lost.header(), b"", lost.key, lost)
         header = entry.header
         if (
             expected is not None and header.base_offset != expected
@@ -206,6 +228,10 @@ def read_range(
         slot += 1
         expected = header.next_offset
         take_end = min(end, header.next_offset)
+        if entry.lost is not None:
+            warn_skipped(entry.lost, ACCEPTS_LOSS)
+            pos = take_end
+            continue
         deliver = (
             not header.is_control
             and not skips.covers(header.base_offset)
@@ -216,10 +242,18 @@ def read_range(
         if deliver:
             try:
                 yield from _slices(plog, entry, (pos, take_end), meta, max_batch_rows)
-            except StagedDataMissingError:
+            except CorruptDataError as exc:  # raised before the entry's first batch is yielded
                 # read_uncommitted: an aborted transaction's staged rows may have been cleaned up
-                if header.txn is None or txn_key(header.txn) not in aborted:
-                    raise
+                cleaned = (
+                    isinstance(exc, StagedDataMissingError)
+                    and header.txn is not None
+                    and txn_key(header.txn) in aborted
+                )
+                if not cleaned:
+                    lost = lost_records(plog, entry.slot, header, exc, skip=not fail_on_data_loss)
+                    if lost is None:
+                        raise
+                    warn_skipped(lost, ACCEPTS_LOSS)
         pos = take_end
 
 

@@ -10,6 +10,12 @@ tail) and lifts its log-derived max read position with the coordinator's decisio
 or above the buffer position, and hands out, in offset order, every entry below the read bound whose
 transaction committed (read_committed), or every non-control entry (read_uncommitted). Entries below a
 snapshot's position are classified from the snapshot's state without being applied again.
+
+Damage (PROTOCOL.md "Damage"): a header scan stops at a damaged entry that is not marked lost and records
+it in :attr:`PartitionState.damage` (the read bound, planning and describe work up to it); a reader delivers
+everything before it and then raises :class:`DamagedEntryError`, at every poll, until it is marked lost or
+restored. Offsets marked lost are passed over with a warning. A state or reader made with
+``skip_damaged=True`` also passes damage nobody marked, with a warning, and then writes no snapshots.
 """
 
 from __future__ import annotations
@@ -23,15 +29,19 @@ import pyarrow as pa
 from txn_core.buffer import Disposition, TxnBuffer
 from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.txnlog import TxnStatus
-from txn_core.entry import HEADER_SIZE, EntryHeader
+from txn_core.damage import lost_records, skipped_lost, warn_skipped
+from txn_core.entry import HEADER_SIZE, EntryHeader, EntryKind
 from txn_core.errors import (
     CorruptDataError,
+    DamagedEntryError,
     DataLossError,
     ObjectNotFoundError,
     OffsetOutOfRangeError,
     TxnLogError,
 )
 from txn_core.ids import TxnId
+from txn_core.logs import get_logger
+from txn_core.lost import ABORT, COMMIT, ONGOING, UNKNOWN, LostEntry
 from txn_core.partition import Entry, PartitionLog
 from txn_core.producer_state import gap_error
 from txn_core.readahead import HeaderReadAhead, ReadAhead
@@ -44,6 +54,7 @@ READ_UNCOMMITTED = "read_uncommitted"
 ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
 Resolver = Callable[[TxnId], TxnStatus]
+log = get_logger(__name__)
 #: Entry headers a reader reads ahead for a transaction's marker before asking the transaction log.
 MARKER_LOOKAHEAD = 2
 
@@ -51,11 +62,17 @@ MARKER_LOOKAHEAD = 2
 class PartitionState:
     """The transaction buffer of one partition plus coordinator decisions. Not thread-safe."""
 
-    def __init__(self, log: PartitionLog, resolver: Resolver, *, write_snapshots: bool = True) -> None:
+    def __init__(
+        self, log: PartitionLog, resolver: Resolver, *, write_snapshots: bool = True, skip_damaged: bool = False
+    ) -> None:
         self.log = log
         self.resolver = resolver
         self.snapshots = SnapshotStore(log.storage, log.path, log.clock)
         self.write_snapshots = write_snapshots
+        #: pass damaged entries nobody marked lost (with a warning) instead of stopping at them
+        self.skip_damaged = skip_damaged
+        #: the damaged entry, not marked lost, that the last scan stopped at (None: it reached the end)
+        self.damage: DamagedEntryError | None = None
         self._buffer: TxnBuffer | None = None
         self.decisions: dict[TxnId, bool] = {}
         self.snapshot_position = 0
@@ -86,31 +103,68 @@ class PartitionState:
         self.decisions.clear()
         return self._buffer
 
-    def apply(self, slot: int, header: EntryHeader, size: int) -> Disposition:
-        disposition = self.buffer.apply(slot, header, size)
+    def apply(self, slot: int, header: EntryHeader, size: int, lost: LostEntry | None = None) -> Disposition:
+        if header.kind is EntryKind.LOST and lost is None:
+            lost = self.log.lost_entry(slot)
+        disposition = self.buffer.apply(slot, header, size, lost)
         if header.is_control and header.txn is not None:
             self.decisions.pop(header.txn, None)
+        if self.damage is not None and slot >= self.damage.slot:
+            self.damage = None  # passed: marked lost or restored since
         return disposition
 
     def scan_to_end(self, *, max_entries: int | None = None) -> int:
-        """Apply every entry after the buffer position, reading headers only. Returns entries applied."""
+        """Apply every entry after the buffer position, reading headers only. Returns entries applied.
+
+        Stops at a damaged entry not marked lost (recorded in :attr:`damage`) unless ``skip_damaged``."""
         buffer = self.buffer
+        self.damage = None
         n = 0
         while max_entries is None or n < max_entries:
             try:
-                header = self.headers.next(buffer.slot)
+                step = self.next_entry(self.headers.next)
             except ObjectNotFoundError:
                 if self.log.deleted(buffer.slot):
                     # Retention removed entries this buffer had not applied: restart from its snapshot.
                     buffer = self.reload()
                     continue
                 break
-            self.apply(buffer.slot, header, HEADER_SIZE + header.payload_len)
+            if step is None:
+                break
+            header, lost = step
+            if lost is not None and not lost.marked:
+                warn_skipped(lost)
+            self.apply(buffer.slot, header, HEADER_SIZE + header.payload_len, lost)
             n += 1
         self.maybe_snapshot()
         return n
 
+    def next_entry(self, read: Callable[[int], EntryHeader]) -> tuple[EntryHeader, LostEntry | None] | None:
+        """The header (with ``read``) and lost record of the entry at the buffer's slot; None when a damaged
+        entry stops this state there (:attr:`damage`). Raises ObjectNotFoundError at the log end."""
+        slot = self.buffer.slot
+        try:
+            header = read(slot)
+        except DamagedEntryError as exc:
+            exc.first_offset = self.buffer.position
+            lost = self.skipped(exc)
+            if lost is None:
+                return None
+            return lost.header(), lost
+        return header, (self.log.lost_entry(slot) if header.kind is EntryKind.LOST else None)
+
+    def skipped(self, exc: DamagedEntryError) -> LostEntry | None:
+        """The unmarked lost record to pass the damaged entry ``exc`` names with (``skip_damaged``, and
+        its offsets known), or None: it stops this state, and :attr:`damage` says so. Whoever passes the
+        offsets says so in a warning."""
+        lost = skipped_lost(self.log, exc) if self.skip_damaged else None
+        if lost is None:
+            self.damage = exc
+        return lost
+
     def maybe_snapshot(self) -> None:
+        if self._buffer is not None and self._buffer.skipped_unmarked:
+            return  # this reader's choice to skip damage is its own: never handed on in a snapshot
         if self.write_snapshots and self._buffer is not None and self.snapshots.due(self._buffer):
             buffer = self._buffer
             opportunistic(
@@ -128,20 +182,28 @@ class PartitionState:
         self._scan_for_marker(txn, max_entries=MARKER_LOOKAHEAD)
         if txn not in self.buffer.by_txn:
             return self.buffer.outcome(txn) is not False
+        recorded = self.buffer.lost_outcomes.get(txn, ONGOING)
+        if recorded != ONGOING:  # open when a lost entry was passed, which may have held its marker
+            return self._decide_after_loss(txn, recorded)
         status = self.resolver(txn)
         if status.state is None or status.state == CoordinatorState.COMPLETE_COMMIT:
             # Finished: every participant has its marker, so this partition's marker lies ahead of the
             # data -- unless the data is a zombie write that landed after the marker (whose record aged
             # out of the buffer's cache of ended transactions). Scan ahead to tell them apart.
-            self._scan_for_marker(txn)
+            blocked = self._scan_for_marker(txn)
             outcome = self.buffer.outcome(txn)
-            if outcome is None:
+            if outcome is not None:
+                self.decisions[txn] = outcome
+                return outcome
+            if not blocked:
                 # No marker after the data: these writes came after the transaction ended. They become
                 # skip ranges (persisted, so every reader and range plan drops them the same way).
                 self._drop_zombie_writes(txn)
                 return True
-            self.decisions[txn] = outcome
-            return outcome
+            # Its marker may lie behind a damaged entry this state stops at (PROTOCOL.md "Damage"): a
+            # commit the transaction log still knows is a commit; an outcome nobody knows waits for it.
+            if status.state is None:
+                return None
         if status.decided:
             # Data in a partition the transaction never registered is not part of it (the writer broke
             # the protocol); it is dropped now and after completion alike.
@@ -150,6 +212,31 @@ class PartitionState:
             return committed
         return None
 
+    def _decide_after_loss(self, txn: TxnId, recorded: str | None) -> bool | None:
+        """Decide a transaction whose marker may be in a lost entry (PROTOCOL.md "Damage"): a marker after
+        it decides; else the outcome the lost-entry record gives (none recorded: the transaction log now).
+        An outcome nobody knows any more delivers nothing: it cannot be shown committed."""
+        blocked = self._scan_for_marker(txn)
+        if txn not in self.buffer.by_txn:
+            return self.buffer.outcome(txn) is not False
+        if blocked and recorded in (None, UNKNOWN):
+            return None  # its marker may lie behind a damaged entry further on: wait for it
+        if recorded is None:
+            status = self.resolver(txn)
+            if status.state is not None and not status.decided:
+                return None
+            committed = status.committed and (not status.participants or self.log.path in status.participants)
+            recorded = UNKNOWN if status.state is None else COMMIT if committed else ABORT
+        if recorded == UNKNOWN:
+            log.warning(
+                "%s: transaction %s was open before lost offsets and its outcome is no longer known; "
+                "read_committed readers deliver none of its records here",
+                self.log.path,
+                txn,
+            )
+        self.decisions[txn] = recorded == COMMIT
+        return recorded == COMMIT
+
     def _drop_zombie_writes(self, txn: TxnId) -> None:
         buffer = self.buffer
         ongoing = buffer.by_txn.get(txn)
@@ -157,21 +244,29 @@ class PartitionState:
             return
         entries = []
         for slot in range(self.log.slot_for_offset(ongoing.first_offset), buffer.slot):
-            header = self.log.read_header(slot)
+            try:
+                header = self.log.read_header(slot)
+            except DamagedEntryError:
+                continue  # passed by this reader's choice: whatever it held is not delivered
             if header.txn == txn and not header.is_control:
                 entries.append((header.base_offset, header.last_offset))
         buffer.drop_incarnation(txn, entries)
 
-    def _scan_for_marker(self, txn: TxnId, max_entries: int | None = None) -> None:
+    def _scan_for_marker(self, txn: TxnId, max_entries: int | None = None) -> bool:
+        """Apply entries until ``txn`` ends (at most ``max_entries``); True if a damaged entry stopped it."""
         buffer = self.buffer
         n = 0
         while txn in buffer.by_txn and (max_entries is None or n < max_entries):
             n += 1
             try:
-                header = self.log.read_header(buffer.slot)
+                step = self.next_entry(self.log.read_header)
             except ObjectNotFoundError:
-                return
-            self.apply(buffer.slot, header, HEADER_SIZE + header.payload_len)
+                return False
+            if step is None:
+                return True
+            header, lost = step
+            self.apply(buffer.slot, header, HEADER_SIZE + header.payload_len, lost)
+        return False
 
     def read_bound(self) -> int:
         """The last stable offset: first offset of the earliest undecided ongoing transaction."""
@@ -196,6 +291,8 @@ class PartitionState:
         """Disposition of an entry below the buffer position (not applied again)."""
         if header.is_control:
             return Disposition.CONTROL
+        if header.kind is EntryKind.LOST:
+            return Disposition.LOST
         buffer = self.buffer
         if header.txn is not None:
             aborted = buffer.aborted.get(header.txn)
@@ -246,6 +343,7 @@ class _Slot:
     header: EntryHeader
     entry: Entry | None
     disposition: Disposition
+    lost: LostEntry | None = None  # why its records are passed over (disposition LOST)
 
 
 class PartitionReader:
@@ -269,10 +367,16 @@ class PartitionReader:
         # Entries are read ahead, the reads in flight holding at most half the window.
         self._ahead = ReadAhead(self.log, max_bytes=max(window_bytes // 2, 1))
         self._prefilled = False  # fill() ran since the last poll: the poll need not read again
+        self._waiting: set[int] = set()  # damaged last entries a skip_damaged reader waits at (warned once)
         self._at_end = False  # the last fill stopped at the log end
 
+    @property
+    def skip_damaged(self) -> bool:
+        return self.state.skip_damaged
+
     def seek(self, offset: int) -> None:
-        """Deliver from ``offset`` on. Below the log start raises :class:`DataLossError`."""
+        """Deliver from ``offset`` on. Below the log start raises :class:`DataLossError`; past a damaged
+        entry the buffer cannot pass, its :class:`DamagedEntryError`."""
         start = self.log.log_start_for(offset)
         if offset < start.offset:
             raise DataLossError(
@@ -283,7 +387,7 @@ class PartitionReader:
             buffer = self.state.reload()
         # An offset the buffer has passed exists: no need to find the log end (a cold open from the log
         # start or a snapshot skips the tail search).
-        end = self.log.end_offset() if offset > buffer.position else buffer.position
+        end = self.log.readable_end() if offset > buffer.position else buffer.position
         if offset > end:
             raise OffsetOutOfRangeError(f"{self.log.path}: offset {offset} is beyond the log end {end}")
         self._window.clear()
@@ -294,10 +398,16 @@ class PartitionReader:
         if offset >= buffer.position:
             # Scan (headers only) up to the entry containing offset.
             while buffer.position <= offset and buffer.position < end:
-                header = self.log.read_header(buffer.slot)
+                step = self.state.next_entry(self.log.read_header)
+                if step is None:
+                    damage = self.state.damage
+                    if damage is not None and buffer.position < offset:
+                        raise damage  # the buffer cannot know what lies past it
+                    break
+                header, lost = step
                 if header.next_offset > offset:
                     break
-                self.state.apply(buffer.slot, header, HEADER_SIZE + header.payload_len)
+                self.state.apply(buffer.slot, header, HEADER_SIZE + header.payload_len, lost)
             self._cursor = buffer.slot
         else:
             self._cursor = self.log.slot_for_offset(offset)
@@ -331,8 +441,23 @@ class PartitionReader:
                         f"retention while this reader was behind; seek to {start.offset} or later to go on"
                     )
                 break
+            except DamagedEntryError as exc:
+                if self._cursor == buffer.slot:
+                    exc.first_offset = buffer.position
+                lost = self.state.skipped(exc)
+                if lost is None and self.skip_damaged:
+                    # Its offsets are unknown (the last entry): nothing after it to skip to. Wait there.
+                    if self._cursor not in self._waiting:
+                        self._waiting.add(self._cursor)
+                        log.warning("%s; this reader skips damage but waits: its offsets are unknown", exc)
+                    self._at_end = True
+                    break
+                if lost is None:
+                    # Deliver what precedes the damage first; then fail, and keep failing (never skip it).
+                    self._error = exc
+                    break
+                entry = Entry(self._cursor, exc.header or lost.header(), b"", lost.key, lost)
             except CorruptDataError as exc:
-                # Deliver what precedes the damage first; then fail, and keep failing (never skip it).
                 self._error = exc
                 break
             header = entry.header
@@ -341,16 +466,18 @@ class PartitionReader:
                     raise CorruptDataError(
                         f"{entry.key}: starts at offset {header.base_offset}, expected {buffer.position}", entry.key
                     )
-                disposition = self.state.apply(self._cursor, header, len(entry.data))
+                disposition = self.state.apply(self._cursor, header, HEADER_SIZE + header.payload_len, entry.lost)
             else:
                 disposition = self.state.classify(header)
+            if entry.lost is not None:
+                disposition = Disposition.LOST  # its header may be intact: the buffer applied it, no records
             keep = (
                 entry
                 if disposition in (Disposition.DATA, Disposition.TXN_DATA)
                 or (disposition is Disposition.ABORTED and self.isolation == READ_UNCOMMITTED)
                 else None
             )
-            self._window.append(_Slot(self._cursor, header, keep, disposition))
+            self._window.append(_Slot(self._cursor, header, keep, disposition, entry.lost))
             self._window_size += len(entry.data) if keep is not None else 0
             self._cursor += 1
             read = True
@@ -365,6 +492,8 @@ class PartitionReader:
         stays on the first record not returned, so a caller that handles the error and polls again
         misses nothing (PROTOCOL.md "Reading").
         """
+        if isinstance(self._error, DamagedEntryError):
+            self._error = None  # read it again: it may have been marked lost or restored since
         if not self._prefilled:
             self._fill()
         self._prefilled = False
@@ -381,6 +510,9 @@ class PartitionReader:
             if committed and header.base_offset >= bound:
                 break
             d = item.disposition
+            if d is Disposition.LOST:
+                self._pass_lost(item.lost or self.log.lost_entry(item.slot))
+                continue
             if d in (Disposition.DATA, Disposition.TXN_DATA) and self.state.buffer.skips.covers(header.base_offset):
                 d = Disposition.SKIP  # found to be a zombie write after it entered the window
             deliver = d is Disposition.DATA or (d is Disposition.ABORTED and not committed)
@@ -401,17 +533,21 @@ class PartitionReader:
                 if gap is not None:
                     raise gap_error(self.log.path, header.base_offset, *gap)
                 table = entry_table(self.log.storage, item.entry)
-            except StagedDataMissingError:
-                aborted = d is Disposition.ABORTED or (
-                    header.txn is not None and self.state.visible(header.txn) is False
+            except CorruptDataError as exc:
+                aborted = isinstance(exc, StagedDataMissingError) and (
+                    d is Disposition.ABORTED or (header.txn is not None and self.state.visible(header.txn) is False)
                 )
-                if not aborted:
+                if aborted:
+                    # read_uncommitted: an aborted transaction's staged rows were cleaned up; nothing to show
+                    self.position = header.next_offset
+                    self._pop()
+                    continue
+                lost = lost_records(self.log, item.slot, header, exc, skip=self.skip_damaged)
+                if lost is None:
                     if out:
                         break  # deliver what precedes the problem; the next poll raises it
                     raise
-                # read_uncommitted: an aborted transaction's staged rows were cleaned up; nothing to show
-                self.position = header.next_offset
-                self._pop()
+                self._pass_lost(lost)
                 continue
             except TxnLogError:
                 if out:
@@ -428,9 +564,19 @@ class PartitionReader:
                 self._pop()
         if not self._window and not out and not self._at_end:
             self._fill()  # the window drained without a record to deliver: read on (not past the log end)
-        if not out and self._error is not None and not self._window:
+        # A damaged entry is reported as soon as nothing before it can be delivered, records that wait on
+        # an undecided transaction included: that transaction's marker may be the damaged entry.
+        if not out and self._error is not None and (not self._window or isinstance(self._error, DamagedEntryError)):
             raise self._error
         return out
+
+    def _pass_lost(self, lost: LostEntry | None) -> None:
+        """Move past the window's first entry, whose records are gone, saying so."""
+        header = self._window[0].header
+        if lost is not None and self.position < header.next_offset:
+            warn_skipped(lost)
+        self.position = header.next_offset
+        self._pop()
 
     def _pop(self) -> None:
         item = self._window.popleft()
@@ -440,7 +586,7 @@ class PartitionReader:
     def lag_info(self) -> tuple[int, int]:
         """(read bound, log end) as of now."""
         bound = self.state.read_bound() if self.isolation == "read_committed" else self.state.buffer.position
-        return bound, self.log.end_offset()
+        return bound, self.log.readable_end()
 
 
 def _batches_with_offsets(table: pa.Table) -> list[tuple[pa.RecordBatch, int]]:

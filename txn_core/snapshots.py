@@ -116,7 +116,10 @@ class SnapshotStore:
         return changed and now_ms - self.last_time_ms >= SNAPSHOT_EVERY_MS
 
     def write(self, buffer: TxnBuffer, log_start: int = 0) -> int:
-        """Write a snapshot of ``buffer`` (parts first, final last); returns its position."""
+        """Write a snapshot of ``buffer`` (parts first, final last); returns its position. A buffer that
+        skipped a damaged entry nobody marked lost is refused: others must not inherit that choice."""
+        if buffer.skipped_unmarked:
+            raise ValueError(f"{self.path}: a buffer that skipped unmarked damage is never snapshotted")
         buffer.prune(log_start)
         table = buffer.aborted.to_table()
         markers = table.column("marker").to_numpy() if table.num_rows else None
@@ -154,6 +157,8 @@ class SnapshotStore:
             "skips": buffer.skips.to_list(),
             "gaps": [[o, *g] for o, g in sorted(buffer.gaps.items())],
             "producers": buffer.producers.to_list(),
+            "resync": sorted(buffer.producers.resync),
+            "lost_outcomes": [[txn_key(t), o] for t, o in buffer.lost_outcomes.items()],
             "log_time_ms": buffer.log_time_ms,
             "size_bytes": buffer.size_bytes,
             "committed_count": buffer.committed_count,
@@ -238,6 +243,8 @@ class SnapshotStore:
         buffer.skips = SkipRanges.from_list(value["skips"])
         buffer.gaps = {int(o): (int(a), int(b), int(c), int(d)) for o, a, b, c, d in value.get("gaps", [])}
         buffer.producers = ProducerStates.from_list(value["producers"])
+        buffer.producers.resync = {int(p) for p in value.get("resync", [])}
+        buffer.lost_outcomes = {key_txn(int(k)): o for k, o in value.get("lost_outcomes", [])}
         buffer.log_time_ms = int(value.get("log_time_ms", max((r[3] for r in value["producers"]), default=0)))
         buffer.size_bytes = int(value["size_bytes"])
         buffer.committed_count = int(value["committed_count"])

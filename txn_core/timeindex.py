@@ -14,11 +14,15 @@ forward scan from there to the first timestamp ``>= T`` finds it exactly. Cost: 
 the entries appended within about ``max_skew_ms`` of ``T``. If the assumption is broken (a clock far behind),
 entries stamped ``>= T`` before the bisection point can be missed; the answer is still an entry stamped
 ``>= T``, and every entry between the bisection point and it is stamped ``< T``.
+
+A damaged entry (PROTOCOL.md "Damage") counts with its predecessor's timestamp in the bisection; met by
+the forward scan, it is the answer (its first offset): its time is unknown, and the reader that starts
+there meets the damage rather than passing it unseen.
 """
 
 from __future__ import annotations
 
-from txn_core.errors import ObjectNotFoundError
+from txn_core.errors import DamagedEntryError, ObjectNotFoundError
 from txn_core.partition import PartitionLog
 
 #: Default bound on how far an entry's timestamp may run behind an earlier entry's (clock disagreement).
@@ -37,17 +41,24 @@ def offset_for_timestamp(plog: PartitionLog, timestamp_ms: int, *, max_skew_ms: 
 
 def _search(plog: PartitionLog, target: int, skew: int) -> int:
     lo = plog.log_start(refresh=True).slot
-    tail_slot, end = plog.tail(refresh=True)
+    tail_slot, end = plog.readable_tail(refresh=True)
     hi = tail_slot  # invariant: the answer's slot is >= the returned bisection point, which is in [lo, hi]
     floor = target - skew
     while lo < hi:
         mid = (lo + hi) // 2
-        if plog.read_header(mid).timestamp_ms >= floor:
+        try:
+            stamp = plog.read_header(mid).timestamp_ms
+        except DamagedEntryError:
+            stamp = plog.boundary_before(mid)[1]
+        if stamp >= floor:
             hi = mid
         else:
             lo = mid + 1
     for slot in range(lo, tail_slot):
-        header = plog.read_header(slot)
+        try:
+            header = plog.read_header(slot)
+        except DamagedEntryError:
+            return plog.boundary_before(slot)[0]
         if header.timestamp_ms >= target:
             return header.base_offset
     return end

@@ -7,7 +7,7 @@ Nouns and verbs::
     groups        list | describe
     dump          URL TOPIC [--partition P] [--isolation L] [--from O] [--to O] [--limit N] [--show-control]
     produce       URL TOPIC FILE [--app-id ID --version N] [--partition P | --key-column C]
-    maintenance   snapshot | compact | retention | sweep-staging
+    maintenance   snapshot | compact | retention | sweep-staging | damaged | mark-lost
     demo          [--core] [--dir DIR]
 
 Tables for people, ``--json`` for scripts, progress bars on stderr when it is a terminal. Errors are one

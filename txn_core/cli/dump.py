@@ -21,7 +21,7 @@ from txn_core import paths
 from txn_core.cli.common import Parser, SubParsers, add_verb, get_topic, non_negative_int, open_existing, warn
 from txn_core.cli.output import Progress, json_line, print_table
 from txn_core.entry import decode_json
-from txn_core.errors import ConfigurationError
+from txn_core.errors import ConfigurationError, DamagedEntryError
 from txn_core.log import Log
 from txn_core.readahead import HeaderReadAhead
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED
@@ -168,7 +168,7 @@ def _span(log: Log, topic: str, partition: int, start: int | None, stop: int | N
     """The offset range ``[first, end)`` a dump of the partition covers at most."""
     plog = log.partition_log(paths.partition_log_path(topic, partition))
     first = plog.log_start(refresh=True).offset if start is None else start
-    end = plog.end_offset() if stop is None else stop
+    end = plog.readable_end() if stop is None else stop
     return first, end
 
 
@@ -231,11 +231,14 @@ def _annotate(log: Log, topic: str, got: _Partition, first: int) -> None:
     txns: list[str | None] = []
     markers: list[dict[str, Any]] = []
     if got.reached > first:
-        tail_slot, _end = plog.tail(refresh=True)
+        tail_slot, _end = plog.readable_tail(refresh=True)
         slot = plog.slot_for_offset(first)
         headers = HeaderReadAhead(plog, slot)
         while slot < tail_slot:
-            header = headers.next(slot)
+            try:
+                header = headers.next(slot)
+            except DamagedEntryError:
+                break  # the rows read stop before it (the consumer said so)
             if header.base_offset >= got.reached:
                 break
             txn = str(header.txn) if header.txn is not None else None

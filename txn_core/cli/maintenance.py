@@ -1,13 +1,14 @@
-"""``txnlog maintenance snapshot|compact|retention|sweep-staging`` (PROTOCOL.md "Snapshots", "Retention",
-"Compaction", "Staged data"). Every one of them is safe to run at any time, concurrently with producers and
-consumers, and safe to interrupt."""
+"""``txnlog maintenance snapshot|compact|retention|sweep-staging|damaged|mark-lost`` (PROTOCOL.md
+"Snapshots", "Retention", "Compaction", "Staged data", "Damage"). Every one of them is safe to run at any
+time, concurrently with producers and consumers, and safe to interrupt. ``mark-lost`` is the one operator
+act among them that changes what readers deliver: it asks for ``--yes`` and is recorded in the log."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from txn_core import maintenance
+from txn_core import damage, maintenance
 from txn_core.cli.common import (
     Parser,
     SubParsers,
@@ -18,7 +19,15 @@ from txn_core.cli.common import (
     open_existing,
     positive_int,
 )
-from txn_core.cli.output import Progress, format_bytes, format_duration, print_json, print_table
+from txn_core.cli.output import (
+    Progress,
+    format_bytes,
+    format_duration,
+    format_offsets,
+    format_time,
+    print_json,
+    print_table,
+)
 from txn_core.errors import ConfigurationError
 
 
@@ -31,7 +40,8 @@ def register(sub: SubParsers, common: Parser) -> None:
         "consumers, and safe to interrupt.",
         examples="  txnlog maintenance retention /data/log --topic orders\n"
         "  txnlog maintenance compact /data/log\n"
-        "  txnlog maintenance snapshot /data/log",
+        "  txnlog maintenance snapshot /data/log\n"
+        "  txnlog maintenance damaged /data/log",
     )
 
     p = add_verb(
@@ -112,6 +122,55 @@ def register(sub: SubParsers, common: Parser) -> None:
         help="only objects older than this (default: one day)",
     )
     p.set_defaults(func=sweep_staging)
+
+    p = add_verb(
+        verbs,
+        "damaged",
+        parents=[common],
+        help="list and inspect damaged entries",
+        description="List the damaged entries of every partition (or of the given topics and partitions): "
+        "which check each fails, its size, the offsets its neighbours give it, what its bytes still tell, "
+        "and whether it is marked lost. Reads every entry header; --verify-payloads reads every record too.",
+        examples="  txnlog maintenance damaged /data/log\n"
+        "  txnlog maintenance damaged /data/log --topic orders --partition 3 --verify-payloads",
+    )
+    p.add_argument("--topic", action="append", help="only this topic (repeatable; default: all)")
+    p.add_argument("--partition", type=non_negative_int, action="append", metavar="P", help="only this partition")
+    p.add_argument(
+        "--verify-payloads",
+        action="store_true",
+        help="also read every entry and staged object and check its records (reads all the data)",
+    )
+    p.set_defaults(func=damaged)
+
+    p = add_verb(
+        verbs,
+        "mark-lost",
+        parents=[common],
+        help="mark a damaged entry's offsets lost (an operator act recorded in the log)",
+        description="Record in the log that the records of a damaged entry are gone, so that readers skip "
+        "its offsets (with a warning) instead of stopping at it. The offsets come from the entries around "
+        "it; a damaged last entry needs --records (at least its record count: a larger count is safe, "
+        "offsets are skipped and never reused) and is sealed by a one-offset entry after it. For every "
+        "transaction open before it, the outcome the transaction log gives now is recorded, so readers "
+        "decide it the same way whenever they read. Mark damaged entries in slot order. Nothing is deleted.",
+        examples="  txnlog maintenance mark-lost /data/log --topic orders --partition 3 --slot 1207 "
+        "--reason 'disk bit rot, no replica' --yes\n"
+        "  txnlog maintenance mark-lost /data/log --topic orders --partition 3 --slot 1300 --records 500 "
+        "--reason 'truncated by a failed copy' --yes",
+    )
+    p.add_argument("--topic", required=True, help="the topic")
+    p.add_argument("--partition", type=non_negative_int, required=True, metavar="P", help="the partition")
+    p.add_argument("--slot", type=non_negative_int, required=True, metavar="N", help="the damaged entry's slot")
+    p.add_argument(
+        "--records",
+        type=positive_int,
+        metavar="K",
+        help="its record count, when no entry after it tells (the last entry, or one before another damaged one)",
+    )
+    p.add_argument("--reason", required=True, metavar="TEXT", help="why (recorded in the log with who and when)")
+    p.add_argument("--yes", action="store_true", help="really mark it (without: show what would be marked)")
+    p.set_defaults(func=mark_lost)
 
 
 def snapshot(args: argparse.Namespace) -> int:
@@ -216,3 +275,87 @@ def sweep_staging(args: argparse.Namespace) -> int:
     else:
         print(f"deleted {deleted} unreferenced staged object(s) older than {format_duration(args.older_than_ms)}")
     return 0
+
+
+def damaged(args: argparse.Namespace) -> int:
+    log = open_existing(args)
+    topics = [get_topic(log, t).name for t in args.topic] if args.topic else log.list_topics()
+    found: list[damage.DamagedEntry] = []
+    with Progress("checking entries", len(topics), unit="topics") as bar:
+        for topic in topics:
+            partitions = range(log.topics.get(topic).partitions)
+            for p in partitions if not args.partition else [q for q in args.partition if q in partitions]:
+                found.extend(damage.find_damaged(log, topic, p, payloads=args.verify_payloads))
+            bar.advance()
+    if args.json:
+        print_json([damaged_json(d) for d in found])
+        return 0
+    checked = "headers and records" if args.verify_payloads else "headers; --verify-payloads checks every record"
+    print_table(
+        ["topic", "partition", "slot", "offsets", "size", "check failed", "marked lost"],
+        [
+            [
+                d.topic,
+                d.partition,
+                d.slot,
+                format_offsets(d.first_offset, d.next_offset),
+                format_bytes(d.size),
+                d.check,
+                f"yes, by {d.lost.by} at {format_time(d.lost.marked_ms)}: {d.lost.reason}" if d.lost else "no",
+            ]
+            for d in found
+        ],
+        empty=f"no damaged entries ({checked})",
+        full=["check failed", "marked lost"],
+    )
+    for d in found:
+        if d.hint and d.lost is None:
+            print(f"{d.key}: {d.hint}")
+    return 0
+
+
+def mark_lost(args: argparse.Namespace) -> int:
+    log = open_existing(args)
+    get_topic(log, args.topic)
+    if not args.yes:
+        entry = damage.inspect(log, args.topic, args.partition, args.slot)
+        if entry is not None:
+            hint = f"; {entry.hint}" if entry.hint else ""
+            print(
+                f"{entry.key}: {entry.check}; offsets {format_offsets(entry.first_offset, entry.next_offset)}{hint}"
+                + (f"; marked lost already by {entry.lost.by}" if entry.lost else "")
+            )
+        raise ConfigurationError(
+            "nothing was marked: marking an entry lost is an operator act recorded in the log (readers then "
+            "skip its offsets). Pass --yes to do it"
+        )
+    lost = damage.mark_lost(log, args.topic, args.partition, args.slot, reason=args.reason, records=args.records)
+    if args.json:
+        print_json(lost.to_json())
+        return 0
+    print(
+        f"marked offsets [{lost.first_offset}, {lost.next_offset}) of {args.topic}-{args.partition} lost "
+        f"({lost.records} record(s) in {lost.key}), by {lost.by}: {lost.reason}"
+    )
+    if lost.sealed:
+        print(f"sealed: slot {lost.slot + 1} now holds a one-offset SEAL entry at offset {lost.next_offset}")
+    for txn, outcome in lost.outcomes:
+        print(f"transaction {txn}, open before it: {outcome}")
+    return 0
+
+
+def damaged_json(d: damage.DamagedEntry) -> dict[str, Any]:
+    return {
+        "topic": d.topic,
+        "partition": d.partition,
+        "slot": d.slot,
+        "key": d.key,
+        "check": d.check,
+        "size": d.size,
+        "first_offset": d.first_offset,
+        "next_offset": d.next_offset,
+        "header_intact": d.header_intact,
+        "kind": d.kind,
+        "hint": d.hint,
+        "marked_lost": d.lost.to_json() if d.lost else None,
+    }

@@ -94,6 +94,11 @@ def format_bytes(n: int | None) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def format_offsets(first: int | None, following: int | None) -> str:
+    """An offset range ``[first, following)``; ``?`` for an end nobody knows."""
+    return f"[{'?' if first is None else first}, {'?' if following is None else following})"
+
+
 def format_time(ms: int | None) -> str:
     """An epoch-milliseconds time as ISO-8601 UTC (``2026-05-01T12:00:00.123Z``); ``-`` for None/0."""
     if not ms:

@@ -21,6 +21,7 @@ from txn_core.cli.output import (
     Progress,
     format_bytes,
     format_duration,
+    format_offsets,
     print_fields,
     print_json,
     print_table,
@@ -170,7 +171,8 @@ def retention_text(config: TopicConfig) -> str:
 
 
 def partition_json(d: PartitionDescription) -> dict[str, Any]:
-    return {
+    """A partition's description as JSON; ``damaged_entries`` appears only when it has some."""
+    out = {
         "partition": d.partition,
         "log_start_offset": d.log_start_offset,
         "log_end_offset": d.log_end_offset,
@@ -193,6 +195,22 @@ def partition_json(d: PartitionDescription) -> dict[str, Any]:
         "committed_transactions": d.committed_transactions,
         "size_bytes": d.size_bytes,
     }
+    if d.damaged_entries:
+        out["damaged_entries"] = [
+            {
+                "slot": e.slot,
+                "key": e.key,
+                "check": e.check,
+                "first_offset": e.first_offset,
+                "next_offset": e.next_offset,
+                "marked_lost": e.marked_lost,
+                "reason": e.reason,
+                "by": e.by,
+                "marked_ms": e.marked_ms,
+            }
+            for e in d.damaged_entries
+        ]
+    return out
 
 
 # --- verbs -------------------------------------------------------------------------------------
@@ -281,6 +299,24 @@ def describe(args: argparse.Namespace) -> int:
             for d in descs
         ],
     )
+    damaged = [(d.partition, e) for d in descs for e in d.damaged_entries]
+    if damaged:
+        print()
+        print("damaged entries (reads stop at one not marked lost; see 'txnlog maintenance damaged'):")
+        print_table(
+            ["partition", "slot", "offsets", "check failed", "marked lost"],
+            [
+                [
+                    p,
+                    e.slot,
+                    format_offsets(e.first_offset, e.next_offset),
+                    e.check,
+                    f"yes, by {e.by}: {e.reason}" if e.marked_lost else "no",
+                ]
+                for p, e in damaged
+            ],
+            full=["check failed", "marked lost"],
+        )
     ongoing = [(d.partition, o) for d in descs for o in d.ongoing_transactions]
     print()
     if not ongoing:

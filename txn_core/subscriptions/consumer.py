@@ -80,7 +80,7 @@ def open_meta(
         stored = read_meta(log.storage, ref)
     else:
         plog = log.partition_log(paths.partition_log_path(topic, partition))
-        initial = plog.log_start(refresh=True).offset if initial_position == "earliest" else plog.end_offset()
+        initial = plog.log_start(refresh=True).offset if initial_position == "earliest" else plog.readable_end()
         stored = create_meta(log.storage, SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, log.clock()))
     if range_size is not None and stored.range_size != range_size:
         raise ConfigurationError(

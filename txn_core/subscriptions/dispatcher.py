@@ -189,7 +189,7 @@ class Dispatcher:
         if sum(1 for o in self.inflight if self._current(o)) >= self.max_unacked:
             return []
         state = self.acklog.state
-        end_offset = self.topic_log.end_offset()
+        end_offset = self.topic_log.readable_end()
         k = state.mark_delete // self.size
         examined = 0
         out: list[pa.Table] = []
@@ -322,7 +322,7 @@ class Dispatcher:
         out = sorted(set(offsets))
         missing = [o for o in out if o not in self.inflight]
         if missing:
-            end = self.topic_log.end_offset()
+            end = self.topic_log.readable_end()
             bad = [o for o in missing if o >= end]
             if bad:
                 raise OffsetOutOfRangeError(

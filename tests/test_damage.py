@@ -1,0 +1,310 @@
+"""A damaged entry makes only itself unreadable (PROTOCOL.md "Damage").
+
+A flipped bit or a truncation in one entry's header, in the middle of a partition or at its end, on local
+disk, in memory and on S3 (moto): ``describe`` still works and reports it; readers deliver everything before
+it and then fail naming the object, position unchanged; planning works up to it; appends after a damaged
+last entry fail. Once an operator marks it lost, every reader skips exactly its offsets with a warning,
+nothing is delivered twice, no aborted record shows, transactions whose marker it was keep their outcome,
+and appends go on. A reader that chose to skip damage passes it without the mark, and only that reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import txn_core
+from conftest import make_location
+from txn_core import paths
+from txn_core.coordinator.txnlog import TxnStatus
+from txn_core.entry import HEADER_SIZE, EntryKind
+from txn_core.errors import ConfigurationError, CorruptDataError, DamagedEntryError, TxnLogError
+from txn_core.lost import ABORT, COMMIT, UNKNOWN
+from txn_core.ranges import available_end, plan_range, read_range
+from txn_core.reader import READ_COMMITTED, READ_UNCOMMITTED
+
+SCHEMA = pa.schema([("x", pa.int64())])
+PATH = paths.partition_log_path("t", 0)
+ENTRIES = 4  # of 2 records each: entry n holds offsets (and values) 2n, 2n + 1
+WHERE = {"middle": 2, "last": ENTRIES - 1}
+
+
+def build(log: txn_core.Log) -> None:
+    """Topic ``t``: four entries of an idempotent producer, each holding its own offsets as values."""
+    log.create_topic("t", 1, SCHEMA)
+    with log.producer() as producer:
+        for n in range(ENTRIES):
+            producer.send("t", pa.table({"x": [2 * n, 2 * n + 1]}, schema=SCHEMA), partition=0)
+            producer.flush()
+
+
+def damage(log: txn_core.Log, slot: int, how: str = "flip") -> str:
+    """Damage the header of the entry at ``slot`` (through the storage interface: any backend)."""
+    key = log.partition_log(PATH).entries.key(slot)
+    data = bytearray(log.storage.read(key))
+    if how == "flip":
+        data[20] ^= 0x01  # record_count: the header checksum no longer matches
+    else:
+        data = data[: HEADER_SIZE // 2]
+    log.storage.delete(key)
+    log.storage.create(key, [bytes(data)])
+    return key
+
+
+def consume(log: txn_core.Log, **kwargs: Any) -> tuple[list[int], TxnLogError | None, txn_core.Consumer]:
+    consumer = log.consumer(**kwargs)
+    consumer.assign([("t", 0)])
+    got: list[int] = []
+    try:
+        while (table := consumer.poll(3)).num_rows:
+            got.extend(table.column("x").to_pylist())
+    except TxnLogError as exc:
+        return got, exc, consumer
+    return got, None, consumer
+
+
+def ranged(log: txn_core.Log, *, fail_on_data_loss: bool = True, skip: bool = False) -> list[int]:
+    """Plan the whole available range on one log client and read it on another (the Spark split)."""
+    state = log.partition_state(PATH, shared=False)
+    state.skip_damaged = skip
+    end = available_end(state, READ_COMMITTED)
+    rng = plan_range(state, "t", 0, 0, end, READ_COMMITTED)
+    worker = txn_core.Log(log.storage).partition_log(PATH)
+    return [x for b in read_range(worker, rng, fail_on_data_loss=fail_on_data_loss) for x in b.column("x").to_pylist()]
+
+
+def lost_warnings(caplog: pytest.LogCaptureFixture, key: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "txnlog.damage" and key in r.getMessage()]
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+@pytest.mark.parametrize("where", ["middle", "last"])
+@pytest.mark.parametrize("backend", ["local", "memory", "moto"])
+def test_a_damaged_header_makes_only_that_entry_unreadable(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str, where: str, how: str
+) -> None:
+    location = make_location(backend, request, tmp_path)
+    build(location.open())
+    slot = WHERE[where]
+    first = 2 * slot
+    key = damage(location.open(), slot, how)
+    log = location.open()
+
+    part = log.describe_topic("t").partitions[0]  # describe works and says what is wrong
+    (reported,) = part.damaged_entries
+    assert (reported.slot, reported.key, reported.first_offset, reported.marked_lost) == (slot, key, first, False)
+    assert reported.next_offset == (first + 2 if where == "middle" else None)
+    assert part.last_stable_offset == first
+    assert part.log_end_offset == (2 * ENTRIES if where == "middle" else first)
+    assert log.find_hanging_transactions("t") == []
+
+    got, error, consumer = consume(log)  # reads before it deliver, reads past it fail naming it
+    assert got == list(range(first)), "everything before the damaged entry, once, in order"
+    assert isinstance(error, DamagedEntryError) and key in str(error) and "mark-lost" in str(error)
+    assert consumer.position(("t", 0)) == first
+    with pytest.raises(DamagedEntryError, match=key):
+        consumer.poll()
+    assert consumer.position(("t", 0)) == first, "the position stays on the first undelivered record"
+
+    state = log.partition_state(PATH, shared=False)
+    assert available_end(state, READ_COMMITTED) == first, "planning works up to it"
+    assert state.damage is not None and state.damage.key == key
+    assert ranged(log) == list(range(first))
+
+    producer = log.producer()
+    producer.send("t", pa.table({"x": [100]}, schema=SCHEMA), partition=0)
+    if where == "last":  # the log end is unknown: appending would guess an offset
+        with pytest.raises(DamagedEntryError, match=key):
+            producer.flush()
+    else:
+        producer.flush()
+        assert log.partition_log(PATH).end_offset() == 2 * ENTRIES + 1
+
+
+@pytest.mark.parametrize("where", ["middle", "last"])
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_offsets_marked_lost_are_skipped_by_every_reader_with_a_warning(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    backend: str,
+    where: str,
+) -> None:
+    location = make_location(backend, request, tmp_path)
+    build(location.open())
+    slot = WHERE[where]
+    first = 2 * slot
+    key = damage(location.open(), slot)
+    log = location.open()
+    records = None if where == "middle" else 2
+    lost = log.mark_lost("t", 0, slot, reason="bit rot, no replica", records=records)
+    assert (lost.first_offset, lost.next_offset, lost.marked, lost.sealed) == (first, first + 2, True, where == "last")
+    assert log.mark_lost("t", 0, slot, reason="again", records=records) == lost, "marking twice changes nothing"
+
+    with log.producer() as producer:  # appends go on, after the seal when it was the last entry
+        producer.send("t", pa.table({"x": [100]}, schema=SCHEMA), partition=0)
+    expected = [x for x in range(2 * ENTRIES) if not first <= x < first + 2] + [100]
+
+    caplog.set_level(logging.WARNING, logger="txnlog")
+    fresh = location.open()
+    got, error, _ = consume(fresh)
+    # The entry after a lost one continues its producer's sequence past the lost numbers: it is delivered,
+    # not refused as a sequence gap.
+    assert error is None and got == expected, "everything but the lost offsets, each once"
+    assert lost_warnings(caplog, key), "never a silent skip"
+    assert ranged(location.open()) == expected
+    assert consume(location.open(), isolation_level=READ_UNCOMMITTED)[0] == expected
+
+    part = location.open().describe_topic("t").partitions[0]
+    (reported,) = part.damaged_entries
+    assert reported.marked_lost and reported.reason == "bit rot, no replica" and reported.by
+    assert part.last_stable_offset == part.log_end_offset
+    if where == "last":
+        seal = fresh.partition_log(PATH).read_header(slot + 1)
+        assert seal.kind is EntryKind.SEAL and seal.base_offset == first + 2
+
+
+def _two_transactions(log: txn_core.Log) -> None:
+    """Transaction A (values 1, 2) commits, B (10, 11) aborts, then a plain record 99: entries
+    ``A data, A COMMIT, B data, B ABORT, 99`` in slots 0..4."""
+    log.create_topic("t", 1, SCHEMA)
+    for tid, values, commit in (("a", [1, 2], True), ("b", [10, 11], False)):
+        producer = log.producer(tid)
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("t", pa.table({"x": values}, schema=SCHEMA), partition=0)
+        producer.flush()
+        if commit:
+            producer.commit_transaction()
+        else:
+            producer.abort_transaction()
+        producer.close()
+    with log.producer() as plain:
+        plain.send("t", pa.table({"x": [99]}, schema=SCHEMA), partition=0)
+    kinds = [log.partition_log(PATH).read_header(s).kind for s in range(5)]
+    assert kinds == [EntryKind.DATA, EntryKind.COMMIT, EntryKind.DATA, EntryKind.ABORT, EntryKind.DATA]
+
+
+def test_transactions_whose_marker_is_lost_keep_their_outcome(caplog: pytest.LogCaptureFixture) -> None:
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    _two_transactions(log)
+    commit_key, abort_key = damage(log, 1), damage(log, 3)
+
+    got, error, _ = consume(txn_core.open_log(url))
+    assert got == [1, 2], "A is committed in the transaction log: its data before the damage is delivered"
+    assert isinstance(error, DamagedEntryError) and commit_key in str(error)
+    with pytest.raises(ConfigurationError, match="slot 1 is damaged and not marked lost"):
+        log.mark_lost("t", 0, 3, reason="bit rot")  # in slot order only
+
+    first = log.mark_lost("t", 0, 1, reason="bit rot")
+    second = log.mark_lost("t", 0, 3, reason="bit rot")
+    assert [o for _, o in first.outcomes] == [COMMIT], "A was open before its lost marker"
+    assert sorted(o for _, o in second.outcomes) == [ABORT, COMMIT], "A still open there (its marker is lost), B"
+
+    caplog.set_level(logging.WARNING, logger="txnlog")
+    got, error, _ = consume(txn_core.open_log(url))
+    assert error is None and got == [1, 2, 99], "A's records once, B's never"
+    assert lost_warnings(caplog, commit_key) and lost_warnings(caplog, abort_key)
+    assert ranged(txn_core.open_log(url)) == [1, 2, 99]
+    assert consume(txn_core.open_log(url), isolation_level=READ_UNCOMMITTED)[0] == [1, 2, 10, 11, 99]
+
+    # A snapshot carries what the lost entries said: a reader starting from it decides the same way.
+    again = txn_core.open_log(url)
+    state = again.partition_state(PATH, shared=False)
+    state.scan_to_end()
+    state.snapshots.write(state.buffer.copy(), 0)
+    loaded = txn_core.open_log(url).partition_state(PATH, shared=False).buffer
+    assert loaded.lost_outcomes == state.buffer.lost_outcomes and len(loaded.lost_outcomes) == 2
+    consumer = txn_core.open_log(url).consumer()
+    consumer.assign([("t", 0)])
+    consumer.seek(("t", 0), 0)
+    assert consumer.poll().column("x").to_pylist() == [1, 2, 99]
+
+
+def test_a_transaction_whose_outcome_was_unknown_when_marked_delivers_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    _two_transactions(log)
+    damage(log, 1)
+    # The transaction log no longer keeps A's outcome (finished long ago) when the operator marks it.
+    monkeypatch.setattr(log.coordinator, "resolve", lambda txn: TxnStatus(txn, None))
+    lost = log.mark_lost("t", 0, 1, reason="bit rot")
+    assert [o for _, o in lost.outcomes] == [UNKNOWN]
+    monkeypatch.undo()
+
+    caplog.set_level(logging.WARNING, logger="txnlog")
+    got, error, _ = consume(txn_core.open_log(url))  # the record decides, whatever the log knows today
+    assert error is None and got == [99], "A cannot be shown committed: nothing of it; B aborted"
+    assert any("outcome is no longer known" in r.getMessage() for r in caplog.records)
+    assert ranged(txn_core.open_log(url)) == [99]
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_a_reader_that_chose_to_skip_damage_passes_it_alone(caplog: pytest.LogCaptureFixture, how: str) -> None:
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    build(log)
+    key = damage(log, 1, how)
+    caplog.set_level(logging.WARNING, logger="txnlog")
+    got, error, _ = consume(txn_core.open_log(url), skip_damaged=True)
+    assert error is None and got == [0, 1, 4, 5, 6, 7]
+    assert any("not marked lost" in m for m in lost_warnings(caplog, key))
+    assert ranged(txn_core.open_log(url), fail_on_data_loss=False, skip=True) == [0, 1, 4, 5, 6, 7]
+    with pytest.raises(DamagedEntryError):
+        ranged(txn_core.open_log(url), fail_on_data_loss=True, skip=True)  # planned past it, read refuses
+    state = txn_core.open_log(url).partition_state(PATH, shared=False)
+    state.skip_damaged = True
+    state.scan_to_end()
+    assert state.buffer.position == 2 * ENTRIES and state.buffer.skipped_unmarked
+    with pytest.raises(ValueError, match="never snapshotted"):
+        state.snapshots.write(state.buffer, 0)  # another reader must not inherit this reader's choice
+    assert consume(txn_core.open_log(url))[1] is not None, "other readers still stop at it"
+
+
+def test_a_damaged_payload_is_skipped_once_marked_lost(caplog: pytest.LogCaptureFixture) -> None:
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    build(log)
+    key = log.partition_log(PATH).entries.key(1)
+    data = bytearray(log.storage.read(key))
+    data[-3] ^= 0xFF  # the header is intact: only the records are gone
+    log.storage.delete(key)
+    log.storage.create(key, [bytes(data)])
+    got, error, _ = consume(txn_core.open_log(url))
+    assert got == [0, 1] and isinstance(error, CorruptDataError) and key in str(error)
+    (found,) = log.damaged_entries("t", 0, payloads=True)
+    assert found.header_intact and found.kind == "DATA" and "payload checksum" in found.check
+    assert log.damaged_entries("t", 0) == [], "a header scan does not read payloads"
+    lost = log.mark_lost("t", 0, 1, reason="bit rot")
+    assert lost.header_intact and (lost.first_offset, lost.next_offset) == (2, 4)
+    caplog.set_level(logging.WARNING, logger="txnlog")
+    got, error, _ = consume(txn_core.open_log(url))
+    assert error is None and got == [0, 1, 4, 5, 6, 7] and lost_warnings(caplog, key)
+    assert ranged(txn_core.open_log(url)) == [0, 1, 4, 5, 6, 7]
+
+
+def test_marking_lost_refuses_what_it_cannot_stand_behind() -> None:
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    build(log)
+    with pytest.raises(ConfigurationError, match="reads fine"):
+        log.mark_lost("t", 0, 1, reason="just because")
+    with pytest.raises(ConfigurationError, match="no entry at slot 9"):
+        log.mark_lost("t", 0, 9, reason="typo")
+    damage(log, 3)
+    with pytest.raises(ConfigurationError, match=r"last entry .* --records K"):
+        log.mark_lost("t", 0, 3, reason="bit rot")
+    damage(log, 1)
+    with pytest.raises(ConfigurationError, match=r"holds offsets \[2, 4\) by its neighbours: 2 records, not 5"):
+        log.mark_lost("t", 0, 1, reason="bit rot", records=5)
+    with pytest.raises(ConfigurationError, match="needs a reason"):
+        log.mark_lost("t", 0, 1, reason=" ")
+    assert log.storage.list(paths.lost_entries(PATH)) == [], "nothing was marked"
