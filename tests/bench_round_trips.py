@@ -168,6 +168,41 @@ def measure_ops(
     return out
 
 
+def measure_shared(url: str, options: dict[str, Any] | None, unit: float, producers: int = 8, txns: int = 8) -> float:
+    """``producers`` transactional producers of one process whose ids share one coordinator partition, each
+    running ``txns`` transactions back to back on its own partition: RTT units per transaction as each
+    producer sees it (group commit puts their concurrent coordinator records into shared ones)."""
+    import threading
+
+    from txn_core.coordinator.service import coordinator_for
+
+    log = txn_core.Log(open_storage(url, options))
+    if "s" not in log.list_topics():
+        log.create_topic("s", producers, SCHEMA)
+    tids = [t for t in (f"shared-{i}" for i in range(10_000)) if coordinator_for(t, log.coordinator_partitions) == 0]
+    group = [log.producer(t) for t in tids[:producers]]
+    for p in group:
+        p.init_transactions()
+
+    def work(p: txn_core.Producer, part: int) -> None:
+        for _ in range(txns):
+            p.begin_transaction()
+            p.send("s", TEN, partition=part)
+            p.commit_transaction()
+
+    threads = [threading.Thread(target=work, args=(p, i)) for i, p in enumerate(group)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    for p in group:
+        p.close()
+    log.close()
+    return seconds / txns / unit
+
+
 def measure_catch_up(
     url: str,
     options: dict[str, Any] | None,
@@ -244,6 +279,13 @@ def report(rtt_ms: float = 25.0, history: int = 300, reps: int = 15) -> str:
             for name, (crit, total) in local.items():
                 rows[name].append(f"{crit:.1f} / {total:.1f}")
             lines += [f"| {name} | {' | '.join(cells)} |" for name, cells in rows.items()]
+
+            shared = measure_shared(f"s3://{bucket}/shared-{uuid.uuid4().hex[:6]}", slow, unit)
+            lines.append("")
+            lines.append(
+                f"8 transactional producers of one process sharing one coordinator partition, back to back: "
+                f"{shared:.2f} RTT per transaction per producer (group commit)"
+            )
 
             catch = []
             for client in ("obstore", "fsspec"):

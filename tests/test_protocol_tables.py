@@ -32,7 +32,7 @@ def table_after(heading: str) -> list[list[str]]:
 
 
 def test_the_action_table_names_every_action_with_exactly_its_fields() -> None:
-    rows = table_after("A record is a list of actions on one transactional id")
+    rows = table_after("A record is a list of actions, each naming its transactional id")
     documented = {r[0].strip("`"): [f.strip() for f in r[1].split(",")] for r in rows}
     assert set(documented) == set(ACTION_TYPES)
     for kind, cls in ACTION_TYPES.items():

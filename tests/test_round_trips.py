@@ -322,3 +322,78 @@ def test_opening_a_partition_without_transactions_reads_only_its_unsnapshotted_t
     assert fresh.poll().column("id").to_pylist()[:1] == [SNAPSHOT_EVERY_ENTRIES + 150]
     headers = [key for kind, key in counted.keys if kind == "read" and "/log/" in key]
     assert len(headers) < 400, f"{len(headers)} entry reads to open and read the tail"
+
+
+# --- group commit -------------------------------------------------------------------------------
+
+
+def test_concurrent_appends_to_one_coordinator_partition_share_records() -> None:
+    """Appends of one process that wait while a record is being created go into the next record together
+    (group commit): eight producers whose ids share a coordinator partition commit their transactions with
+    fewer records than actions, and replay in another process sees every transaction committed."""
+    storage = DelayedStorage(MemoryStorage(uuid.uuid4().hex), 0.02)
+    log = _log(storage)
+    tids = [t for t in (f"g{i}" for i in range(400)) if coordinator_for(t, log.coordinator_partitions) == 3][:8]
+    producers = [log.producer(t) for t in tids]
+    for p in producers:
+        p.init_transactions()
+    view = log.coordinator.views.get(3)
+    before = view.next_slot
+
+    def work(p: txn_core.Producer, part: int) -> None:
+        for _ in range(3):
+            p.begin_transaction()
+            p.send("t", pa.table({"id": [part]}), partition=part % 4)
+            p.commit_transaction()
+
+    threads = [threading.Thread(target=work, args=(p, i)) for i, p in enumerate(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for p in producers:
+        p.close()
+    records = view.next_slot - before
+    assert records < 8 * 3 * 2, f"{records} records for {8 * 3} transactions: appends were not grouped"
+    fresh = txn_core.Log(storage.inner).coordinator.views.get(3)
+    fresh.refresh()
+    fresh._check()
+    for t in tids:
+        st = fresh.state(t)
+        assert st is not None and st.state == CoordinatorState.COMPLETE_COMMIT and not st.open_txns()
+
+
+def test_a_fenced_append_in_a_shared_record_fails_alone() -> None:
+    """One append of a group-committed record whose actions are not valid gets its own error; the others
+    in the same record commit."""
+    from txn_core.coordinator.actions import Begin
+    from txn_core.errors import ProducerFencedError
+
+    storage = DelayedStorage(MemoryStorage(uuid.uuid4().hex), 0.05)
+    log = _log(storage)
+    tids = [t for t in (f"f{i}" for i in range(400)) if coordinator_for(t, log.coordinator_partitions) == 5][:4]
+    states = {t: log.coordinator.init_producer(t, 60_000) for t in tids}
+    view = log.coordinator.views.get(5)
+    results: dict[str, Any] = {}
+
+    def begin(tid: str, epoch_offset: int) -> None:
+        st = states[tid]
+        try:
+            results[tid] = view.append(
+                tid, lambda cur: [Begin(tid, st.producer_id, st.epoch + epoch_offset, 60_000, ("topics/t/00000",))]
+            )
+        except ProducerFencedError as exc:
+            results[tid] = exc
+
+    blocker = threading.Thread(target=begin, args=(tids[0], 0))
+    blocker.start()  # its record is in flight while the others queue behind it
+    time.sleep(0.01)
+    others = [threading.Thread(target=begin, args=(t, 7 if t == tids[2] else 0)) for t in tids[1:]]
+    for t in others:
+        t.start()
+    for t in [blocker, *others]:
+        t.join()
+    assert isinstance(results[tids[2]], ProducerFencedError)
+    for t in (tids[0], tids[1], tids[3]):
+        assert results[t].state == CoordinatorState.ONGOING, results[t]
+    view._check()

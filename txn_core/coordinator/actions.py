@@ -1,7 +1,8 @@
 """Transaction-log records and their actions, as typed values (PROTOCOL.md "Transaction log").
 
-A coordinator partition is a slot log of **records**; a record is a timestamp and a list of actions on one
-transactional id, applied atomically in order. Each action kind is a frozen dataclass whose fields are the
+A coordinator partition is a slot log of **records**; a record is a timestamp and a list of actions, each
+naming its transactional id, applied atomically in order (a producer's record carries its own actions; a
+group-committed record carries several producers'). Each action kind is a frozen dataclass whose fields are the
 JSON fields of PROTOCOL.md's action table (``tests/test_protocol_tables.py`` checks the two against each
 other); ``kind`` is the JSON discriminator (``"action"``). :func:`action_from_json` is the only parser and
 ``to_json`` the only writer, so a misspelled field is a type error, never a silent ``None``.
@@ -193,7 +194,7 @@ def action_from_json(value: dict[str, Any], where: str = "") -> Action:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One transaction-log record: actions on one transactional id, applied atomically in order."""
+    """One transaction-log record: actions, each naming its transactional id, applied atomically in order."""
 
     ts: int
     actions: tuple[Action, ...]
@@ -201,10 +202,6 @@ class Record:
     def __post_init__(self) -> None:
         if not self.actions:
             raise ValueError("a transaction log record has at least one action")
-
-    @property
-    def tid(self) -> str:
-        return self.actions[0].tid
 
     def to_json(self) -> dict[str, Any]:
         return {"ts": self.ts, "actions": [a.to_json() for a in self.actions]}

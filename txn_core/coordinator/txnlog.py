@@ -2,8 +2,8 @@
 
 The transaction log is split into coordinator partitions by ``crc32(transactional id) % N``. Each one is
 a slot log ``_txnlog/coordinators/<05d c>/log/<020d slot>`` of records
-(:class:`~txn_core.coordinator.actions.Record`); a record is a list of typed actions on one transactional
-id, applied atomically in order by :func:`~txn_core.coordinator.apply.apply`:
+(:class:`~txn_core.coordinator.actions.Record`); a record is a list of typed actions, each naming its
+transactional id, applied atomically in order by :func:`~txn_core.coordinator.apply.apply`:
 
 =========  ====================================================================================
 action     effect
@@ -32,7 +32,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from sortedcontainers import SortedDict
 
@@ -130,6 +130,9 @@ class CoordinatorPartition:
         self.outcomes: OrderedDict[int, CoordinatorState] = OrderedDict()  # sequence -> final state
         self._snapshot_slot = 0
         self._snapshotting = False
+        #: appends waiting for the next record (group commit; see :meth:`append`)
+        self._queue: list[_Append] = []
+        self._queue_lock = threading.Lock()
         self._last_refresh = self._monotonic()
         #: coordinator log time: the newest record timestamp applied; finished ids expire by it
         self.log_time_ms = 0
@@ -206,16 +209,23 @@ class CoordinatorPartition:
             raise CorruptDataError(f"{key}: record is not a valid transition: {exc}", key) from exc
         self._commit(steps, record.ts)
 
-    def _fold(self, actions: Sequence[Action], slot: int, ts: int) -> list[tuple[str, TidState | None, TidState]]:
+    def _fold(
+        self,
+        actions: Sequence[Action],
+        slot: int,
+        ts: int,
+        states: dict[str, TidState | None] | None = None,
+    ) -> list[tuple[str, TidState | None, TidState]]:
         """The steps ``actions`` in a record at ``slot`` make, computed without changing anything: ``(tid,
-        before, after)`` per action, in order. Raises if an action is not valid."""
+        before, after)`` per action, in order, starting from ``states`` (ids' states after earlier actions of
+        the same record) or the replayed state. Raises if an action is not valid."""
         steps: list[tuple[str, TidState | None, TidState]] = []
-        states: dict[str, TidState | None] = {}
+        local = dict(states or {})
         for action in actions:
-            before = states[action.tid] if action.tid in states else self.tids.get(action.tid)
+            before = local[action.tid] if action.tid in local else self.tids.get(action.tid)
             after = apply(before, action, self.coordinator, slot, ts)
             steps.append((action.tid, before, after))
-            states[action.tid] = after
+            local[action.tid] = after
         return steps
 
     def _commit(self, steps: list[tuple[str, TidState | None, TidState]], ts: int) -> None:
@@ -411,18 +421,38 @@ class CoordinatorPartition:
         ``build`` is called again after every lost race with the then-current state; it may raise (e.g.
         the producer was fenced meanwhile) or return None or nothing (nothing to do any more). Returns the
         id's new state. Snapshot maintenance runs after the record landed and cannot fail the append.
+
+        **Group commit** (Pulsar's buffered transaction-log writer): appends of this process that wait for
+        the partition while another is being created go into the next record together, one request for
+        all of them (:meth:`_serve`); each one's actions are validated against the state its predecessors in
+        the record leave, and each caller gets its own result or error.
         """
+        request = _Append(tid, build)
+        with self._queue_lock:
+            self._queue.append(request)
         snapshot: dict[str, Any] | None = None
         with self._lock:
+            if not request.done:
+                snapshot = self._serve()
+        if snapshot is not None:
+            self._maintain(snapshot)
+        if request.error is not None:
+            raise request.error
+        return cast("TidState | None", request.result)
+
+    def _serve(self) -> dict[str, Any] | None:
+        """Under the lock: create one record for every queued append (lost race: replay, rebuild, retry).
+        Returns the snapshot due after it, if any."""
+        with self._queue_lock:
+            batch, self._queue = self._queue, []
+        try:
             if not self._current_enough():
                 self.refresh()
             while True:
-                current = self.tids.get(tid)
-                actions = build(current)
-                if not actions:
-                    return current
                 ts = self.clock()
-                steps = self._fold(actions, self.next_slot, ts)
+                actions, steps = self._build(batch, ts)
+                if not actions:
+                    return None
                 record = Record(ts, tuple(actions))
                 header, payload = envelope.encode_json(envelope.ObjectKind.COORDINATOR_RECORD, record.to_json())
                 try:
@@ -433,12 +463,60 @@ class CoordinatorPartition:
                 self._commit(steps, ts)
                 self.next_slot += 1
                 self._last_refresh = self._monotonic()  # the slot was free: nothing older was compacted away
-                snapshot = self._snapshot_due()
-                after = self.tids.get(tid)
-                break
-        if snapshot is not None:
-            self._maintain(snapshot)
-        return after
+                for request in batch:
+                    if request.error is None and request.result is _PENDING:
+                        request.result = self.tids.get(request.tid)
+                return self._snapshot_due()
+        except BaseException as exc:
+            for request in batch:
+                if request.error is None and request.result is _PENDING:
+                    request.error = exc
+            if not isinstance(exc, Exception):
+                raise
+            return None
+        finally:
+            for request in batch:
+                request.done = True
+
+    def _build(self, batch: list[_Append], ts: int) -> tuple[list[Action], list[tuple[str, TidState | None, TidState]]]:
+        """The actions of the next record and their steps: each queued append's ``build`` against the state
+        the appends before it in the record leave. An append whose build raises, or whose actions are not
+        valid, gets that error and contributes nothing; one with nothing to do gets its current state."""
+        actions: list[Action] = []
+        steps: list[tuple[str, TidState | None, TidState]] = []
+        states: dict[str, TidState | None] = {}
+        for request in batch:
+            request.result, request.error = _PENDING, None
+            current = states[request.tid] if request.tid in states else self.tids.get(request.tid)
+            try:
+                wanted = request.build(current)
+                if not wanted:
+                    request.result = current
+                    continue
+                mine = self._fold(wanted, self.next_slot, ts, states)
+            except Exception as exc:  # this caller's error (fenced, invalid): the others' actions still go
+                request.error = exc
+                continue
+            actions.extend(wanted)
+            steps.extend(mine)
+            for tid, _, after in mine:
+                states[tid] = after
+        return actions, steps
+
+
+#: A queued append's result before its record is decided.
+_PENDING: Any = object()
+
+
+@dataclass(eq=False)
+class _Append:
+    """One caller's append waiting for (or served by) a record (:meth:`CoordinatorPartition.append`)."""
+
+    tid: str
+    build: Callable[[TidState | None], Sequence[Action] | None]
+    result: Any = _PENDING
+    error: BaseException | None = None
+    done: bool = False
 
 
 @dataclass
