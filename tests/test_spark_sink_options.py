@@ -11,7 +11,8 @@ from spark_txn_sink.checkpoint import CheckpointError, read_batch_offsets, read_
 from spark_txn_sink.faults import parse_faults
 from spark_txn_sink.options import parse_sink_options
 from spark_txn_sink.pairing import PairingError, group_offsets, normalize_log_url
-from txn_core import ConfigurationError
+from spark_txn_sink.topic import frame_arrow_schema, unstorable_columns
+from txn_core import ConfigurationError, SchemaMismatchError
 
 BASE = {"path": "/tmp/log", "topic": "out", "checkpointlocation": "/tmp/chk"}
 
@@ -70,6 +71,28 @@ def test_streaming_needs_a_checkpoint_and_batch_writes_refuse_a_group() -> None:
         parse_sink_options({"path": "/l", "topic": "t"}, streaming=True)
     with pytest.raises(ConfigurationError, match="consumerGroup applies to streaming writes"):
         parse_sink_options({"path": "/l", "topic": "t", "consumergroup": "g"}, streaming=False)
+
+
+def test_types_a_topic_cannot_hold_are_named_with_what_to_write_instead() -> None:
+    from pyspark.sql import types as st
+    from pyspark.testing.objects import ExamplePointUDT
+
+    schema = st.StructType(
+        [
+            st.StructField("id", st.LongType()),
+            st.StructField("point", ExamplePointUDT()),
+            st.StructField("spans", st.MapType(st.StringType(), st.CalendarIntervalType())),
+            st.StructField("docs", st.ArrayType(st.StructType([st.StructField("doc", st.VariantType())]))),
+            st.StructField("_topic", st.VariantType()),  # a source's metadata column: dropped, not checked
+        ]
+    )
+    assert [(column, kind) for column, kind, _ in unstorable_columns(schema)] == [
+        ("point", "ExamplePointUDT"),
+        ("spans.value", "interval"),
+        ("docs[].doc", "variant"),
+    ]
+    with pytest.raises(SchemaMismatchError, match=r"point \(ExamplePointUDT\): write its SQL type"):
+        frame_arrow_schema(schema)
 
 
 def test_fault_specs_parse_points_actions_and_batches() -> None:
