@@ -66,11 +66,24 @@ def test_bad_options_are_refused_with_the_fix(extra: dict[str, str], message: st
         parse_sink_options({**BASE, **extra}, streaming=True)
 
 
-def test_streaming_needs_a_checkpoint_and_batch_writes_refuse_a_group() -> None:
+def test_streaming_needs_a_checkpoint_and_batch_writes_ignore_a_group() -> None:
+    """A batch write has no source offsets to commit: ``consumerGroup`` there is the source's option of the view
+    or table written to ("resume from the group"), ignored like the source's other options."""
     with pytest.raises(ConfigurationError, match="needs a checkpoint"):
         parse_sink_options({"path": "/l", "topic": "t"}, streaming=True)
-    with pytest.raises(ConfigurationError, match="consumerGroup applies to streaming writes"):
-        parse_sink_options({"path": "/l", "topic": "t", "consumergroup": "g"}, streaming=False)
+    batch = parse_sink_options({"path": "/l", "topic": "t", "consumergroup": "g"}, streaming=False)
+    assert batch.consumer_group is None
+    assert parse_sink_options({**BASE, "consumergroup": "g"}, streaming=True).consumer_group == "g"
+
+
+def test_a_topic_list_and_a_missing_path_name_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match="names several topics, but a txnlog write goes to one topic"):
+        parse_sink_options({"path": "/l", "topic": "a, b"}, streaming=False)
+    with pytest.raises(ConfigurationError, match=r"writeStream.toTable\(name\) cannot write to a txnlog table"):
+        parse_sink_options({"checkpointlocation": "/c", "topic": "t"}, streaming=True)
+    with pytest.raises(ConfigurationError, match="txnlog tables are read-only to Spark") as info:
+        parse_sink_options({}, streaming=False)
+    assert "CREATE TEMPORARY VIEW v USING txnlog OPTIONS (path 'URL', topic 'T'), then INSERT INTO v" in str(info.value)
 
 
 def test_types_a_topic_cannot_hold_are_named_with_what_to_write_instead() -> None:

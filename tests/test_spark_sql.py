@@ -42,7 +42,7 @@ def topic_ids(url: str, topic: str = "orders") -> list[int]:
         return ids(read_topic(log, topic))
 
 
-def test_create_table_with_options_reads_streams_and_takes_inserts_by_name(
+def test_create_table_with_options_reads_and_streams_and_a_view_takes_inserts_by_name(
     spark: Any, orders: str, tmp_path: Path
 ) -> None:
     table = name()
@@ -50,7 +50,12 @@ def test_create_table_with_options_reads_streams_and_takes_inserts_by_name(
     assert sorted(r.id for r in spark.sql(f"SELECT id FROM {table}").collect()) == [0, 1, 2, 3, 4]
     assert spark.table(table).columns == ["id", "k", "_topic", "_partition", "_offset", "_timestamp"]
 
-    spark.sql(f"INSERT INTO {table} (id, k) VALUES (5, 'five')")  # no metadata columns needed
+    with pytest.raises(Exception, match="txnlog tables are read-only to Spark"):
+        spark.sql(f"INSERT INTO {table} (id, k) VALUES (5, 'five')")
+    view = name()  # a view hands the sink its options; it keeps the metadata columns
+    spark.sql(f"CREATE TEMPORARY VIEW {view} USING txnlog OPTIONS (path '{orders}', topic 'orders')")
+    assert spark.table(view).columns == ["id", "k", "_topic", "_partition", "_offset", "_timestamp"]
+    spark.sql(f"INSERT INTO {view} (id, k) VALUES (5, 'five')")  # no metadata columns needed
     assert topic_ids(orders) == [0, 1, 2, 3, 4, 5]
 
     stream = spark.readStream.option("startingOffsets", "earliest").table(table)
@@ -59,13 +64,18 @@ def test_create_table_with_options_reads_streams_and_takes_inserts_by_name(
     assert sorted(r.id for r in spark.table(f"{table}_m").collect()) == [0, 1, 2, 3, 4, 5]
 
 
-def test_create_table_with_location_and_without_metadata_takes_positional_inserts(spark: Any, orders: str) -> None:
+def test_create_table_with_location_and_without_metadata_reads_and_streams(spark: Any, orders: str) -> None:
     table = name()
     path = orders.removeprefix("file://")
     spark.sql(f"CREATE TABLE {table} USING txnlog OPTIONS (topic 'orders', includeMetadata 'false') LOCATION '{path}'")
     assert spark.table(table).columns == ["id", "k"]
-    spark.sql(f"INSERT INTO {table} VALUES (7, 'seven')")
-    assert sorted(r.id for r in spark.table(table).collect()) == [0, 1, 2, 3, 4, 7]
+    assert sorted(r.id for r in spark.table(table).collect()) == [0, 1, 2, 3, 4]
+
+    stream = spark.readStream.option("startingOffsets", "earliest").table(table)
+    query = stream.writeStream.format("memory").queryName(f"{table}_m").trigger(availableNow=True).start()
+    query.awaitTermination()
+    assert spark.table(f"{table}_m").columns == ["id", "k"]
+    assert sorted(r.id for r in spark.table(f"{table}_m").collect()) == [0, 1, 2, 3, 4]
 
 
 def test_a_view_with_source_options_takes_inserts(spark: Any, orders: str) -> None:
@@ -76,6 +86,92 @@ def test_a_view_with_source_options_takes_inserts(spark: Any, orders: str) -> No
     )
     spark.sql(f"INSERT INTO {view} SELECT 8 AS id, 'eight' AS k")  # source-only options are ignored by the sink
     assert topic_ids(orders) == [0, 1, 2, 3, 4, 8]
+
+
+def test_writes_to_a_table_are_refused_as_the_rows_may_carry_another_tables_options(
+    spark: Any, orders: str, tmp_path: Path
+) -> None:
+    """A sink writing to a catalog table gets no options, only the rows' schema; Spark passes a query's columns
+    through unchanged when they match the table's, so rows read from table ``a`` carry ``a``'s options and
+    ``INSERT INTO b SELECT * FROM a`` would append to ``a``. Every way of writing to a table is refused."""
+    with txn_core.open_log(orders) as log:
+        log.create_topic("returns", 1, pa.schema([("id", pa.int64()), ("k", pa.string())]))
+    a, b = name(), name()
+    for table, topic in ((a, "orders"), (b, "returns")):
+        spark.sql(
+            f"CREATE TABLE {table} USING txnlog OPTIONS (path '{orders}', topic '{topic}', includeMetadata 'false')"
+        )
+    df = spark.createDataFrame([(10, "ten")], "id long, k string")
+    writes = {
+        "INSERT INTO b SELECT * FROM a": lambda: spark.sql(f"INSERT INTO {b} SELECT * FROM {a}"),
+        "insertInto(b) of a's rows": lambda: spark.table(a).write.insertInto(b),
+        "insertInto": lambda: df.write.insertInto(b),
+        "writeTo().append()": lambda: df.writeTo(b).append(),
+        "saveAsTable(b) in append mode": lambda: df.write.format("txnlog").mode("append").saveAsTable(b),
+    }
+    for what, write in writes.items():
+        with pytest.raises(Exception, match=r"txnlog tables are read-only to Spark|no options at all"):
+            write()
+            pytest.fail(what)
+
+    copy = (
+        spark.readStream.option("startingOffsets", "earliest")
+        .table(a)
+        .writeStream.option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .toTable(b)
+    )
+    with pytest.raises(Exception, match="txnlog tables are read-only to Spark"):
+        copy.awaitTermination(120)
+    assert topic_ids(orders) == [0, 1, 2, 3, 4], "nothing was written to a"
+    assert topic_ids(orders, "returns") == [], "nor to b"
+
+
+def test_to_table_is_refused_with_the_alternative(spark: Any, orders: str, tmp_path: Path) -> None:
+    table = name()
+    spark.sql(f"CREATE TABLE {table} USING txnlog OPTIONS (path '{orders}', topic 'orders')")
+    spark.createDataFrame([(13, "x")], "id long, k string").write.parquet(str(tmp_path / "in"))
+    query = (
+        spark.readStream.schema("id long, k string")
+        .parquet(str(tmp_path / "in"))
+        .writeStream.option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .toTable(table)
+    )
+    with pytest.raises(Exception, match=r"writeStream.toTable\(name\) cannot write to a txnlog table") as info:
+        query.awaitTermination(120)
+    assert "writeStream.format('txnlog').option('topic', T).start(URL)" in str(info.value)
+    assert topic_ids(orders) == [0, 1, 2, 3, 4], "nothing was written"
+
+
+def test_a_view_reading_from_a_group_takes_inserts_by_name_and_keeps_its_metadata_columns(
+    spark: Any, orders: str
+) -> None:
+    """``consumerGroup`` means "resume from the group" to the source and "commit the source offsets" to a
+    streaming sink; a batch write has no source offsets and ignores it."""
+    view = name()
+    spark.sql(
+        f"CREATE TEMPORARY VIEW {view} USING txnlog OPTIONS (path '{orders}', topic 'orders', consumerGroup 'readers')"
+    )
+    assert spark.table(view).columns == ["id", "k", "_topic", "_partition", "_offset", "_timestamp"]
+    assert spark.table(view).count() == 5, "a group without offsets starts at the earliest offset"
+    spark.sql(f"INSERT INTO {view} (id, k) VALUES (20, 'twenty')")
+    assert topic_ids(orders) == [0, 1, 2, 3, 4, 20]
+
+
+def test_a_view_of_several_topics_cannot_be_written(spark: Any, orders: str) -> None:
+    with txn_core.open_log(orders) as log:
+        log.create_topic("returns", 1, pa.schema([("id", pa.int64()), ("k", pa.string())]))
+    view = name()
+    spark.sql(
+        f"CREATE TEMPORARY VIEW {view} USING txnlog "
+        f"OPTIONS (path '{orders}', topic 'orders,returns', includeMetadata 'false')"
+    )
+    assert spark.table(view).count() == 5
+    with pytest.raises(Exception, match="names several topics, but a txnlog write goes to one topic"):
+        spark.sql(f"INSERT INTO {view} VALUES (30, 'thirty')")
+    assert topic_ids(orders) == [0, 1, 2, 3, 4]
+    assert topic_ids(orders, "returns") == []
 
 
 def test_sink_options_are_accepted_and_ignored_by_the_source(spark: Any, orders: str) -> None:
@@ -90,19 +186,24 @@ def test_sink_options_are_accepted_and_ignored_by_the_source(spark: Any, orders:
     assert df.count() == 5
 
 
-def test_save_as_table_tables_say_what_to_do_instead(spark: Any, orders: str) -> None:
+def test_save_as_table_is_refused_before_anything_is_written(spark: Any, orders: str) -> None:
+    """A table the catalog creates from a query is stored without txnlog's options (Spark calls no
+    ``schema()`` for it): saveAsTable, writeTo().create() and CREATE TABLE ... AS SELECT are refused before
+    any row is staged, and Spark drops the table it began."""
     table = name()
-    (
-        spark.createDataFrame([(9, "nine")], "id long, k string")
-        .write.format("txnlog")
-        .option("topic", "orders")
-        .option("path", orders)
-        .mode("append")
-        .saveAsTable(table)
-    )
-    with pytest.raises(Exception, match="CREATE TABLE name USING txnlog OPTIONS") as info:
-        spark.table(table).collect()
-    assert "no options at all" in str(info.value)
+    df = spark.createDataFrame([(9, "nine")], "id long, k string")
+    with pytest.raises(Exception, match="a txnlog table cannot be created from a query") as info:
+        df.write.format("txnlog").option("topic", "orders").option("path", orders).mode("append").saveAsTable(table)
+    assert "CREATE TEMPORARY VIEW v USING txnlog OPTIONS (path 'URL', topic 'T'), then INSERT INTO v" in str(info.value)
+    assert topic_ids(orders) == [0, 1, 2, 3, 4], "nothing was written"
+    assert not spark.catalog.tableExists(table)
+
+    with pytest.raises(Exception, match="a txnlog table cannot be created from a query"):
+        df.writeTo(table).using("txnlog").option("topic", "orders").option("path", orders).create()
+    with pytest.raises(Exception, match="no options at all"):  # SQL CTAS: Spark gives the writer no options
+        spark.sql(f"CREATE TABLE {table} USING txnlog OPTIONS (path '{orders}', topic 'orders') AS SELECT 9L AS id")
+    assert topic_ids(orders) == [0, 1, 2, 3, 4], "nothing was written"
+    assert not spark.catalog.tableExists(table)
 
 
 def test_overwrite_and_complete_are_refused_with_the_alternative(spark: Any, orders: str, tmp_path: Path) -> None:
