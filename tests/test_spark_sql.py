@@ -8,6 +8,7 @@ error that says so and names the alternative.
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,13 @@ def test_save_as_table_is_refused_before_anything_is_written(spark: Any, orders:
     assert not spark.catalog.tableExists(table)
 
 
+def test_the_default_save_mode_is_refused_by_spark_with_nothing_written(spark: Any, orders: str) -> None:
+    df = spark.createDataFrame([(1, "a")], "id long, k string")
+    with pytest.raises(Exception, match='cannot be written in the "ErrorIfExists" mode'):
+        df.write.format("txnlog").option("topic", "orders").save(orders)
+    assert topic_ids(orders) == [0, 1, 2, 3, 4]
+
+
 def test_overwrite_and_complete_are_refused_with_the_alternative(spark: Any, orders: str, tmp_path: Path) -> None:
     df = spark.createDataFrame([(1, "a")], "id long, k string")
     with pytest.raises(Exception, match="takes mode\\('append'\\) only") as info:
@@ -225,6 +233,27 @@ def test_overwrite_and_complete_are_refused_with_the_alternative(spark: Any, ord
     )
     with pytest.raises(Exception, match="idempotent_batch_writer"):
         query.awaitTermination(120)
+
+
+def test_update_mode_is_refused_by_spark_before_the_sink_is_reached(spark: Any, orders: str, tmp_path: Path) -> None:
+    """PySpark 4.3's write builder for Python sinks lacks ``SupportsStreamingUpdateAsAppend``: Spark fails the
+    query when it starts, calling no Python code, so the message cannot name the alternative
+    (``foreachBatch`` with ``idempotent_batch_writer``, the next test; the README says so). If this test
+    fails, a newer PySpark lets Python sinks take update mode."""
+    spark.createDataFrame([(1, "a")], "id long, k string").write.parquet(str(tmp_path / "in"))
+    counts = spark.readStream.schema("id long, k string").parquet(str(tmp_path / "in")).groupBy("k").count()
+    query = (
+        counts.writeStream.format("txnlog")
+        .outputMode("update")
+        .option("topic", "counts")
+        .option("partitions", "1")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .start(orders)
+    )
+    with pytest.raises(Exception, match="txnlog does not support Update mode"):
+        query.awaitTermination(120)
+    with txn_core.open_log(orders) as log:
+        assert "counts" not in log.list_topics()
 
 
 def test_update_mode_aggregation_appends_each_batch_exactly_once(spark: Any, orders: str, tmp_path: Path) -> None:
@@ -272,3 +301,41 @@ def test_idempotent_batch_write_options_are_checked(spark: Any, orders: str) -> 
     with pytest.raises(Exception, match="txnAppId and txnVersion go together"):
         df.write.format("txnlog").option("topic", "orders").option("txnAppId", "a").mode("append").save(orders)
     assert topic_ids(orders) == [0, 1, 2, 3, 4]
+
+
+def test_progress_has_offsets_counts_and_observed_metrics_but_no_description_of_txnlog(
+    spark: Any, orders: str, tmp_path: Path
+) -> None:
+    """What a streaming query's progress shows for a txnlog source and sink. PySpark 4.3 gives Python sources
+    and sinks no description or custom metrics hook: when the last assertions fail, a newer PySpark does,
+    and txnlog should fill them."""
+    from pyspark.sql import functions as sf
+
+    query_name = name()
+    copied = (
+        spark.readStream.format("txnlog")
+        .option("topic", "orders")
+        .option("startingOffsets", "earliest")
+        .load(orders)
+        .observe("seen", sf.count(sf.lit(1)).alias("rows"))
+    )
+    query = (
+        copied.writeStream.format("txnlog")
+        .option("topic", "copy")
+        .option("partitions", "1")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .queryName(query_name)
+        .trigger(availableNow=True)
+        .start(orders)
+    )
+    query.awaitTermination()
+    progress = query.lastProgress
+    source, sink = progress["sources"][0], progress["sink"]
+    assert progress["name"] == query_name
+    assert json.loads(source["latestOffset"])["topics"] == {"orders": {"0": 5}}  # reportLatestOffset
+    assert source["numInputRows"] == 5 and sink["numOutputRows"] == 5
+    assert progress["observedMetrics"]["seen"]["rows"] == 5
+    python = "org.apache.spark.sql.execution.datasources.v2.python."
+    assert source["description"].startswith(python + "PythonMicroBatchStream")
+    assert sink["description"].startswith(python + "PythonTable@")
+    assert source["metrics"] == {} and sink["metrics"] == {}
