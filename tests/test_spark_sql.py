@@ -214,6 +214,20 @@ def test_the_default_save_mode_is_refused_by_spark_with_nothing_written(spark: A
     assert topic_ids(orders) == [0, 1, 2, 3, 4]
 
 
+def count_by_k(spark: Any, df: Any, tmp_path: Path, mode: str, url: str, topic: str) -> Any:
+    """Start a streaming count of ``df``'s rows by ``k`` (from parquet) into ``topic`` in output ``mode``."""
+    df.write.parquet(str(tmp_path / "in"))
+    counts = spark.readStream.schema("id long, k string").parquet(str(tmp_path / "in")).groupBy("k").count()
+    return (
+        counts.writeStream.format("txnlog")
+        .outputMode(mode)
+        .option("topic", topic)
+        .option("partitions", "1")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .start(url)
+    )
+
+
 def test_overwrite_and_complete_are_refused_with_the_alternative(spark: Any, orders: str, tmp_path: Path) -> None:
     df = spark.createDataFrame([(1, "a")], "id long, k string")
     with pytest.raises(Exception, match="takes mode\\('append'\\) only") as info:
@@ -221,16 +235,7 @@ def test_overwrite_and_complete_are_refused_with_the_alternative(spark: Any, ord
     assert "Overwrite" in str(info.value)
     assert topic_ids(orders) == [0, 1, 2, 3, 4], "nothing was written"
 
-    df.write.parquet(str(tmp_path / "in"))
-    counts = spark.readStream.schema("id long, k string").parquet(str(tmp_path / "in")).groupBy("k").count()
-    query = (
-        counts.writeStream.format("txnlog")
-        .outputMode("complete")
-        .option("topic", "c")
-        .option("partitions", "1")
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .start(orders)
-    )
+    query = count_by_k(spark, df, tmp_path, "complete", orders, "c")
     with pytest.raises(Exception, match="idempotent_batch_writer"):
         query.awaitTermination(120)
 
@@ -240,15 +245,8 @@ def test_update_mode_is_refused_by_spark_before_the_sink_is_reached(spark: Any, 
     query when it starts, calling no Python code, so the message cannot name the alternative
     (``foreachBatch`` with ``idempotent_batch_writer``, the next test; the README says so). If this test
     fails, a newer PySpark lets Python sinks take update mode."""
-    spark.createDataFrame([(1, "a")], "id long, k string").write.parquet(str(tmp_path / "in"))
-    counts = spark.readStream.schema("id long, k string").parquet(str(tmp_path / "in")).groupBy("k").count()
-    query = (
-        counts.writeStream.format("txnlog")
-        .outputMode("update")
-        .option("topic", "counts")
-        .option("partitions", "1")
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .start(orders)
+    query = count_by_k(
+        spark, spark.createDataFrame([(1, "a")], "id long, k string"), tmp_path, "update", orders, "counts"
     )
     with pytest.raises(Exception, match="txnlog does not support Update mode"):
         query.awaitTermination(120)
