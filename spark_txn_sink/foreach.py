@@ -1,7 +1,8 @@
 """Exactly-once writes from ``foreachBatch``: what ``outputMode("update")`` needs.
 
 Spark refuses ``outputMode("update")`` for every Python data source before the sink is reached (it
-requires a JVM interface, ``SupportsStreamingUpdateAsAppend``, that the Python API does not offer). The
+requires a JVM interface, ``SupportsStreamingUpdateAsAppend``, that the Python API does not offer; the query
+fails with Spark's "txnlog does not support Update mode.", and no txnlog code runs to say more). The
 same result, each micro-batch's updated rows appended in one transaction, exactly once, comes from
 ``foreachBatch`` and an idempotent batch write: every call writes with ``txnAppId`` (the application)
 and ``txnVersion`` (the batch id), and a batch that Spark replays after a failure commits nothing the
@@ -20,8 +21,11 @@ def idempotent_batch_writer(url: str, topic: str, app_id: str, **options: str) -
     """A ``foreachBatch`` function appending each micro-batch to ``topic`` exactly once.
 
     ``app_id`` names the application and must stay the same across restarts of the query (one per
-    query: two queries writing under one ``app_id`` would skip each other's batches). Other writer
-    options (``partitions``, ``keyColumn``, ``storage.*``...) pass through::
+    query: two queries writing under one ``app_id`` would skip each other's batches). It belongs to the
+    query's checkpoint: a new checkpoint numbers batches from 0 again, and under an ``app_id`` that already
+    committed batches they would be skipped as replays, so a query started afresh needs a new ``app_id``
+    (PROTOCOL.md here, "Idempotent batch writes"). Other writer options (``partitions``, ``keyColumn``,
+    ``storage.*``...) pass through::
 
         (counts.writeStream.outputMode("update")
             .foreachBatch(idempotent_batch_writer("s3://b/log", "counts", "counts-job", partitions="4"))

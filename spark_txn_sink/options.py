@@ -34,7 +34,8 @@ _KNOWN = {
     "partitions": "partition count for a topic the sink creates",
     "keycolumn": "route rows by a stable hash of this column",
     "transactionalid": "the transactional id (default: derived from the streaming query id)",
-    "consumergroup": "commit the consumed txnlog source offsets to this group in each batch's transaction",
+    "consumergroup": "streaming writes: commit the consumed txnlog source offsets to this group in each batch's "
+    "transaction (batch writes ignore it: it is then the source's option of a view or table)",
     "transactiontimeoutms": "timeout of the sink's transactions in ms (default 60000)",
     "allownonemptypath": "true: create the log in a directory or prefix that holds other files (default: refuse)",
     "txnappid": "batch writes: an application id; with txnVersion, a write whose (txnAppId, txnVersion) "
@@ -61,6 +62,15 @@ SOURCE_ONLY_OPTIONS = frozenset(
     }
 )
 _HIDDEN = ("checkpointlocation", "queryname", "testing.fault", "testing.stats")
+
+
+_PATH = "the log URL: .option('path', URL) or .save(URL)"
+_PATH_STREAMING = (
+    "the log URL: .option('path', URL) or .start(URL). (writeStream.toTable(name) cannot write to a txnlog "
+    "table: txnlog tables are read-only to Spark, since PySpark's Python data source API (4.3) tells a sink "
+    "nothing about the table it writes to; write with writeStream.format('txnlog').option('topic', "
+    "T).start(URL), the table's path and topic.)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,33 +112,39 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         )
     if not opts:
         raise ConfigurationError(
-            "the txnlog sink was opened with no options at all. PySpark's Python data source API (4.3) "
-            "passes no options when it writes to a catalog table it did not learn them for (a table made "
-            "with saveAsTable). Write with df.write.format('txnlog').option('topic', T).mode('append')"
-            ".save(URL), or make the table with CREATE TABLE name USING txnlog OPTIONS (path 'URL', topic "
-            "'T'), which remembers them, and INSERT INTO it"
+            "the txnlog sink was opened with no options at all, as PySpark's Python data source API (4.3) "
+            "opens a sink writing to a catalog table (INSERT INTO, insertInto, writeTo, CREATE TABLE ... AS "
+            "SELECT): txnlog tables are read-only to Spark, since the sink cannot learn which table it writes "
+            "to. Nothing was written. Write with df.write.format('txnlog').option('topic', "
+            "T).mode('append').save(URL), or with SQL through a temporary view, which hands the sink its "
+            "options: CREATE TEMPORARY VIEW v USING txnlog OPTIONS (path 'URL', topic 'T'), then INSERT INTO v"
         )
-    url = _required(opts, "path", "the log URL: .option('path', URL) or .save(URL) / .start(URL)")
+    url = _required(opts, "path", _PATH_STREAMING if streaming else _PATH)
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
         raise ConfigurationError(
             f"path {url!r}: a memory:// log lives inside one process, but Spark writes from worker processes "
             "and commits from another; use a local directory (file://...) or an object store (s3://...)"
         )
-    topic = validate_name("topic", _required(opts, "topic", "the target topic"))
+    topic = _required(opts, "topic", "the target topic")
+    if "," in topic:
+        raise ConfigurationError(
+            f"option topic = {topic!r} names several topics, but a txnlog write goes to one topic. A view or "
+            "table that reads several topics cannot be written to: write each topic with "
+            "df.write.format('txnlog').option('topic', T).mode('append').save(URL), or make a view of one "
+            "topic for writing"
+        )
+    validate_name("topic", topic)
     partitions = _int(opts, "partitions", 1, MAX_PARTITIONS)
     key_column = opts.get("keycolumn") or None
     tid = opts.get("transactionalid") or None
     if tid is not None:
         validate_name("transactional id", tid)
-    group = opts.get("consumergroup") or None
+    # consumerGroup means "commit the source offsets" to a streaming sink only; a batch write has no source
+    # offsets, and gets the option from a view or table that reads from the group: the source's meaning
+    group = (opts.get("consumergroup") or None) if streaming else None
     if group is not None:
         validate_name("group", group)
-        if not streaming:
-            raise ConfigurationError(
-                "option consumerGroup applies to streaming writes (each micro-batch commits its source "
-                "offsets); a batch df.write has no source offsets. Remove the option."
-            )
     timeout = _int(opts, "transactiontimeoutms", 1, MAX_TRANSACTION_TIMEOUT_MS)
     app_id, app_version = _app_version(opts, streaming)
     checkpoint = opts.get("checkpointlocation") or None

@@ -25,9 +25,19 @@ from txn_core.topics import TopicMeta, normalize_schema
 
 
 def frame_arrow_schema(spark_schema: Any) -> pa.Schema:
-    """The Arrow schema of the frame's data columns (metadata columns and field metadata removed)."""
+    """The Arrow schema of the frame's data columns (metadata columns and field metadata removed).
+
+    Types a topic cannot hold as themselves are refused here, while Spark plans the write, naming every
+    such column and what to write instead (:func:`unstorable_columns`).
+    """
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    refused = unstorable_columns(spark_schema)
+    if refused:
+        listing = "; ".join(f"{column} ({kind}): {fix}" for column, kind, fix in refused)
+        raise SchemaMismatchError(
+            f"the frame has columns a txnlog topic cannot store as they are: {listing}. Nothing was written."
+        )
     try:
         arrow = to_arrow_schema(spark_schema, timezone="UTC")
     except Exception as exc:  # pyspark raises its own error types for unsupported types
@@ -36,6 +46,49 @@ def frame_arrow_schema(spark_schema: Any) -> pa.Schema:
     if not fields:
         raise SchemaMismatchError(f"the frame has no data columns (only {[f.name for f in arrow]}); nothing to write")
     return pa.schema(fields)
+
+
+def unstorable_columns(spark_schema: Any) -> list[tuple[str, str, str]]:
+    """``(column, type, what to write instead)`` for each value of ``spark_schema`` (at any depth, skipping
+    the source's metadata columns) that a topic cannot hold as itself.
+
+    Spark hands a Python sink a variant, a geometry or geography value as a plain struct of binary fields,
+    and a user-defined type as its underlying SQL type: written as they arrive, they would be read back as
+    those structs, not as the type written. Arrow (as PySpark converts it) has no year-month interval.
+    """
+    from pyspark.sql import types as st
+
+    fixes: list[tuple[type[st.DataType], str]] = [
+        (st.VariantType, "write to_json(col), a string, and read it back with parse_json()"),
+        (st.GeometryType, "write st_asbinary(col) (WKB) and read it back with st_geomfromwkb()"),
+        (st.GeographyType, "write st_asbinary(col) (WKB) and read it back with st_geogfromwkb()"),
+        (
+            st.YearMonthIntervalType,
+            "write the number of months, e.g. extract(YEAR FROM col) * 12 + extract(MONTH FROM col)",
+        ),
+        (st.CalendarIntervalType, "write its parts (make_dt_interval, or months, days and microseconds as numbers)"),
+        (st.UserDefinedType, "write its SQL type (udt.sqlType()) explicitly, and rebuild the value after reading"),
+    ]
+    out: list[tuple[str, str, str]] = []
+
+    def visit(dt: Any, where: str) -> None:
+        for kind, fix in fixes:
+            if isinstance(dt, kind):
+                out.append((where, type(dt).__name__ if kind is st.UserDefinedType else dt.simpleString(), fix))
+                return
+        if isinstance(dt, st.StructType):
+            for f in dt.fields:
+                visit(f.dataType, f"{where}.{f.name}")
+        elif isinstance(dt, st.ArrayType):
+            visit(dt.elementType, f"{where}[]")
+        elif isinstance(dt, st.MapType):
+            visit(dt.keyType, f"{where}.key")
+            visit(dt.valueType, f"{where}.value")
+
+    for field in spark_schema.fields:
+        if field.name not in SOURCE_METADATA_COLUMNS:
+            visit(field.dataType, field.name)
+    return out
 
 
 def _nullable(t: pa.DataType) -> pa.DataType:

@@ -30,6 +30,7 @@ from spark_txn_sink.options import SinkOptions, parse_sink_options
 from spark_txn_sink.pairing import group_offsets, group_start
 from spark_txn_sink.stager import PartitionStager, TopicTarget
 from spark_txn_sink.topic import PlannedTopic, create_planned_topic, frame_arrow_schema, plan_topic
+from spark_txn_source import catalog
 from txn_core import ConfigurationError, open_log
 
 TRANSACTIONAL_ID_PREFIX = "spark-sink-"
@@ -189,6 +190,8 @@ class TxnLogBatchWriter(DataSourceArrowWriter):
         self.planned = planned
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        if catalog.creates_table(_task_context().getLocalProperty):  # before anything is staged
+            raise ConfigurationError(catalog.TABLE_CREATION_REFUSED)
         return _stage(self.opts, self.target, self.ident, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

@@ -1,26 +1,40 @@
-"""Catalog tables (``CREATE TABLE ... USING txnlog``, ``saveAsTable``) over PySpark's Python data source API.
+"""Catalog tables (``CREATE TABLE ... USING txnlog``) over PySpark's Python data source API: read-only.
 
 What PySpark 4.3 hands a Python data source for a table in the session catalog:
 
-* at ``CREATE TABLE``, ``schema()`` gets the table's options plus catalog properties: ``location`` and
-  ``path`` (the ``LOCATION`` or ``OPTIONS (path ...)``, as a ``file:/...`` URL for local paths),
-  ``provider``, ``owner``, and every user option twice (``topic`` and ``option.topic``);
+* at ``CREATE TABLE`` (without a column list), ``schema()`` gets the table's options plus catalog
+  properties: ``location`` and ``path`` (the ``LOCATION`` or ``OPTIONS (path ...)``, as a ``file:/...`` URL
+  for local paths), ``provider``, ``owner``, and every user option twice (``topic`` and ``option.topic``);
 * when the table is later read (``SELECT``, ``spark.table``, ``readStream.table``) or written (``INSERT
-  INTO``), the reader and writer get **no options at all**, only the schema the catalog stored.
+  INTO``, ``insertInto``, ``writeTo().append()``, ``writeStream.toTable``), the reader and writer get **no
+  options at all**, only a schema.
 
-So a catalog table keeps what it needs in that schema: :func:`embed` puts the table's read options in the
-metadata of the schema's first field when the table is created, and :func:`recover` takes them back when
-the source is opened without options. Storage options (``storage.*``, which may hold credentials) are
-never embedded; a catalog table on an object store takes its credentials from the environment (or use a
-temporary view, whose options Spark keeps in memory: ``CREATE TEMPORARY VIEW v USING txnlog OPTIONS
-(...)``).
+A reader's schema is the table's stored schema, so a table keeps what it needs there: :func:`embed` puts the
+table's read options in the metadata of the schema's first field when the table is created, and
+:func:`recover` takes them back when the source is opened without options. Storage options (``storage.*``,
+which may hold credentials) are never embedded; a catalog table on an object store takes its credentials
+from the environment (or use a temporary view, whose options Spark keeps in memory: ``CREATE TEMPORARY VIEW
+v USING txnlog OPTIONS (...)``).
+
+A writer's schema is not the table's: it is the schema of the rows written, and Spark passes a query's
+columns through unchanged when their names and types match the table's. Rows read from another txnlog table
+then carry *that* table's options (``INSERT INTO b SELECT * FROM a`` would append to ``a``), rows from
+anywhere else carry none. A writer cannot tell which table it writes to, so writers never take options from
+a schema (:func:`for_writing`): catalog tables are read-only, and SQL writes go through a temporary view.
+
+A table the catalog creates from a query (``df.write.saveAsTable(name)`` when ``name`` does not exist yet,
+``df.writeTo(name).create()``, ``CREATE TABLE ... AS SELECT``) is stored without txnlog's options (Spark
+calls no ``schema()`` for it) and could never be read; those writes are refused before anything is staged
+(:func:`creates_table`), and Spark drops the half-made table.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from txn_core.errors import ConfigurationError
 
 #: Field-metadata key of the first field of a catalog table's schema.
 METADATA_KEY = "txnlog.table"
@@ -49,6 +63,54 @@ def normalise(options: Mapping[str, str]) -> dict[str, str]:
         if location:
             out["path"] = location
     return out
+
+
+def creates_table(local_property: Callable[[str], str | None]) -> bool:
+    """Whether a batch write task (``local_property`` is its ``TaskContext.getLocalProperty``) writes the
+    rows of a table the catalog is creating from the query (``saveAsTable``, ``writeTo().create()``,
+    ``CREATE TABLE ... AS SELECT``).
+
+    Spark runs such a write as a SQL execution nested in the command's own (its execution id differs from
+    the root execution id), while ``save()``, ``INSERT INTO``, ``insertInto`` and ``writeTo().append()``
+    write in the root execution. The one other nested batch write is ``df.write`` inside
+    ``foreachBatch``, whose tasks carry the streaming query's id.
+    """
+    execution = local_property("spark.sql.execution.id")
+    root = local_property("spark.sql.execution.root.id")
+    streaming = local_property("sql.streaming.queryId")
+    return execution is not None and root is not None and execution != root and streaming is None
+
+
+#: Why a write creating a catalog table from a query is refused.
+TABLE_CREATION_REFUSED = (
+    "a txnlog table cannot be created from a query (df.write.saveAsTable on a new table, "
+    "df.writeTo(name).create(), CREATE TABLE ... AS SELECT): PySpark's Python data source API (4.3) stores "
+    "such a table without txnlog's options, so it could be neither read nor written afterwards. Nothing was "
+    "written. Write with df.write.format('txnlog').option('topic', 'T').mode('append').save('URL') (with SQL: "
+    "CREATE TEMPORARY VIEW v USING txnlog OPTIONS (path 'URL', topic 'T'), then INSERT INTO v), and make a "
+    "table to read it with CREATE TABLE name USING txnlog OPTIONS (path 'URL', topic 'T')"
+)
+#: Why a write that names no log and carries a catalog table's options in its schema is refused.
+TABLE_WRITE_REFUSED = (
+    "this txnlog write names no log, and txnlog tables are read-only to Spark: PySpark's Python data source "
+    "API (4.3) tells a sink writing to a catalog table nothing about the table (no options; the rows' schema "
+    "may carry the options of the table they were read from, and INSERT INTO b SELECT * FROM a would append to "
+    "a). Nothing was written. Write through a temporary view, which hands the sink its options: CREATE "
+    "TEMPORARY VIEW v USING txnlog OPTIONS (path 'URL', topic 'T'), then INSERT INTO v ...; or "
+    "df.write.format('txnlog').option('topic', 'T').mode('append').save('URL') (streams: "
+    "writeStream.format('txnlog').option('topic', 'T').start('URL'))"
+)
+
+
+def for_writing(options: Mapping[str, str], schema: Any) -> tuple[dict[str, str], Any]:
+    """A writer's options and schema: ``options`` as given (never the options a schema carries, see the
+    module doc) and ``schema`` without them. Raises :class:`~txn_core.errors.ConfigurationError` when the
+    options name no log but the schema carries a table's options: a write to a catalog table, or of rows
+    read from one."""
+    given = normalise(options)
+    if not any(k.lower() == "path" for k in given) and stored_options(schema) is not None:
+        raise ConfigurationError(TABLE_WRITE_REFUSED)
+    return given, strip(schema)
 
 
 def embed(schema: Any, options: Mapping[str, str]) -> Any:

@@ -52,12 +52,12 @@ class TxnLogDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from spark_txn_sink.writer import make_batch_writer
 
-        return make_batch_writer(catalog.recover(self.options, schema), catalog.strip(schema), overwrite)
+        return make_batch_writer(*catalog.for_writing(self.options, schema), overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
         from spark_txn_sink.writer import make_stream_writer
 
-        return make_stream_writer(catalog.recover(self.options, schema), catalog.strip(schema), overwrite)
+        return make_stream_writer(*catalog.for_writing(self.options, schema), overwrite)
 
 
 def register(spark: Any) -> None:

@@ -133,10 +133,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     if not path and not options:
         raise SourceOptionError(
             "the txnlog source was opened with no options at all. PySpark's Python data source API (4.3) "
-            "passes no options when it reads a catalog table it did not learn them for: a table made with "
-            "saveAsTable. Give the options again (spark.read.format('txnlog').option('topic', T).load(URL)), "
-            "or make the table with CREATE TABLE name USING txnlog OPTIONS (path 'URL', topic 'T') (or "
-            "CREATE TEMPORARY VIEW), which remembers them"
+            "passes no options when it reads a catalog table it did not learn them for: a table made with a "
+            "column list (CREATE TABLE name (...) USING txnlog), or by an older txnlog's saveAsTable. Give the "
+            "options again (spark.read.format('txnlog').option('topic', T).load(URL)), or make the table with "
+            "CREATE TABLE name USING txnlog OPTIONS (path 'URL', topic 'T') (no column list: the columns are "
+            "the topic's; or CREATE TEMPORARY VIEW), which remembers them"
         )
     if not path:
         raise SourceOptionError(

@@ -214,7 +214,7 @@ def test_batch_append_is_one_transaction(sspark: Any, log: txn_core.Log) -> None
     ("mode", "options", "message"),
     [
         ("overwrite", {}, r"mode\('append'\) only"),
-        ("append", {"consumerGroup": "g"}, "consumerGroup applies to streaming writes"),
+        ("append", {"topic": "b,c"}, "names several topics, but a txnlog write goes to one topic"),
         ("append", {"keyColum": "id"}, r"unknown txnlog sink option\(s\) \['keycolum'\]"),
         ("append", {"partitions": "zero"}, "'partitions' must be an integer"),
     ],

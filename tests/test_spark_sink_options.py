@@ -11,7 +11,8 @@ from spark_txn_sink.checkpoint import CheckpointError, read_batch_offsets, read_
 from spark_txn_sink.faults import parse_faults
 from spark_txn_sink.options import parse_sink_options
 from spark_txn_sink.pairing import PairingError, group_offsets, normalize_log_url
-from txn_core import ConfigurationError
+from spark_txn_sink.topic import frame_arrow_schema, unstorable_columns
+from txn_core import ConfigurationError, SchemaMismatchError
 
 BASE = {"path": "/tmp/log", "topic": "out", "checkpointlocation": "/tmp/chk"}
 
@@ -65,11 +66,46 @@ def test_bad_options_are_refused_with_the_fix(extra: dict[str, str], message: st
         parse_sink_options({**BASE, **extra}, streaming=True)
 
 
-def test_streaming_needs_a_checkpoint_and_batch_writes_refuse_a_group() -> None:
+def test_streaming_needs_a_checkpoint_and_batch_writes_ignore_a_group() -> None:
+    """A batch write has no source offsets to commit: ``consumerGroup`` there is the source's option of the view
+    or table written to ("resume from the group"), ignored like the source's other options."""
     with pytest.raises(ConfigurationError, match="needs a checkpoint"):
         parse_sink_options({"path": "/l", "topic": "t"}, streaming=True)
-    with pytest.raises(ConfigurationError, match="consumerGroup applies to streaming writes"):
-        parse_sink_options({"path": "/l", "topic": "t", "consumergroup": "g"}, streaming=False)
+    batch = parse_sink_options({"path": "/l", "topic": "t", "consumergroup": "g"}, streaming=False)
+    assert batch.consumer_group is None
+    assert parse_sink_options({**BASE, "consumergroup": "g"}, streaming=True).consumer_group == "g"
+
+
+def test_a_topic_list_and_a_missing_path_name_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match="names several topics, but a txnlog write goes to one topic"):
+        parse_sink_options({"path": "/l", "topic": "a, b"}, streaming=False)
+    with pytest.raises(ConfigurationError, match=r"writeStream.toTable\(name\) cannot write to a txnlog table"):
+        parse_sink_options({"checkpointlocation": "/c", "topic": "t"}, streaming=True)
+    with pytest.raises(ConfigurationError, match="txnlog tables are read-only to Spark") as info:
+        parse_sink_options({}, streaming=False)
+    assert "CREATE TEMPORARY VIEW v USING txnlog OPTIONS (path 'URL', topic 'T'), then INSERT INTO v" in str(info.value)
+
+
+def test_types_a_topic_cannot_hold_are_named_with_what_to_write_instead() -> None:
+    from pyspark.sql import types as st
+    from pyspark.testing.objects import ExamplePointUDT
+
+    schema = st.StructType(
+        [
+            st.StructField("id", st.LongType()),
+            st.StructField("point", ExamplePointUDT()),
+            st.StructField("spans", st.MapType(st.StringType(), st.CalendarIntervalType())),
+            st.StructField("docs", st.ArrayType(st.StructType([st.StructField("doc", st.VariantType())]))),
+            st.StructField("_topic", st.VariantType()),  # a source's metadata column: dropped, not checked
+        ]
+    )
+    assert [(column, kind) for column, kind, _ in unstorable_columns(schema)] == [
+        ("point", "ExamplePointUDT"),
+        ("spans.value", "interval"),
+        ("docs[].doc", "variant"),
+    ]
+    with pytest.raises(SchemaMismatchError, match=r"point \(ExamplePointUDT\): write its SQL type"):
+        frame_arrow_schema(schema)
 
 
 def test_fault_specs_parse_points_actions_and_batches() -> None:

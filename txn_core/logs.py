@@ -4,7 +4,7 @@ Loggers (all under ``txnlog``, so one setting controls them all):
 
 ==============================  =====================================================================
 ``txnlog.coordinator``          INFO: commit and abort decisions, fencing (epoch bumps), timeouts
-``txnlog.producer``             INFO: a producer fenced or failed fatally
+``txnlog.producer``             WARNING: a producer fenced or failed fatally; INFO: a transaction to abort
 ``txnlog.snapshots``            INFO: buffer and coordinator snapshots written
 ``txnlog.damage``               WARNING: offsets passed over as lost (marked lost, or damage a reader
                                 chose to skip), and entries marked lost (PROTOCOL.md "Damage")

@@ -166,8 +166,8 @@ class SnapshotStore:
             "time_ms": self.clock(),
         }
         key = self.prefix + paths.slot_name(buffer.position)
-        envelope.create_json(self.storage, key, envelope.ObjectKind.BUFFER_SNAPSHOT, final)
-        log.info("snapshot %s written", key)
+        if envelope.create_json(self.storage, key, envelope.ObjectKind.BUFFER_SNAPSHOT, final):
+            log.info("snapshot %s written", key)  # else another participant wrote this position's snapshot
         self.parts = parts
         self.last_position = buffer.position
         self.last_time_ms = int(str(final["time_ms"]))

@@ -301,12 +301,9 @@ class CoordinatorPartition:
         the lock: a slow store delays no append."""
         prefix = paths.coordinator_snapshots(self.coordinator)
         key = prefix + paths.slot_name(int(snap["next_slot"]))
-        try:
-            envelope.create_json(self.storage, key, envelope.ObjectKind.COORDINATOR_SNAPSHOT, snap)
-        except ObjectExistsError:
-            pass  # another participant wrote the snapshot of the same slot: the same state
-        else:
+        if envelope.create_json(self.storage, key, envelope.ObjectKind.COORDINATOR_SNAPSHOT, snap):
             get_logger("txnlog.snapshots").info("coordinator snapshot %s written", key)
+        # else another participant wrote the snapshot of the same slot: the same state
         with self._lock:
             self._snapshot_slot = max(self._snapshot_slot, int(snap["next_slot"]))
         names = sorted(n for n in self.storage.list(prefix) if not n.endswith("/"))
