@@ -13,6 +13,7 @@ The participant objects that used it are abandoned; recovery runs with fresh obj
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from txn_core.errors import UnknownOutcomeError
@@ -63,6 +64,21 @@ class FaultyStorage(Storage):
         if crash and not self.landed:
             raise SimulatedCrash(f"crash before create {key}")
         self.inner.create(key, chunks)
+        if crash:
+            raise SimulatedCrash(f"crash after create {key}")
+        if ambiguous:
+            raise UnknownOutcomeError(f"injected: create of {key} timed out (it landed)")
+
+    @property
+    def stages_creates(self) -> bool:  # type: ignore[override]
+        return self.inner.stages_creates
+
+    def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
+        """A gated create is one storage operation, counted (and crashed) like a create."""
+        crash, ambiguous = self._tick("create", key)
+        if crash and not self.landed:
+            raise SimulatedCrash(f"crash before create {key}")
+        self.inner.create_gated(key, chunks, gate)
         if crash:
             raise SimulatedCrash(f"crash after create {key}")
         if ambiguous:

@@ -161,6 +161,25 @@ def test_ambiguous_write_at_any_step_is_resolved_without_duplicates(k: int) -> N
     assert sorted(_read_all(txn_core.Log(inner, clock=clock), "read_uncommitted")) == sorted(BASE + TXN)
 
 
+@pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
+def test_every_commit_crash_point_recovers_on_local_disk(tmp_path: Any, landed: bool) -> None:
+    """The same crash points on local disk, where a transaction's first data entries are staged while its
+    begin record is being created and linked only once it is durable (PROTOCOL.md "Storage")."""
+    ops = _count_ops_on(lambda: open_storage(str(tmp_path / f"count-{uuid.uuid4().hex}")))
+    for k in range(ops):
+        inner, clock = _setup(open_storage(str(tmp_path / f"log-{int(landed)}-{k}")))
+        with pytest.raises(SimulatedCrash):
+            _commit_txn(txn_core.Log(FaultyStorage(inner, crash_at=k, landed=landed), clock=clock))
+        _check_recovered(inner, clock, expect_commit=_commit_decided(inner, clock), recover="reinit")
+
+
+def _count_ops_on(make: Callable[[], Storage]) -> int:
+    inner, clock = _setup(make())
+    faulty = FaultyStorage(inner)
+    _commit_txn(txn_core.Log(faulty, clock=clock))
+    return len(faulty.ops)
+
+
 @pytest.mark.seaweedfs
 def test_every_commit_crash_point_recovers_on_a_real_s3_server(seaweed_s3: Any) -> None:
     """The same crash points against SeaweedFS: real conditional PUTs, real listings, real latency."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -280,11 +280,15 @@ class PartitionLog:
         txn: TxnId | None = None,
         timestamp_ms: int | None = None,
         writer_id: bytes | None = None,
+        gate: Callable[[], bool] | None = None,
     ) -> AppendResult:
         """Append one entry; returns where it landed. Safe against any number of concurrent appenders.
 
         ``writer_id`` identifies this logical append across retries (a fresh one when omitted). A caller
         retrying after an :class:`UnknownOutcomeError` passes the same writer id and gets the same slot.
+        ``gate``: the entry becomes visible only once it returns True (:meth:`Storage.create_gated`; a
+        backend that stages creates writes the bytes meanwhile); if it returns False nothing is appended
+        and :class:`~txn_core.storage.base.GateClosedError` is raised.
         """
         if kind is EntryKind.LOST:
             raise ConfigurationError('an entry of kind LOST is never written (PROTOCOL.md "Damage")')
@@ -299,8 +303,9 @@ class PartitionLog:
             while True:
                 header = template.with_base_offset(offset).encode()
                 try:
-                    create_resolving(self.storage, self.entries.key(slot), [header, *chunks], header)
+                    create_resolving(self.storage, self.entries.key(slot), [header, *chunks], header, gate=gate)
                 except ObjectExistsError:
+                    gate = None  # it opened: the data may be visible from now on
                     winner = self.read_header(slot)
                     if winner.writer_id == wid:
                         # Our earlier attempt landed here (resolved on a later round).
@@ -326,6 +331,7 @@ class PartitionLog:
         base_sequence: int = -1,
         txn: TxnId | None = None,
         writer_id: bytes | None = None,
+        gate: Callable[[], bool] | None = None,
     ) -> AppendResult:
         """:meth:`append` of a :class:`~txn_core.entry.Payload` (its chunks, length and checksum)."""
         return self.append(
@@ -339,6 +345,7 @@ class PartitionLog:
             base_sequence=base_sequence,
             txn=txn,
             writer_id=writer_id,
+            gate=gate,
         )
 
     # --- read -----------------------------------------------------------------------------------

@@ -99,6 +99,12 @@ class TransactionCoordinator:
             view.refresh()
         return view.state(tid)
 
+    def predict_txn(self, tid: str) -> TxnId | None:
+        """The transaction id a ``begin`` of ``tid`` would get if created now: this process's view of its
+        coordinator partition is current enough to append without reading and nothing is queued ahead of
+        it. A guess for overlapping work with the begin (the create itself decides); None if unsure."""
+        return self.view_for(tid).predict_next()
+
     # --- producer lifecycle -------------------------------------------------------------------
 
     def init_producer(self, tid: str, timeout_ms: int) -> TidState:

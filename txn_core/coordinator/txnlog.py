@@ -395,6 +395,16 @@ class CoordinatorPartition:
                 return TxnStatus(txn, final)
             return TxnStatus(txn, None)
 
+    def predict_next(self) -> TxnId | None:
+        """The id the next record would give a begin appended now, when this view may append without reading
+        first and no append of this process is queued or in flight; else None. A guess, read unlocked."""
+        if self._queue or not self._current_enough() or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return TxnId(self.coordinator, self.next_slot)
+        finally:
+            self._lock.release()
+
     def open_states(self) -> list[TidState]:
         """Every transaction that is not complete, as its id's state (a completing one as its completer
         sees it, :meth:`TidState.prepared`), oldest first."""

@@ -30,7 +30,7 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +61,7 @@ from txn_core.producer.completion import Completions, PendingCompletion
 from txn_core.routing import split_by_key
 from txn_core.schema import conform
 from txn_core.staging import StagedRef, reference_payload
+from txn_core.storage.base import GateClosedError
 from txn_core.topics import TopicMeta
 
 if TYPE_CHECKING:
@@ -622,11 +623,46 @@ class Producer:
             self._write_buffers(todo)
 
     def _write_buffers(self, todo: dict[str, PartitionBuffer]) -> None:
+        if self._txn is None and self.transactional_id is not None and self.log.storage.stages_creates:
+            predicted = self.log.coordinator.predict_txn(self.transactional_id)
+            if predicted is not None and not self._completions.begin_waits():
+                self._write_with_begin(todo, predicted)
+                return
         self._ensure_registered(list(todo))
         self._run_all([functools.partial(self._write_one, path, buffer) for path, buffer in todo.items()])
 
-    def _write_one(self, path: str, buffer: PartitionBuffer) -> list[RecordMetadata]:
-        """Append ``buffer``'s in-flight entry (if any), then its buffered tables as entries."""
+    def _write_with_begin(self, todo: dict[str, PartitionBuffer], predicted: TxnId) -> None:
+        """The transaction's first writes overlap its ``begin`` record, on a store that stages creates
+        (local disk): each entry is written and fsynced under the transaction id the begin is expected to
+        get, and linked only once the begin is durable with that id (the gate). The rule "a participant is
+        registered before any of its data is visible" holds as without the overlap; if the begin landed
+        at another slot, the staged entries are dropped unseen and written again under the real id."""
+        if self._next_epoch != self.epoch:  # the begin's epoch: the entries carry it, sequences restart
+            self.epoch = self._next_epoch
+            self._sequences.clear()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txnlog-producer")
+        begun = self._pool.submit(self._ensure_registered, list(todo))
+
+        def gate() -> bool:
+            begun.result()
+            return self._txn == predicted
+
+        try:
+            self._run_all(
+                [functools.partial(self._write_one, path, buffer, predicted, gate) for path, buffer in todo.items()]
+            )
+        except GateClosedError:
+            logger.debug("producer %s: begin landed at %s, not %s", self.transactional_id, self._txn, predicted)
+            self._run_all([functools.partial(self._write_one, path, buffer) for path, buffer in todo.items()])
+        finally:
+            wait([begun])  # the begin's own error, if any, was raised through the gate
+
+    def _write_one(
+        self, path: str, buffer: PartitionBuffer, txn: TxnId | None = None, gate: Callable[[], bool] | None = None
+    ) -> list[RecordMetadata]:
+        """Append ``buffer``'s in-flight entry (if any), then its buffered tables as entries (the first one
+        behind ``gate``, under ``txn`` instead of the current transaction id when given)."""
         while True:
             if buffer.inflight is None:
                 if not buffer.tables:
@@ -636,8 +672,9 @@ class Producer:
             if inflight is None:  # pragma: no cover
                 return []
             result = self._append(
-                path, inflight.payload, inflight.rows, EntryKind.DATA, inflight.sequence, inflight.writer_id
+                path, inflight.payload, inflight.rows, EntryKind.DATA, inflight.sequence, inflight.writer_id, txn, gate
             )
+            gate = None  # open: later entries follow it
             buffer.inflight = None
             self._sequences[path] = inflight.sequence + inflight.rows
             topic, partition = _split_path(path)
@@ -653,8 +690,10 @@ class Producer:
         kind: EntryKind = EntryKind.DATA,
         sequence: int = -1,
         writer_id: bytes | None = None,
+        txn: TxnId | None = None,
+        gate: Callable[[], bool] | None = None,
     ) -> AppendResult:
-        """One entry of this producer (its id, epoch and current transaction) into ``path``."""
+        """One entry of this producer (its id, epoch and current transaction, or ``txn``) into ``path``."""
         return self.log.partition_log(path).append_payload(
             kind,
             payload,
@@ -662,8 +701,9 @@ class Producer:
             producer_id=self.producer_id,
             producer_epoch=self.epoch,
             base_sequence=sequence,
-            txn=self._txn,
+            txn=txn or self._txn,
             writer_id=writer_id,
+            gate=gate,
         )
 
     # --- lifecycle ------------------------------------------------------------------------------

@@ -111,6 +111,10 @@ class Completions:
         future = pending.future
         return future is not None and future.done() and not pending.markers_written.is_set()
 
+    def begin_waits(self) -> bool:
+        """Whether a begin now would first wait for older markers (more than one completion pending)."""
+        return sum(1 for p in self._pending if p.completed is None) > 1
+
     def claim(self, *, for_begin: bool = False) -> list[PendingCompletion]:
         """Claim the completions a record of the producer can carry: the oldest ones whose markers are
         durable. ``for_begin``: first make sure all but the newest pending completion can be claimed (their

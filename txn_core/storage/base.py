@@ -27,7 +27,7 @@ import abc
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from txn_core.errors import (
@@ -71,6 +71,18 @@ class Storage(abc.ABC):
     def delete(self, key: str) -> None:
         """Delete ``key`` if present."""
 
+    #: Whether :meth:`create_gated` writes the bytes before waiting for its gate (local disk: into a
+    #: temporary file that only the final link makes visible). Where False, it waits, then creates.
+    stages_creates: bool = False
+
+    def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
+        """:meth:`create`, made visible only once ``gate()`` returns True; if it returns False (or raises),
+        nothing is created and :class:`GateClosedError` (or its error) is raised. A backend that can write the
+        bytes invisibly first (:attr:`stages_creates`) overlaps that with whatever the gate waits for."""
+        if not gate():
+            raise GateClosedError(f"create of {key} called off")
+        self.create(key, chunks)
+
     def read_buffer(self, key: str) -> Any:
         """The whole object as a ``pyarrow.Buffer`` (default: wraps :meth:`read`; local disk reads into
         Arrow-allocated memory, which the reader hands to Arrow without copying)."""
@@ -92,6 +104,10 @@ class Storage(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (optional)."""
+
+
+class GateClosedError(Exception):
+    """A gated create was called off by its gate: nothing was created (not a storage failure)."""
 
 
 class DelegatingStorage(Storage):
@@ -137,7 +153,15 @@ def _backoff(attempt: int) -> None:
     time.sleep(min(0.5, 0.005 * (2**attempt)) * (0.5 + random.random()))
 
 
-def create_resolving(storage: Storage, key: str, chunks: Chunks, identity: bytes, *, attempts: int = 8) -> None:
+def create_resolving(
+    storage: Storage,
+    key: str,
+    chunks: Chunks,
+    identity: bytes,
+    *,
+    attempts: int = 8,
+    gate: Callable[[], bool] | None = None,
+) -> None:
     """Create ``key`` if absent, resolving ambiguous outcomes (PROTOCOL.md "Writes").
 
     ``identity`` is a prefix of the object's bytes that is unique to this writer and this write (every
@@ -145,6 +169,9 @@ def create_resolving(storage: Storage, key: str, chunks: Chunks, identity: bytes
     back: if its prefix equals ``identity`` the earlier attempt landed and this call succeeds;
     if another writer's object is there, :class:`ObjectExistsError` is raised; if nothing is there,
     the create is retried. Retryable errors are retried with backoff. Never deletes anything.
+
+    With ``gate``, the first attempt is :meth:`Storage.create_gated` (a closed gate raises
+    :class:`GateClosedError`, nothing created); later attempts follow a gate that already opened.
 
     After ``attempts`` (a bound: this never loops forever) it raises what is known:
     :class:`RetryableStorageError` if every attempt was refused by the store (the object certainly did
@@ -154,7 +181,10 @@ def create_resolving(storage: Storage, key: str, chunks: Chunks, identity: bytes
     unknown = False  # whether some attempt may have landed without our learning it
     for attempt in range(attempts):
         try:
-            storage.create(key, chunks)
+            if gate is not None and attempt == 0:
+                storage.create_gated(key, chunks, gate)
+            else:
+                storage.create(key, chunks)
             return
         except ObjectExistsError as exc:
             try:

@@ -45,6 +45,14 @@ class WriteCheckedStorage(DelegatingStorage):
         self._before_write()
         self.inner.create(key, chunks)
 
+    @property
+    def stages_creates(self) -> bool:  # type: ignore[override]
+        return self.inner.stages_creates
+
+    def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
+        self._before_write()
+        self.inner.create_gated(key, chunks, gate)
+
     def delete(self, key: str) -> None:
         self._before_write()
         self.inner.delete(key)

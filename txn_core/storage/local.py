@@ -13,13 +13,20 @@ import contextlib
 import errno
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from txn_core.errors import ObjectExistsError, ObjectNotFoundError, StorageError, StoragePermissionError
-from txn_core.storage.base import Chunks, Storage
+from txn_core.storage.base import Chunks, GateClosedError, Storage
 
 TMP_PREFIX = ".tmp-"
+
+
+def _open_gate() -> bool:
+    return True
+
+
 #: errno values that mean "you may not write here" (a read-only mount, a directory without write permission)
 _PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -60,9 +67,18 @@ class LocalStorage(Storage):
             _fsync_dir(os.path.dirname(m))
         self._known_dirs.add(directory)
 
+    #: the bytes of a gated create go to a temporary file before the gate: only the link makes them visible
+    stages_creates = True
+
     def create(self, key: str, chunks: Chunks) -> None:
+        self.create_gated(key, chunks, _open_gate)
+
+    def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
+        """Write and fsync the temporary file, then wait for ``gate``: only if it opens is the file linked
+        to ``key`` (and the directory fsynced). A closed gate, or a crash before the link, leaves at most
+        the temporary file, which nobody lists (:meth:`sweep_temp` removes it)."""
         try:
-            self._create(key, chunks)
+            self._create(key, chunks, gate)
         except OSError as exc:
             if exc.errno in _PERMISSION and not isinstance(exc, StorageError):
                 raise StoragePermissionError(f"cannot write {key} under {self.root}: {exc.strerror}") from exc
@@ -76,7 +92,7 @@ class LocalStorage(Storage):
                 ) from exc.__cause__
             raise
 
-    def _create(self, key: str, chunks: Chunks) -> None:
+    def _create(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
         path = self._path(key)
         directory = os.path.dirname(path)
         self._ensure_dir(directory)
@@ -98,6 +114,8 @@ class LocalStorage(Storage):
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if not gate():
+                raise GateClosedError(f"create of {key} called off")
             try:
                 os.link(tmp, path)
             except FileExistsError as exc:

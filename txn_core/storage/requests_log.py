@@ -49,6 +49,13 @@ class RequestLoggingStorage(Storage):
     def create(self, key: str, chunks: Chunks) -> None:
         self._timed("create", key, lambda: self.inner.create(key, chunks), sent=sum(len(c) for c in chunks))
 
+    @property
+    def stages_creates(self) -> bool:  # type: ignore[override]
+        return self.inner.stages_creates
+
+    def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
+        self._timed("create", key, lambda: self.inner.create_gated(key, chunks, gate), sent=sum(len(c) for c in chunks))
+
     def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         return self._timed("read", key, lambda: self.inner.read(key, start, end), len)
 

@@ -1,0 +1,93 @@
+"""On a store that stages creates (local disk), a transaction's first data entries are written while its
+begin record is created, and linked only once the begin is durable under the transaction id they carry
+(``Producer._write_with_begin``). Whatever happens to the begin, no entry is ever visible before it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import txn_core
+from txn_core.ids import TxnId
+from txn_core.storage import open_storage
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+def _log(tmp_path: Path) -> txn_core.Log:
+    log = txn_core.open_log(str(tmp_path / "log"))
+    log.create_topic("t", 2, SCHEMA)
+    assert log.storage.stages_creates
+    return log
+
+
+def _ids(log: txn_core.Log, isolation: str = "read_committed") -> list[int]:
+    c = log.consumer(isolation_level=isolation)
+    c.assign([("t", 0), ("t", 1)])
+    out: list[int] = []
+    while (got := c.poll()).num_rows:
+        out.extend(got.column("id").to_pylist())
+    return sorted(out)
+
+
+def test_the_first_writes_overlap_the_begin_and_commit_as_usual(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _log(tmp_path)
+    overlapped: list[Any] = []
+    original = txn_core.Producer._write_with_begin
+
+    def spy(self: txn_core.Producer, todo: Any, predicted: TxnId) -> None:
+        overlapped.append(predicted)
+        original(self, todo, predicted)
+
+    monkeypatch.setattr(txn_core.Producer, "_write_with_begin", spy)
+    p = log.producer("overlap")
+    p.init_transactions()
+    for i in range(3):
+        p.begin_transaction()
+        p.send("t", pa.table({"id": [i, 10 + i]}), partition=i % 2)
+        p.commit_transaction()
+        assert p.transaction_id is None
+    p.close()
+    assert len(overlapped) == 3
+    assert _ids(txn_core.open_log(str(tmp_path / "log"))) == [0, 1, 2, 10, 11, 12]
+
+
+def test_a_wrong_guess_drops_the_staged_entries_and_writes_them_under_the_real_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The begin lands at another slot than guessed (another writer took it): nothing staged under the
+    guessed id becomes visible; the entries are written again under the real one."""
+    log = _log(tmp_path)
+    p = log.producer("guess")
+    p.init_transactions()
+    monkeypatch.setattr(log.coordinator, "predict_txn", lambda tid: TxnId(999, 999))
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [7]}), partition=0)
+    p.commit_transaction()
+    p.close()
+    fresh = txn_core.open_log(str(tmp_path / "log"))
+    assert _ids(fresh) == [7] and _ids(fresh, "read_uncommitted") == [7]
+    header = fresh.partition_log("topics/t/00000").read_header(0)
+    assert header.txn is not None and header.txn != TxnId(999, 999)
+
+
+def test_a_fenced_begin_leaves_the_staged_entries_unseen(tmp_path: Path) -> None:
+    """The begin fails (another instance fenced this producer) while the entries are staged: they are
+    never linked, so not even read_uncommitted sees them."""
+    log = _log(tmp_path)
+    zombie = log.producer("fenced")
+    zombie.init_transactions()
+    successor = txn_core.Log(open_storage(str(tmp_path / "log"))).producer("fenced")
+    successor.init_transactions()
+    zombie.begin_transaction()
+    zombie.send("t", pa.table({"id": [666]}), partition=1)
+    with pytest.raises(txn_core.ProducerFencedError):
+        zombie.flush()
+    assert zombie.state == txn_core.ClientState.FATAL_ERROR
+    assert _ids(txn_core.open_log(str(tmp_path / "log")), "read_uncommitted") == []
+    successor.close()
