@@ -28,7 +28,6 @@ log is opened later, by the schema, planning and reading code.
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -185,6 +184,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
 
 
 def _unknown(key: str) -> str:
+    import difflib  # only for this message; every query's driver process imports this module
+
     accepted = sorted(OPTIONS.values(), key=str.lower)
     close = difflib.get_close_matches(key.lower(), list(OPTIONS), n=1)
     hint = f" Did you mean '{OPTIONS[close[0]]}'?" if close else ""
