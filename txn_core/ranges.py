@@ -34,7 +34,7 @@ treated the same way.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -53,7 +53,7 @@ from txn_core.logs import get_logger
 from txn_core.partition import Entry, PartitionLog
 from txn_core.readahead import ReadAhead
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED, PartitionState
-from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
+from txn_core.records import METADATA_FIELDS, MetadataColumns, StagedDataMissingError, entry_table
 
 log = get_logger(__name__)
 
@@ -189,11 +189,13 @@ def read_range(
     metadata: bool = True,
     fail_on_data_loss: bool = True,
     max_batch_rows: int = MAX_BATCH_ROWS,
+    metadata_fields: Sequence[pa.Field] = METADATA_FIELDS,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the deliverable records of ``rng`` in offset order (see module doc). Memory: one entry.
 
     ``fail_on_data_loss=False`` accepts loss: offsets removed by retention, and damaged entries nobody
-    marked lost, are skipped with a warning instead of raising."""
+    marked lost, are skipped with a warning instead of raising. ``metadata_fields`` types the metadata
+    columns (see :class:`~txn_core.records.MetadataColumns`: an engine's own types, built without a cast)."""
     _check_isolation(rng.isolation)
     committed = rng.isolation == READ_COMMITTED
     aborted = frozenset(rng.aborted)
@@ -201,7 +203,7 @@ def read_range(
     lo_ts, hi_ts = rng.min_timestamp_ms, rng.max_timestamp_ms
     pos, end, slot = rng.start, rng.end, rng.start_slot
     expected: int | None = None  # base offset the next entry must have
-    meta = MetadataColumns(rng.topic, rng.partition) if metadata else None
+    meta = MetadataColumns(rng.topic, rng.partition, metadata_fields) if metadata else None
     ahead = ReadAhead(plog, slot)
     while pos < end:
         ahead.seek(slot)
