@@ -22,7 +22,7 @@ Row counts are checked; nothing is asserted about time.
 
 Run (10M rows, several minutes)::
 
-    /work/main/.venv/bin/pytest tests/bench_spark_source.py -m bench -s -p no:cacheprovider
+    PYTHONPATH=. pytest -m bench -s -p no:cacheprovider tests/bench_spark_source.py
 
 A quick run: ``TXNLOG_BENCH_ROWS=2000000``.
 
