@@ -29,7 +29,14 @@ from spark_txn_source.planning import (
     data_loss_hint,
     open_existing_log,
 )
-from spark_txn_source.schema import check_requested, conform, spark_schema, topic_arrow_schema
+from spark_txn_source.schema import (
+    arrow_target,
+    check_requested,
+    conform,
+    metadata_fields,
+    spark_schema,
+    topic_arrow_schema,
+)
 from txn_core.errors import CorruptDataError, DataLossError
 from txn_core.partition import PartitionLog
 from txn_core.ranges import OffsetRange, read_range
@@ -99,14 +106,18 @@ def read_partition(opts: SourceOptions, schema: StructType, partition: InputPart
     """The record batches of one task, each with exactly the Arrow schema Spark expects for ``schema``."""
     if not isinstance(partition, RangePartition):
         return  # Spark's placeholder partition when the plan is empty
-    from spark_txn_source.schema import arrow_target
-
     target = arrow_target(schema)
     rng = partition.range
     plog = PartitionLog(_storage(opts), rng.path)
     try:
-        for batch in read_range(plog, rng, metadata=opts.include_metadata, fail_on_data_loss=opts.fail_on_data_loss):
-            yield conform(batch, target)
+        for batch in read_range(
+            plog,
+            rng,
+            metadata=opts.include_metadata,
+            fail_on_data_loss=opts.fail_on_data_loss,
+            metadata_fields=metadata_fields(target),
+        ):
+            yield conform(batch, target)  # the batch itself when the topic's columns are Spark's types
     except DataLossError as exc:
         raise SourceDataLossError(data_loss_hint(str(exc))) from exc
     except CorruptDataError as exc:  # damaged since planning, or a damaged payload (failOnDataLoss=true)

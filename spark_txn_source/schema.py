@@ -3,9 +3,12 @@
 The schema is the topics' Arrow schema (unified over several topics) converted to Spark types, plus the
 metadata columns ``_topic``, ``_partition``, ``_offset``, ``_timestamp`` unless ``includeMetadata=false``.
 Spark accepts a ``pyarrow.RecordBatch`` from ``read()`` only if its schema equals ``to_arrow_schema(schema,
-timezone="UTC")`` exactly (names, order, ``string`` not ``large_string``, nullability), so every batch is
-rebuilt against that target: columns are taken by name (zero-copy when the type already matches), cast
-when the topic's type differs, and null-filled when a topic lacks a column another topic has.
+timezone="UTC")`` exactly (names, order, ``string`` not ``large_string``, nullability). The metadata
+columns are built in the target's own types (:func:`metadata_fields`: nullable, ``_timestamp`` in
+microseconds), so a batch of a topic whose columns Spark represents as they are already equals the target
+and is handed over as it is. Any other batch is rebuilt against the target: columns are taken by name
+(zero-copy when the type already matches), cast when the topic's type differs, and null-filled when a
+topic lacks a column another topic has.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 from pyspark.sql.types import StructField, StructType
 
 from txn_core.errors import ConfigurationError
-from txn_core.records import METADATA_FIELDS
+from txn_core.records import METADATA_FIELDS, buildable_metadata_field
 
 
 def topic_arrow_schema(schemas: dict[str, pa.Schema]) -> pa.Schema:
@@ -60,6 +63,17 @@ def check_requested(requested: StructType, available: StructType) -> None:
 def arrow_target(schema: StructType) -> pa.Schema:
     """The Arrow schema Spark requires of every record batch ``read()`` yields for ``schema``."""
     return to_arrow_schema(schema, timezone="UTC")
+
+
+def metadata_fields(target: pa.Schema) -> list[pa.Field]:
+    """The metadata fields to build batches with: the target's where txn_core can build them directly,
+    txnlog's own otherwise (a user-given schema may omit or retype them; :func:`conform` then adapts)."""
+    names = target.names
+    out = []
+    for own in METADATA_FIELDS:
+        wanted = target.field(own.name) if names.count(own.name) == 1 else own
+        out.append(wanted if buildable_metadata_field(wanted) else own)
+    return out
 
 
 def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:

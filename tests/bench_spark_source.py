@@ -1,80 +1,187 @@
-"""Benchmark: the txnlog stream source vs Spark's built-in parquet file source, both into the noop sink.
+"""Benchmark: the txnlog stream source against the ceiling PySpark's Python data source API allows.
 
-Same rows for both, generated once: ``id`` LONG, ``key`` STRING (1,000 distinct), ``value`` STRING of 100 hex
-characters drawn from 100,000 distinct values. They are written with a transactional txnlog producer (one
-transaction per chunk) into a topic of 4 partitions, and as parquet files. Each source is read as a stream
-with ``Trigger.AvailableNow`` into ``format("noop")``, in the same SparkSession, alternating,
-``TXNLOG_BENCH_ROUNDS`` (3) times each; the table reports rows/s of the best run and the ratio
-txnlog / parquet. Nothing is asserted about time.
+Same rows for every source, generated once (:func:`bench_spark_sink.write_input`): ``id`` LONG, ``key``
+STRING (1,000 distinct), ``value`` STRING of 100 hex characters drawn from 100,000 distinct values; written
+with a transactional txnlog producer into a topic of 4 partitions (one transaction per chunk of 500k rows
+for 10M rows), as parquet files of one chunk each, and, for the peer, as one Arrow IPC file per txnlog entry.
 
-Run (10M rows, a few minutes)::
+The peer, ``bench_bare_arrow_source``, is the least a Python data source can do: each task memory-maps its
+Arrow IPC files and yields their record batches, already in the exact schema Spark expects, sliced to its
+rows. Its files hold the rows of the txnlog entries (same bytes, same disk) plus the four metadata columns
+txnlog adds, already materialised (``_topic`` STRING, ``_partition`` INT, ``_offset`` LONG, ``_timestamp``
+TIMESTAMP), so the peer with metadata pays only for moving them; its tasks are the txnlog source's (each
+partition cut into ``ceil(rows / 1M)`` tasks of near-equal size). What txnlog costs beyond it is ours:
+reading entries, verifying every payload byte, applying the read_committed filters and building metadata.
 
-    /work/venv/bin/pytest tests/bench_spark_source.py -m bench -s -p no:cacheprovider
+Each source is read as a stream with ``Trigger.AvailableNow`` into ``format("noop")``, and each copy runs
+as a stream into a sink (``BATCHES`` micro-batches; the exactly-once txnlog -> txnlog copy and Spark's
+parquet -> parquet copy, as in ``tests/bench_spark_sink.py``, which also splits the copy's cost between
+source, transactions and sink). Everything runs in one SparkSession, alternating, ``TXNLOG_BENCH_ROUNDS``
+(3) times each; the tables report rows/s of the best run and ratios to the peer measured in the same run.
+Row counts are checked; nothing is asserted about time.
 
-A quick run: ``TXNLOG_BENCH_ROWS=1000000``.
+Run (10M rows, several minutes)::
+
+    PYTHONPATH=. pytest -m bench -s -p no:cacheprovider tests/bench_spark_source.py
+
+A quick run: ``TXNLOG_BENCH_ROWS=2000000``.
+
+:func:`test_bench_task_memory_reading_a_1gb_partition` (no Spark) measures what one task holds: a child
+process reads a whole 1 GB partition as a single planned range with the task's code (``read_partition``) and
+hands every batch on as PySpark's worker does (struct-wrapped, written as an Arrow IPC stream), and reports
+its peak RSS (``VmHWM``) before and after reading.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from bench_spark_sink import (
+    BATCHES,
+    PARTITIONS,
+    ROUNDS,
+    ROWS,
+    SCHEMA,
+    chunks,
+    parquet_copy,
+    timed,
+    txnlog_copy,
+    write_input,
+)
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
 
 import txn_core
+from txn_core import paths
+from txn_core.ranges import available_end, plan_range, read_range
+from txn_core.reader import READ_COMMITTED
 
-ROWS = int(os.environ.get("TXNLOG_BENCH_ROWS", "10000000"))
-#: Runs per case (the first also warms up the JVM); the best is reported.
-ROUNDS = int(os.environ.get("TXNLOG_BENCH_ROUNDS", "3"))
-CHUNK = 500_000
-PARTITIONS = 4
-SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string()), ("value", pa.string())])
-
-
-def chunks(rows: int) -> Any:
-    rng = np.random.default_rng(42)
-    keys = np.array([f"key-{i:04d}" for i in range(1_000)], dtype=object)
-    values = np.array([rng.bytes(50).hex() for _ in range(100_000)], dtype=object)
-    for start in range(0, rows, CHUNK):
-        n = min(CHUNK, rows - start)
-        yield pa.table(
-            {
-                "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
-                "key": pa.array(keys[rng.integers(0, len(keys), n)], pa.string()),
-                "value": pa.array(values[rng.integers(0, len(values), n)], pa.string()),
-            },
-            schema=SCHEMA,
-        )
+#: A task of either source reads at most this many rows (the txnlog source's MAX_OFFSETS_PER_TASK).
+ROWS_PER_TASK = 1_000_000
+TOPIC_COLUMNS = "id LONG, key STRING, value STRING"
+METADATA_COLUMNS = "_topic STRING, _partition INT, _offset LONG, _timestamp TIMESTAMP"
+#: The peer's files: the Arrow schema Spark expects of a batch for both DDL strings above, in order.
+BARE_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("_topic", pa.string()),
+        ("_partition", pa.int32()),
+        ("_offset", pa.int64()),
+        ("_timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+)
 
 
-def write_data(root: Path) -> tuple[str, str]:
-    url = f"file://{root}/log"
-    log = txn_core.open_log(url)
-    log.create_topic("bench", PARTITIONS, SCHEMA)
-    producer = log.producer("bench-writer")
-    producer.init_transactions()
-    parquet_dir = root / "parquet"
-    parquet_dir.mkdir()
-    for i, table in enumerate(chunks(ROWS)):
-        producer.begin_transaction()
-        for p in range(PARTITIONS):
-            producer.send(
-                "bench",
-                table.slice(
-                    p * len(table) // PARTITIONS,
-                    (p + 1) * len(table) // PARTITIONS - p * len(table) // PARTITIONS,
-                ),
-                partition=p,
-            )
-        producer.commit_transaction()
-        pq.write_table(table, parquet_dir / f"part-{i:05d}.parquet")
-    producer.close()
-    return url, str(parquet_dir)
+# --- the peer: a bare Python data source over Arrow IPC files ----------------------------------------
+
+
+class _BareTask(InputPartition):
+    """Rows ``[lo, hi)`` of each of some Arrow IPC files, in order."""
+
+    def __init__(self, pieces: list[tuple[str, int, int]]) -> None:
+        super().__init__(pieces)
+        self.pieces = pieces
+
+
+class _BareStreamReader(DataSourceStreamReader):
+    """One micro-batch holding every task of the manifest; ``read`` yields the files' batches as stored."""
+
+    def __init__(self, manifest: str, columns: int) -> None:
+        self.manifest = manifest
+        self.columns = columns
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802 - Spark API
+        return {"read": 0}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802 - Spark API
+        return {"read": 1}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        if start == end:
+            return []
+        with open(self.manifest) as f:
+            return [_BareTask([tuple(p) for p in task]) for task in json.load(f)]  # type: ignore[misc]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _BareTask)
+        for path, lo, hi in partition.pieces:
+            with pa.memory_map(path) as source:
+                reader = pa.ipc.open_file(source)
+                first = 0
+                for i in range(reader.num_record_batches):
+                    batch = reader.get_batch(i)
+                    a, b = max(lo - first, 0), min(hi - first, batch.num_rows)
+                    first += batch.num_rows
+                    if a < b:
+                        piece = batch if (a, b) == (0, batch.num_rows) else batch.slice(a, b - a)
+                        yield piece if self.columns == piece.num_columns else piece.select(range(self.columns))
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass
+
+
+class BareArrowSource(DataSource):
+    """``format("bench_bare_arrow_source")``: the peer the txnlog source is measured against."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bench_bare_arrow_source"
+
+    def schema(self) -> str:
+        metadata = self.options.get("includemetadata", "true") == "true"
+        return f"{TOPIC_COLUMNS}, {METADATA_COLUMNS}" if metadata else TOPIC_COLUMNS
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802 - Spark API
+        return _BareStreamReader(self.options["path"], len(schema.fields))
+
+
+def write_bare_files(log: txn_core.Log, topic: str, root: Path) -> str:
+    """One Arrow IPC file per txnlog entry of ``topic``, holding its committed rows and metadata columns in
+    the exact Arrow schema Spark expects; returns a manifest of the tasks (the txnlog source's split)."""
+    schema = BARE_SCHEMA
+    tasks: list[list[tuple[str, int, int]]] = []
+    for info in log.describe_topic(topic).partitions:
+        state = log.partition_state(paths.partition_log_path(topic, info.partition))
+        plog = state.log
+        rng = plan_range(state, topic, info.partition, 0, info.last_stable_offset, "read_committed")
+        files: list[tuple[str, int]] = []
+        for i, batch in enumerate(read_range(plog, rng, max_batch_rows=1 << 62)):
+            path = str(root / f"p{info.partition}-{i:05d}.arrow")
+            arrays = [col.cast(f.type) for col, f in zip(batch.columns, schema, strict=True)]
+            with pa.ipc.new_file(path, schema) as writer:
+                writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
+            files.append((path, batch.num_rows))
+        total = sum(n for _, n in files)
+        pieces = math.ceil(total / ROWS_PER_TASK)
+        cuts = [total * k // pieces for k in range(pieces + 1)]
+        starts = np.cumsum([0] + [n for _, n in files])
+        for lo, hi in itertools.pairwise(cuts):
+            task = [
+                (path, max(lo - int(s), 0), min(hi - int(s), n))
+                for (path, n), s in zip(files, starts, strict=False)
+                if s < hi and s + n > lo
+            ]
+            tasks.append(task)
+    manifest = root / "manifest.json"
+    manifest.write_text(json.dumps(tasks))
+    return str(manifest)
+
+
+# --- the benchmark ---------------------------------------------------------------------------------
 
 
 def timed_stream(spark: Any, df: Any, checkpoint: str) -> tuple[float, int]:
@@ -82,43 +189,157 @@ def timed_stream(spark: Any, df: Any, checkpoint: str) -> tuple[float, int]:
     q = df.writeStream.format("noop").option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     q.awaitTermination()
     elapsed = time.perf_counter() - start
-    rows = sum(p["numInputRows"] for p in q.recentProgress)
-    return elapsed, rows
+    return elapsed, sum(p["numInputRows"] for p in q.recentProgress)
+
+
+SOURCES = {
+    "parquet": "parquet (Spark built-in)",
+    "bare": "bare Python Arrow source, 4 metadata columns",
+    "txnlog": "txnlog, read_committed",
+    "bare_nometa": "bare Python Arrow source, no metadata",
+    "txnlog_nometa": "txnlog, read_committed, `includeMetadata=false`",
+}
+COPIES = {
+    "copy_parquet": "parquet -> parquet (Spark built-in, not exactly-once)",
+    "copy_txnlog": "txnlog -> txnlog, exactly-once",
+    "copy_txnlog_nometa": "txnlog -> txnlog, exactly-once, `includeMetadata=false`",
+}
 
 
 @pytest.mark.bench
 @pytest.mark.spark
-def test_bench_txnlog_stream_vs_parquet_into_noop(spark: Any, tmp_path: Path) -> None:
+def test_bench_txnlog_source_vs_bare_python_source_and_parquet(spark: Any, tmp_path: Path) -> None:
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    spark.dataSource.register(BareArrowSource)
     t0 = time.perf_counter()
-    url, parquet_dir = write_data(tmp_path)
+    log, parquet_dir, files = write_input(tmp_path)
+    (tmp_path / "bare").mkdir()
+    manifest = write_bare_files(log, "in", tmp_path / "bare")
     written = time.perf_counter() - t0
-    spark_schema = "id LONG, key STRING, value STRING"
-    readers = {
-        "parquet": lambda: spark.readStream.schema(spark_schema).parquet(parquet_dir),
-        "txnlog": lambda: (
-            spark.readStream.format("txnlog").option("topic", "bench").option("startingOffsets", "earliest").load(url)
-        ),
-        "txnlog (includeMetadata=false)": lambda: (
+    offsets_per_trigger = math.ceil((ROWS + files * PARTITIONS) / BATCHES)  # one marker per partition and chunk
+    files_per_trigger = math.ceil(files / BATCHES)
+
+    def source(kind: str) -> Any:
+        if kind == "parquet":
+            return spark.readStream.schema(TOPIC_COLUMNS).parquet(parquet_dir)
+        metadata = "false" if kind.endswith("_nometa") else "true"
+        if kind.startswith("bare"):
+            return spark.readStream.format("bench_bare_arrow_source").option("includeMetadata", metadata).load(manifest)
+        return (
             spark.readStream.format("txnlog")
-            .option("topic", "bench")
+            .option("topic", "in")
             .option("startingOffsets", "earliest")
-            .option("includeMetadata", "false")
-            .load(url)
-        ),
-    }
+            .option("includeMetadata", metadata)
+            .load(log.url)
+        )
+
     best: dict[str, float] = {}
-    for round_ in range(ROUNDS):
-        for name, make in readers.items():
-            elapsed, rows = timed_stream(spark, make(), str(tmp_path / f"ck-{name}-{round_}".replace(" ", "_")))
-            assert rows == ROWS, (name, rows)  # both sources read every row (correctness, not time)
-            best[name] = min(best.get(name, elapsed), elapsed)
-            print(f"round {round_ + 1}: {name}: {elapsed:.2f} s")
-    base = ROWS / best["parquet"]
+    for r in range(ROUNDS):
+        for kind, label in SOURCES.items():
+            elapsed, rows = timed_stream(spark, source(kind), str(tmp_path / f"ck-{kind}-{r}"))
+            assert rows == ROWS, (kind, rows)  # every source reads every row (correctness, not time)
+            best[kind] = min(best.get(kind, elapsed), elapsed)
+            print(f"round {r + 1}: {label}: {elapsed:.2f} s")
+        for kind, label in COPIES.items():
+            name = f"{kind}{r}"
+            if kind == "copy_parquet":
+                q = parquet_copy(spark, parquet_dir, tmp_path, name, files_per_trigger)
+            else:
+                stats = tmp_path / f"stats-{name}"
+                q = txnlog_copy(spark, log, tmp_path, name, offsets_per_trigger, stats, kind == "copy_txnlog")
+            elapsed, rows, batches = timed(q)
+            assert rows == ROWS, (kind, rows)
+            best[kind] = min(best.get(kind, elapsed), elapsed)
+            print(f"round {r + 1}: {label}: {elapsed:.2f} s, {batches} micro-batches")
+
+    def rate(kind: str) -> float:
+        return ROWS / best[kind]
+
     print(
-        f"\n{ROWS:,} rows (id LONG, key STRING x1,000, value STRING 100 hex x100,000); data written in "
-        f"{written:.1f} s; Spark local[2]; best of {ROUNDS} runs each\n"
+        f"\n{ROWS:,} rows (id LONG, key STRING x1,000, value STRING 100 hex x100,000), {PARTITIONS} partitions, "
+        f"data written in {written:.1f} s; Spark local[2]; best of {ROUNDS} runs each\n"
     )
-    print("| source into noop | rows/s | vs parquet |\n|---|---:|---:|")
-    for name in readers:
-        rate = ROWS / best[name]
-        print(f"| {name} | {rate / 1e6:.2f}M | {rate / base:.2f}x |")
+    print("| source into noop | rows/s | vs bare Python source | vs parquet |\n|---|---:|---:|---:|")
+    for kind, label in SOURCES.items():
+        peer = "bare_nometa" if kind.endswith("_nometa") else "bare"
+        vs_bare = f"{rate(kind) / rate(peer):.2f}x" if kind != "parquet" else ""
+        print(f"| {label} | {rate(kind) / 1e6:.2f}M | {vs_bare} | {rate(kind) / rate('parquet'):.2f}x |")
+    print(f"\n| stream copy, {BATCHES} micro-batches | rows/s | vs parquet -> parquet |\n|---|---:|---:|")
+    for kind, label in COPIES.items():
+        print(f"| {label} | {rate(kind) / 1e6:.2f}M | {rate(kind) / rate('copy_parquet'):.2f}x |")
+
+
+# --- what one task holds ---------------------------------------------------------------------------
+
+#: Size of the partition the memory measurement reads in one task.
+RSS_PARTITION_BYTES = int(os.environ.get("TXNLOG_BENCH_RSS_BYTES", str(1 << 30)))
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set size. ``VmHWM``, not ``ru_maxrss``: Linux carries ru_maxrss over
+    an exec, so a child would report its parent's (pytest's) peak."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def read_whole_partition(url: str) -> None:
+    """(Child process) read partition 0 of topic ``big`` as ONE planned range with the task's code, hand
+    every batch on as PySpark's worker does, and print the rows and the peak RSS before and after."""
+    from pyspark.sql.conversion import ArrowBatchTransformer
+
+    from spark_txn_source.options import parse_options
+    from spark_txn_source.reader import RangePartition, read_partition, source_schema
+
+    options = {"path": url, "topic": "big"}
+    opts, schema = parse_options(options, streaming=False), source_schema(options)
+    state = txn_core.open_log(url).partition_state(paths.partition_log_path("big", 0))
+    rng = plan_range(state, "big", 0, 0, available_end(state, READ_COMMITTED), READ_COMMITTED)
+    before = peak_rss_kib()
+    rows = 0
+    writer = None
+    with open(os.devnull, "wb") as sink:
+        for batch in read_partition(opts, schema, RangePartition(rng)):
+            rows += batch.num_rows
+            wrapped = ArrowBatchTransformer.wrap_struct(batch)
+            if writer is None:
+                writer = pa.ipc.new_stream(pa.PythonFile(sink), wrapped.schema)
+            writer.write_batch(wrapped)
+        if writer is not None:
+            writer.close()
+    print(json.dumps({"rows": rows, "rss_before_kb": before, "rss_peak_kb": peak_rss_kib()}))
+
+
+@pytest.mark.bench
+def test_bench_task_memory_reading_a_1gb_partition(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/log"
+    log = txn_core.open_log(url)
+    log.create_topic("big", 1, SCHEMA)
+    producer = log.producer("bench-big")
+    producer.init_transactions()
+    written = rows = 0
+    for table in chunks(1 << 40):  # transactions of a chunk each, entries of 125k rows (as in the source bench)
+        if written >= RSS_PARTITION_BYTES:
+            break
+        producer.begin_transaction()
+        for piece in table.to_batches(max_chunksize=125_000):
+            producer.send("big", pa.Table.from_batches([piece]), partition=0)
+        producer.commit_transaction()
+        written += table.nbytes
+        rows += table.num_rows
+    producer.close()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    out = subprocess.run(
+        [sys.executable, __file__, url], capture_output=True, text=True, check=True, env=env, timeout=600
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["rows"] == rows  # every row read (correctness, not memory)
+    print(
+        f"\none task reading a {written / 2**30:.2f} GiB partition ({rows:,} rows) as one range: peak RSS "
+        f"{got['rss_peak_kb'] / 1024:.0f} MiB ({got['rss_before_kb'] / 1024:.0f} MiB before reading)"
+    )
+
+
+if __name__ == "__main__":
+    read_whole_partition(sys.argv[1])

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from txn_core.parallel import in_pool_thread, parallel_map, submit
+from txn_core.parallel import in_pool_thread, inline_leaves, parallel_map, submit
 
 
 def test_results_keep_input_order_and_calls_overlap() -> None:
@@ -47,3 +47,15 @@ def test_nested_use_runs_inline_instead_of_deadlocking() -> None:
     out = parallel_map(outer, range(40))  # 40 x 40 > pool size: would deadlock if nested calls queued
     assert all(flag for row in out for _, flag in row)
     assert submit(lambda: 7).result() == 7
+
+
+def test_leaf_requests_run_on_the_callers_thread_within_inline_leaves() -> None:
+    me = threading.get_ident()
+    assert submit(threading.get_ident, leaf=True).result() != me  # a leaf thread by default
+    with inline_leaves():
+        assert submit(threading.get_ident, leaf=True).result() == me
+        with inline_leaves(False):  # nesting never turns inline reads back into hand-offs
+            assert submit(threading.get_ident, leaf=True).result() == me
+    with inline_leaves(False):
+        assert submit(threading.get_ident, leaf=True).result() != me
+    assert submit(threading.get_ident, leaf=True).result() != me  # restored after the block

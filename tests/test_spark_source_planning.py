@@ -14,17 +14,20 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, Not
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+from pyspark.sql.types import LongType, StructField, StructType
 
 import txn_core
 from spark_txn_source.batch import TxnLogBatchReader, TxnLogFilteringBatchReader
 from spark_txn_source.planning import SourceCorruptDataError, SourceDataLossError, fair_split
 from spark_txn_source.reader import make_batch_reader, make_stream_reader, source_schema
-from spark_txn_source.schema import arrow_target
+from spark_txn_source.schema import arrow_target, conform, metadata_fields
 from spark_txn_source.stream import TxnLogStreamReader
 from txn_core import envelope, paths
 from txn_core import partition as partition_module
 from txn_core.entry import EntryKind, crc32, encode_arrow
 from txn_core.ids import TopicPartition
+from txn_core.ranges import read_range
+from txn_core.records import MetadataColumns
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -361,3 +364,44 @@ def test_several_topics_read_as_one_schema_with_nulls_where_a_topic_lacks_a_colu
     log.create_topic("clash", 1, pa.schema([("id", pa.string())]))
     with pytest.raises(txn_core.ConfigurationError, match=r"incompatible schemas.*separate queries"):
         source_schema({"path": url, "topic": "t,clash"})
+
+
+def test_batches_come_out_in_sparks_types_and_are_handed_over_without_a_rebuild(url: str) -> None:
+    """The metadata columns are built nullable and in microseconds, as Spark's Arrow schema has them, so a
+    batch of a topic whose columns Spark represents as they are is the target schema already (no cast, no
+    copy); the values are those the core consumer delivers."""
+    write(url, 0, [1, 2, 3])
+    reader = stream(url)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    target = arrow_target(reader.schema)
+    rng = next(p.range for p in reader.partitions(start, end) if p.range.partition == 0)  # type: ignore[attr-defined]
+    log = txn_core.open_log(url)
+    batches = list(read_range(log.partition_log(rng.path), rng, metadata_fields=metadata_fields(target)))
+    assert [b.schema.equals(target) for b in batches] == [True]
+    assert conform(batches[0], target) is batches[0]
+    consumer = log.consumer()
+    consumer.assign([("t", 0)])
+    expected = consumer.poll()
+    got = batches[0]
+    assert got.column("_offset").to_pylist() == expected.column("_offset").to_pylist() == [0, 1, 2]
+    assert got.column("_timestamp").to_pylist() == expected.column("_timestamp").to_pylist()  # same instants
+    assert got.column("_topic").to_pylist() == ["t"] * 3 and got.column("_partition").to_pylist() == [0] * 3
+
+
+def test_a_user_schema_that_retypes_a_metadata_column_gets_it_cast(url: str) -> None:
+    write(url, 0, [1])
+    opts = {"path": url, "topic": "t", "startingOffsets": "earliest"}
+    schema = StructType([StructField("id", LongType()), StructField("_timestamp", LongType())])
+    assert [f.type for f in metadata_fields(arrow_target(schema))] == [f.type for f in txn_core.METADATA_FIELDS]
+    reader = make_stream_reader(opts, schema)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    (batch,) = [b for p in reader.partitions(start, end) for b in reader.read(p)]
+    assert batch.schema.equals(arrow_target(schema))
+    consumer = txn_core.open_log(url).consumer()
+    consumer.assign([("t", 0)])
+    appended_ms = consumer.poll().column("_timestamp").cast(pa.int64()).to_pylist()
+    assert batch.column("_timestamp").to_pylist() == appended_ms  # txnlog's milliseconds, cast as before
+    with pytest.raises(txn_core.ConfigurationError, match="metadata fields"):
+        MetadataColumns("t", 0, [*txn_core.METADATA_FIELDS[:3], pa.field("_timestamp", pa.timestamp("s", tz="UTC"))])

@@ -17,14 +17,18 @@ Invariants:
   thread of the first: a partition opened on the shared pool still overlaps its own requests. A leaf
   never waits on other pool work, so neither pool can deadlock; a leaf submitted from a leaf thread runs
   inline.
+* Within :func:`inline_leaves`, leaf requests run inline on the caller's thread, as on a leaf thread: for
+  a caller that already has a core of its own and reads from a store whose reads are memory copies
+  (``Storage.overlap_reads`` false), where a hand-off to a pool thread costs more than it overlaps.
 * The pool is created lazily and re-created in a forked child (a fork copies no threads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
@@ -85,6 +89,17 @@ def shared_pool() -> ThreadPoolExecutor:
 def in_pool_thread() -> bool:
     """Whether the caller runs on a thread of the shared pool."""
     return bool(getattr(_local, "in_pool", False))
+
+
+@contextlib.contextmanager
+def inline_leaves(inline: bool = True) -> Iterator[None]:
+    """Run leaf requests submitted on this thread inline while the block runs (when ``inline``)."""
+    before = getattr(_local, "in_leaf", False)
+    _local.in_leaf = before or inline
+    try:
+        yield
+    finally:
+        _local.in_leaf = before
 
 
 def submit(fn: Callable[..., R], *args: object, leaf: bool = False) -> Future[R]:

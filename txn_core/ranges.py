@@ -15,6 +15,11 @@ Invariants :func:`plan_range` guarantees for a read_committed range (checked, ne
   or aborted by the coordinator, e.g. a timed-out dead producer, before its marker landed), and ``skips``
   every entry never to deliver (duplicates, zombie writes after a transaction's marker).
 
+Entries are read ahead (:class:`~txn_core.readahead.ReadAhead`) from stores whose reads wait on a round
+trip; from local disk, whose reads are copies out of the page cache, a range is read on the caller's thread:
+an engine runs a task per core, so a read-ahead thread would only add hand-offs (Spark: a local read of
+10M rows ran ~10% faster inline).
+
 Delivery rules of :func:`read_range` (the same as ``PartitionReader``): control entries never; entries
 whose base offset a skip range covers never; data of an ``aborted`` transaction never under
 read_committed; everything else is sliced to ``[start, end)`` and yielded as Arrow record batches with
@@ -34,7 +39,7 @@ treated the same way.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -50,10 +55,11 @@ from txn_core.errors import (
     TxnLogError,
 )
 from txn_core.logs import get_logger
+from txn_core.parallel import inline_leaves
 from txn_core.partition import Entry, PartitionLog
 from txn_core.readahead import ReadAhead
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED, PartitionState
-from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
+from txn_core.records import METADATA_FIELDS, MetadataColumns, StagedDataMissingError, entry_table
 
 log = get_logger(__name__)
 
@@ -189,11 +195,13 @@ def read_range(
     metadata: bool = True,
     fail_on_data_loss: bool = True,
     max_batch_rows: int = MAX_BATCH_ROWS,
+    metadata_fields: Sequence[pa.Field] = METADATA_FIELDS,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the deliverable records of ``rng`` in offset order (see module doc). Memory: one entry.
 
     ``fail_on_data_loss=False`` accepts loss: offsets removed by retention, and damaged entries nobody
-    marked lost, are skipped with a warning instead of raising."""
+    marked lost, are skipped with a warning instead of raising. ``metadata_fields`` types the metadata
+    columns (see :class:`~txn_core.records.MetadataColumns`: an engine's own types, built without a cast)."""
     _check_isolation(rng.isolation)
     committed = rng.isolation == READ_COMMITTED
     aborted = frozenset(rng.aborted)
@@ -201,12 +209,14 @@ def read_range(
     lo_ts, hi_ts = rng.min_timestamp_ms, rng.max_timestamp_ms
     pos, end, slot = rng.start, rng.end, rng.start_slot
     expected: int | None = None  # base offset the next entry must have
-    meta = MetadataColumns(rng.topic, rng.partition) if metadata else None
+    meta = MetadataColumns(rng.topic, rng.partition, metadata_fields) if metadata else None
     ahead = ReadAhead(plog, slot)
+    inline = not plog.storage.overlap_reads  # the task has its core: a hand-off would cost, not overlap
     while pos < end:
         ahead.seek(slot)
         try:
-            entry = ahead.next()
+            with inline_leaves(inline):
+                entry = ahead.next()
         except ObjectNotFoundError:
             slot, pos = _after_missing_entry(plog, slot, pos, end, fail_on_data_loss)
             expected = None

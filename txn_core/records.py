@@ -8,14 +8,14 @@ read and verified against the size, checksum and row count the reference records
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from txn_core.entry import EntryKind, decode_arrow, decode_header, decode_json, verify_payload
-from txn_core.errors import CorruptDataError, ObjectNotFoundError
+from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
 from txn_core.partition import Entry
 from txn_core.storage.base import Storage
 
@@ -27,8 +27,24 @@ METADATA_FIELDS = [
 ]
 
 
-def with_metadata_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema(list(schema) + METADATA_FIELDS)
+#: How many of a timestamp unit make one millisecond (the units an entry's append time converts to exactly).
+_PER_MS = {"ms": 1, "us": 1_000, "ns": 1_000_000}
+
+
+def with_metadata_schema(schema: pa.Schema, fields: Sequence[pa.Field] = METADATA_FIELDS) -> pa.Schema:
+    return pa.schema([*schema, *fields])
+
+
+def buildable_metadata_field(field: pa.Field) -> bool:
+    """Whether :class:`MetadataColumns` can build ``field`` directly: a metadata column of txnlog's own type
+    (nullable or not), or ``_timestamp`` as a UTC timestamp of a unit milliseconds convert to exactly."""
+    own = {f.name: f.type for f in METADATA_FIELDS}.get(field.name)
+    if own is None:
+        return False
+    if field.name != "_timestamp":
+        return bool(field.type == own)
+    t = field.type
+    return pa.types.is_timestamp(t) and t.unit in _PER_MS and t.tz == own.tz
 
 
 def constant_string(value: str, n: int) -> pa.Array:
@@ -39,13 +55,25 @@ def constant_string(value: str, n: int) -> pa.Array:
 
 
 class MetadataColumns:
-    """Builds the metadata columns of one partition; constant columns are sliced from cached arrays."""
+    """Builds the metadata columns of one partition; constant columns are sliced from cached arrays.
 
-    __slots__ = ("_partition", "_topic", "partition", "topic")
+    ``fields`` are :data:`METADATA_FIELDS` or, for a reader that hands batches to an engine with its own
+    schema (Spark wants nullable fields and microseconds), replacements for which
+    :func:`buildable_metadata_field` holds: the columns are then built in those types, never cast.
+    """
 
-    def __init__(self, topic: str, partition: int) -> None:
+    __slots__ = ("_partition", "_per_ms", "_timestamp_type", "_topic", "fields", "partition", "topic")
+
+    def __init__(self, topic: str, partition: int, fields: Sequence[pa.Field] = METADATA_FIELDS) -> None:
+        if [f.name for f in fields] != [f.name for f in METADATA_FIELDS] or not all(
+            map(buildable_metadata_field, fields)
+        ):
+            raise ConfigurationError(f"metadata fields must be {METADATA_FIELDS} or buildable replacements: {fields}")
         self.topic = topic
         self.partition = partition
+        self.fields = list(fields)
+        self._timestamp_type = fields[3].type
+        self._per_ms = _PER_MS[self._timestamp_type.unit]
         self._topic = constant_string(topic, 0)
         self._partition = pa.array(np.empty(0, dtype=np.int32))
 
@@ -61,12 +89,13 @@ class MetadataColumns:
             self._topic.slice(0, n),
             self._partition.slice(0, n),
             pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
-            pa.array(np.full(n, timestamp_ms, dtype=np.int64)).view(pa.timestamp("ms", tz="UTC")),
+            pa.array(np.full(n, timestamp_ms * self._per_ms, dtype=np.int64)).view(self._timestamp_type),
         ]
 
     def add(self, batch: pa.RecordBatch, first_offset: int, timestamp_ms: int) -> pa.RecordBatch:
         cols = self.columns(batch.num_rows, first_offset, timestamp_ms)
-        return pa.RecordBatch.from_arrays([*batch.columns, *cols], schema=with_metadata_schema(batch.schema))
+        schema = with_metadata_schema(batch.schema, self.fields)
+        return pa.RecordBatch.from_arrays([*batch.columns, *cols], schema=schema)
 
 
 def add_metadata(

@@ -13,7 +13,6 @@ import zlib
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from txn_core.errors import SchemaMismatchError
 
@@ -42,7 +41,7 @@ def partitions_for_column(column: pa.ChunkedArray | pa.Array, partitions: int) -
         column = column.combine_chunks()
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
-    encoded = pc.dictionary_encode(column, null_encoding="encode")
+    encoded = column.dictionary_encode(null_encoding="encode")
     uniques = encoded.dictionary.to_pylist()
     table = np.fromiter((partition_for(v, partitions) for v in uniques), dtype=np.int32, count=len(uniques))
     indices = encoded.indices.to_numpy(zero_copy_only=False)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from txn_core.errors import SchemaMismatchError
 
@@ -135,7 +134,7 @@ def _conform_table(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
         col = table.column(f.name)
         if col.type != f.type:
             try:
-                col = pc.cast(col, f.type, safe=True)
+                col = col.cast(f.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 d = (f"column {f.name!r}: cannot convert {col.type} to {f.type}: {exc}",)
                 raise SchemaMismatchError(_message(topic, schema, d), d) from exc

@@ -47,6 +47,10 @@ class Storage(abc.ABC):
 
     #: The URL this storage was opened from (without credentials).
     url: str
+    #: Whether a read waits on something besides this process's CPU (a network round trip), so that reading
+    #: ahead on threads pays (txn_core.parallel). False where a read is a memory copy (local disk through
+    #: the page cache, memory): there a task that already has its core reads inline (txn_core.ranges).
+    overlap_reads: bool = True
 
     @abc.abstractmethod
     def create(self, key: str, chunks: Chunks) -> None:
@@ -117,6 +121,7 @@ class DelegatingStorage(Storage):
     def __init__(self, inner: Storage) -> None:
         self.inner = inner
         self.url = inner.url
+        self.overlap_reads = inner.overlap_reads
 
     def create(self, key: str, chunks: Chunks) -> None:
         self.inner.create(key, chunks)

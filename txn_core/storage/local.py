@@ -34,6 +34,8 @@ _PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
 class LocalStorage(Storage):
     """Objects are files under ``root``; keys use ``/`` separators."""
 
+    overlap_reads = False  # a read is a copy out of the page cache
+
     def __init__(self, root: str, url: str | None = None) -> None:
         self.root = os.path.abspath(root)
         self.url = url or f"file://{self.root}"

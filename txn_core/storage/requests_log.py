@@ -30,6 +30,7 @@ class RequestLoggingStorage(Storage):
     def __init__(self, inner: Storage) -> None:
         self.inner = inner
         self.url = inner.url
+        self.overlap_reads = inner.overlap_reads
 
     def _timed(
         self, op: str, key: str, call: Callable[[], T], size: Callable[[T], int] | None = None, sent: int | None = None

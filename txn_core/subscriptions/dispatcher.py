@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from sortedcontainers import SortedDict
 
 from txn_core import paths
@@ -153,6 +152,8 @@ class Dispatcher:
         if due:
             again, _ = self._read(due[0], due[-1] + 1)
             if again is not None:
+                import pyarrow.compute as pc  # here, not at import: it costs every txnlog process ~0.1 s
+
                 again = again.filter(pc.is_in(again.column("_offset"), pa.array(due, pa.int64())))
         pos = max(self.scan.get(k, first), state.mark_delete)
         fresh, scanned_to = self._read(pos, end) if pos < end else (None, pos)
@@ -296,6 +297,8 @@ class Dispatcher:
         reached = min(end, r.position)
         table = pa.Table.from_batches(batches, self.schema) if batches else self.schema.empty_table()
         offsets = table.column("_offset")
+        import pyarrow.compute as pc  # here, not at import (see _deliver_owned)
+
         if table.num_rows and pc.max(offsets).as_py() >= end:
             table = table.filter(pc.less(offsets, end))
         self._note_skips(first, reached, table.column("_offset").to_numpy())
