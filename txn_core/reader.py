@@ -478,7 +478,7 @@ class PartitionReader:
                 else None
             )
             self._window.append(_Slot(self._cursor, header, keep, disposition, entry.lost))
-            self._window_size += len(entry.data) if keep is not None else 0
+            self._window_size += entry.nbytes if keep is not None else 0
             self._cursor += 1
             read = True
         self.state.maybe_snapshot()
@@ -581,7 +581,7 @@ class PartitionReader:
     def _pop(self) -> None:
         item = self._window.popleft()
         if item.entry is not None:
-            self._window_size -= len(item.entry.data)
+            self._window_size -= item.entry.nbytes
 
     def lag_info(self) -> tuple[int, int]:
         """(read bound, log end) as of now."""

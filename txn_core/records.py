@@ -3,7 +3,9 @@
 The hot path of every reader: decode an entry's Arrow IPC payload zero-copy, slice it to the wanted
 offsets, and append ``_topic``, ``_partition``, ``_offset`` and ``_timestamp`` built with numpy, never
 with a Python object per row. ``DATA_REF`` entries are resolved here: the referenced staged object is
-read and verified against the size, checksum and row count the reference records.
+read and verified against the size, checksum and row count the reference records; an entry read from a
+segment has them inlined (PROTOCOL.md "Segments"), and a loose reference whose staged object is gone
+because its slot was rolled is re-read from the segment.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pyarrow as pa
 from txn_core.entry import EntryKind, decode_arrow, decode_header, decode_json, verify_payload
 from txn_core.errors import CorruptDataError, ObjectNotFoundError
 from txn_core.partition import Entry
+from txn_core.segment import Inlined
 from txn_core.storage.base import Storage
 
 METADATA_FIELDS = [
@@ -85,7 +88,7 @@ def entry_table(storage: Storage, entry: Entry) -> pa.Table:
     if entry.header.kind == EntryKind.DATA:
         table = decode_arrow(payload, entry.key)
     elif entry.header.kind == EntryKind.DATA_REF:
-        table = _resolve_ref(storage, decode_json(payload, entry.key), entry.key)
+        table = _referenced_rows(storage, entry, decode_json(payload, entry.key))
     else:
         raise CorruptDataError(f"{entry.key}: a {entry.header.kind.name} entry has no records", entry.key)
     if table.num_rows != entry.header.record_count:
@@ -98,6 +101,30 @@ def entry_table(storage: Storage, entry: Entry) -> pa.Table:
 class StagedDataMissingError(CorruptDataError):
     """A DATA_REF entry's staged object does not exist. Expected only for aborted transactions, whose
     staged objects cleanup may delete (read_uncommitted readers then skip them); otherwise corruption."""
+
+
+def _referenced_rows(storage: Storage, entry: Entry, ref: dict[str, Any]) -> pa.Table:
+    """The rows of a DATA_REF: inlined by its segment, else read from its staged object (re-read from a
+    segment when the staged object is gone because the slot was rolled meanwhile)."""
+    if entry.inlined is not None:
+        return _inlined_rows(entry.inlined, entry.key)
+    try:
+        return _resolve_ref(storage, ref, entry.key)
+    except StagedDataMissingError:
+        rolled = entry.source.rolled_entry(entry.slot) if entry.source is not None else None
+        if rolled is None or rolled.inlined is None or rolled.header != entry.header:
+            raise
+        return _inlined_rows(rolled.inlined, rolled.key)
+
+
+def _inlined_rows(inlined: Inlined, key: str) -> pa.Table:
+    if inlined.data is None:
+        raise StagedDataMissingError(
+            f"{key}: the rows of this reference (an aborted transaction's, or a skipped write's) were "
+            "dropped when the partition was rolled into a segment; no read_committed reader delivers them",
+            key,
+        )
+    return decode_arrow(inlined.payload(), key)
 
 
 def _resolve_ref(storage: Storage, ref: dict[str, Any], key: str) -> pa.Table:
