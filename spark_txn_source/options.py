@@ -67,6 +67,9 @@ SINK_ONLY_OPTIONS = frozenset(
         "txnappid",
         "txnversion",
         "allownonemptypath",
+        "rollentries",
+        "rollbytes",
+        "rollminagems",
         "checkpointlocation",
         "queryname",
     }
