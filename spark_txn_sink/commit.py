@@ -28,6 +28,7 @@ import contextlib
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -129,17 +130,21 @@ def _keep_producer(opts: SinkOptions, tid: str, producer: Producer, progress: di
 _ROLLERS: dict[tuple[str, str, bool], BackgroundRoller] = {}
 
 
-def _request_roll(opts: SinkOptions, log: Log, refs: list[StagedRef]) -> None:
-    """Roll the partitions a committed batch wrote, in the background, when the policy is met."""
+def _request_roll(opts: SinkOptions, refs: list[StagedRef]) -> None:
+    """Roll the partitions a committed batch wrote, in the background, when the policy is met. The roller
+    has a log of its own: its requests are never counted as the commits' (``testing.stats``), and it shares
+    no state with them."""
     if opts.roll_entries == 0 or not refs:
         return
     key = _log_key(opts)
     with _LOGS_LOCK:
         roller = _ROLLERS.get(key)
-        if roller is None or roller.log is not log:
+        if roller is None:
             policy = RollPolicy(entries=opts.roll_entries, bytes=opts.roll_bytes)
+            log = Log(open_storage(opts.url, opts.storage_options))
             roller = _ROLLERS[key] = BackgroundRoller(log, policy, opts.roll_min_age_ms)
-    roller.request(opts.topic, sorted({r.partition for r in refs}))
+    appended = Counter(r.partition for r in refs)  # its references, and a marker, in each partition
+    roller.appended(opts.topic, {p: n + 1 for p, n in appended.items()})
 
 
 def _forget(opts: SinkOptions) -> None:
@@ -187,7 +192,7 @@ def commit_batch(
         if keep is not None:
             _keep_producer(opts, ident.transactional_id, *keep)
         if result.outcome == "committed":
-            _request_roll(opts, log, refs)
+            _request_roll(opts, refs)
         logger.info(
             "batch %s of %s %s: %d rows in %d objects to %s (%.0f ms)",
             ident.staging_batch,

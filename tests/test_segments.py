@@ -533,3 +533,22 @@ def test_a_damaged_entry_stops_rolling_and_one_marked_lost_stays_loose_between_s
     firsts = [int(n) for n in _segments(storage)]
     assert damaged not in firsts and damaged + 1 in firsts
     assert (_read(storage, clock), _read(storage, clock, "read_uncommitted")) == before
+
+
+def test_the_background_roller_looks_at_a_partition_once_enough_entries_were_appended(storage: Storage) -> None:
+    from txn_core.rolling import BackgroundRoller
+
+    log, clock = _setup(storage, txns=20)
+    roller = BackgroundRoller(_log(storage, clock), RollPolicy(entries=10), min_age_ms=0)
+    roller.appended("t", {0: 1})  # new to this roller: looked at at once
+    roller.wait(60)
+    assert roller.runs == 1 and len(_segments(storage)) == 1
+    _history(log, clock, txns=6, start=20)  # about 15 entries
+    roller.appended("t", {0: 4})  # as far as this roller knows, not enough yet: nothing is read
+    roller.wait(60)
+    assert roller.runs == 1 and len(_segments(storage)) == 1
+    expected = _read(storage, clock)
+    roller.appended("t", {0: 8})
+    roller.wait(60)
+    assert roller.runs == 2 and len(_segments(storage)) == 2
+    assert _read(storage, clock) == expected

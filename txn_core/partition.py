@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,6 @@ from txn_core.errors import (
 )
 from txn_core.ids import TxnId
 from txn_core.lost import LostEntry, damaged_entry_error, read_lost
-from txn_core.parallel import parallel_map, submit
 from txn_core.segment import Inlined
 from txn_core.segments import SegmentCatalog, SegmentEntry
 from txn_core.slotlog import SlotLog
@@ -143,7 +142,7 @@ class PartitionLog:
     def log_start(self, refresh: bool = False) -> LogStart:
         """The log start: the newest ``<path>/start/<slot>`` marker, else slot 0 / offset 0."""
         if self._start is None:
-            self.segments.listing()  # a first use: the segment listing overlaps the log start's
+            self.segments.start_listing()  # a first use: the segment listing overlaps the log start's
         if self._start is None or refresh:
             names = [n for n in self.storage.list(paths.log_start(self.path)) if not n.endswith("/")]
             start = LogStart(0, 0)
@@ -225,10 +224,7 @@ class PartitionLog:
         start or the segments' chain end, whichever is higher (PROTOCOL.md "Segments", "Appenders"). The
         segment listing is always re-read (an appender that took a rolled slot for the log end would write
         into history), together with the log start when ``refresh``."""
-        jobs: list[Callable[[], object]] = [self.segments.refresh]
-        if refresh or self._start is None:
-            jobs.append(lambda: self.log_start(refresh=True))
-        parallel_map(lambda job: job(), jobs, leaf=True)
+        self.segments.refresh(lambda: self.log_start(refresh=True) if refresh or self._start is None else None)
         start = self.log_start()
         chain = self.segments.chain_end()
         return start, max(start.slot, chain if chain is not None else start.slot)
@@ -444,12 +440,7 @@ class PartitionLog:
         tail = self._tail
         stale = not self.segments.listed_within(LOG_START_RECHECK_S)
         if stale or (tail is not None and slot < tail[0]):
-            start = None
-            if stale and self._monotonic() - self._start_checked >= LOG_START_RECHECK_S:
-                start = submit(self.log_start, True)
-            self.segments.refresh()
-            if start is not None:
-                start.result()
+            self.segments.refresh(self.recent_log_start)
 
     def fetch_entry(self, slot: int) -> Entry:
         """The whole entry at ``slot`` in one request (from a segment if one holds it), header verified and
@@ -536,8 +527,6 @@ class PartitionLog:
         Uses known entries, else bisects slots by header reads: O(log n) small reads.
         """
         start = self.log_start()
-        if offset == start.offset:
-            return start.slot  # the first entry, or the tail of an empty log: no tail search needed
         tail_slot, end = self.readable_tail()
         if offset < start.offset or offset > end:
             raise OffsetOutOfRangeError(f"offset {offset} is outside {self.path}'s range [{start.offset}, {end}]")

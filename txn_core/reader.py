@@ -410,7 +410,8 @@ class PartitionReader:
                 self.state.apply(buffer.slot, header, HEADER_SIZE + header.payload_len, lost)
             self._cursor = buffer.slot
         else:
-            self._cursor = self.log.slot_for_offset(offset)
+            # the log start needs no tail search (a fresh reader of a partition's history)
+            self._cursor = start.slot if offset == start.offset else self.log.slot_for_offset(offset)
 
     def wants_data(self) -> bool:
         """Whether the window is empty and no error is pending (a :meth:`fill` would read)."""

@@ -139,7 +139,7 @@ class Roller:
         buffer = state.buffer
         stable = buffer.max_read_position
         stable_slot = buffer.slot if stable == buffer.position else plog.slot_for_offset(stable)
-        parallel_map(lambda job: job(), [lambda: plog.log_start(refresh=True), catalog.refresh], leaf=True)
+        catalog.refresh(lambda: plog.log_start(refresh=True))  # the two listings at once
         start = plog.log_start()
         chain = catalog.chain_end()
         slot = max(start.slot, chain if chain is not None else start.slot)
@@ -354,10 +354,17 @@ def roll_topic(
     ]
 
 
+#: A partition the background roller has not looked at for this long is looked at after its next append
+#: (the bytes policy, and entries other writers appended, are seen at least this often).
+CHECK_INTERVAL_S = 60.0
+
+
 class BackgroundRoller:
     """Rolls partitions on a thread of its own, one run at a time, keeping one :class:`Roller` per partition
-    (the Spark sink's commit worker calls :meth:`request` after each commit). Errors are logged, never
-    raised: rolling is an optimisation, the next request tries again."""
+    (the Spark sink's commit worker calls :meth:`appended` after each commit). A partition is looked at when
+    it is new to this roller, when the entries appended to it since it was last looked at reach the policy,
+    or :data:`CHECK_INTERVAL_S` after that: a look costs a few requests, so it is not paid per commit.
+    Errors are logged, never raised: rolling is an optimisation, a later look tries again."""
 
     def __init__(self, log: Log, policy: RollPolicy | None = None, min_age_ms: int = MIN_AGE_MS) -> None:
         self.log = log
@@ -366,14 +373,23 @@ class BackgroundRoller:
         self._rollers: dict[str, Roller] = {}
         self._lock = threading.Lock()
         self._wanted: set[str] = set()
+        self._since: dict[str, int] = {}  # entries appended since the partition was last looked at
+        self._looked: dict[str, float] = {}  # when it was (monotonic)
         self._thread: threading.Thread | None = None
         self.runs = 0
 
-    def request(self, topic: str, partitions: Iterable[int]) -> None:
-        """Roll these partitions soon (now, or after the run in progress)."""
+    def appended(self, topic: str, entries: dict[int, int]) -> None:
+        """``entries[p]`` entries were appended to partition ``p``: roll the partitions that are due soon
+        (now, or after the run in progress)."""
+        now = time.monotonic()
         with self._lock:
-            self._wanted.update(paths.partition_log_path(topic, p) for p in partitions)
-            if self._thread is not None and self._thread.is_alive():
+            for partition, n in entries.items():
+                path = paths.partition_log_path(topic, partition)
+                since = self._since[path] = self._since.get(path, 0) + n
+                looked = self._looked.get(path)
+                if looked is None or since >= self.policy.entries or now - looked >= CHECK_INTERVAL_S:
+                    self._wanted.add(path)
+            if not self._wanted or (self._thread is not None and self._thread.is_alive()):
                 return
             self._thread = threading.Thread(target=self._run, name="txnlog-roll", daemon=True)
             self._thread.start()
@@ -392,6 +408,8 @@ class BackgroundRoller:
                     self._thread = None
                     return
             for path in wanted:
+                with self._lock:
+                    self._since[path], self._looked[path] = 0, time.monotonic()
                 roller = self._rollers.get(path)
                 if roller is None:
                     roller = self._rollers[path] = Roller(self.log, path, self.policy)

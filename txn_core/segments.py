@@ -10,8 +10,9 @@ Invariants:
 * **A slot is taken from the segment with the greatest first slot at or below it**, and only if that
   segment's end lies above it (known once the segment is opened). Any segment holding a slot holds the
   same entry, so which one answers never changes a result.
-* **The first listing does not delay the first read**: it is started in the background and, until it
-  lands, slots read as not covered (their loose objects answer, or a miss waits for the listing).
+* **The first listing does not delay the first read**: it is started in the background when the log start
+  is first read (:meth:`SegmentCatalog.start_listing`), or taken at the first missing loose slot; until it
+  lands, slots read as not covered (their loose objects hold the same entries).
 * **Bounded memory**: at most :data:`OPEN_SEGMENTS` opened indexes (160 bytes per entry) with the first
   :data:`HEAD_BYTES` of their entries, plus one integer per segment listed.
 * **Thread-safe**: lookups run on readers' threads, reads on the leaf pool. Opening a segment is done once
@@ -35,9 +36,12 @@ import pyarrow as pa
 from txn_core import paths
 from txn_core.entry import EntryHeader
 from txn_core.errors import ObjectNotFoundError, StorageError
+from txn_core.logs import get_logger
 from txn_core.parallel import submit
 from txn_core.segment import ROW_SIZE, SEGMENT_HEADER_SIZE, Inlined, SegmentIndex, decode_segment_header
 from txn_core.storage.base import Storage
+
+log = get_logger(__name__)
 
 #: Opened segment indexes one catalog keeps (a sequential reader needs the current one and the next).
 OPEN_SEGMENTS = 3
@@ -69,7 +73,8 @@ class SegmentCatalog:
         self._lock = threading.Lock()
         self._firsts: list[int] | None = None  # replaced, never mutated
         self._listed_at = float("-inf")
-        self._pending: Future[list[int]] | None = None
+        self._flight: Future[list[int]] | None = None  # the listing under way
+        self._starting = False  # a background listing was submitted and has not run yet
         self._ends: dict[int, int] = {}
         self._open: OrderedDict[int, SegmentIndex] = OrderedDict()
         self._heads: dict[int, Any] = {}  # first slot -> the entries' bytes read with the index
@@ -83,40 +88,66 @@ class SegmentCatalog:
     def _list(self) -> list[int]:
         return sorted(f for f in (parse_first(n) for n in self.storage.list(self.prefix)) if f is not None)
 
-    def refresh(self) -> list[int]:
-        """List the segments now (one LIST) and return their first slots."""
-        started = time.monotonic()
-        firsts = self._list()
+    def refresh(self, also: Callable[[], object] | None = None) -> list[int]:
+        """List the segments now and return their first slots. Callers at the same time share one LIST (a
+        reader's reads ahead that all miss at once): a listing under way answers for them, being younger
+        than any a reader trusts (PROTOCOL.md "Segments", "Readers"). ``also`` (the log start's re-read)
+        runs next to the LIST for the caller that makes it, after it for one that shares it."""
         with self._lock:
+            flight = self._flight
+            mine = flight is None
+            if flight is None:
+                flight = self._flight = Future()
+        if not mine:
+            firsts = flight.result()
+            if also is not None:
+                also()
+            return firsts
+        started = time.monotonic()
+        try:
+            extra = submit(also) if also is not None else None
+            firsts = self._list()
+            if extra is not None:
+                extra.result()
+        except BaseException as exc:
+            with self._lock:
+                self._flight = None
+            flight.set_exception(exc)
+            raise
+        with self._lock:
+            self._flight = None
             if started >= self._listed_at:
                 self._firsts, self._listed_at = firsts, started
-                self._pending = None
                 listed = set(firsts)
                 for first in [f for f in self._open if f not in listed]:
                     del self._open[first]
                     self._heads.pop(first, None)
+        flight.set_result(firsts)
         return firsts
 
     def listing(self) -> list[int] | None:
-        """The cached listing; the first call starts one in the background and returns None until it
-        lands (reads meanwhile take loose objects, which hold the same entries)."""
-        firsts = self._firsts
-        if firsts is not None:
-            return firsts
-        with self._lock:
-            pending = self._pending
-            start = pending is None
-            if pending is None:
-                pending = self._pending = Future()
-        if start:  # submitted outside the lock: from a leaf thread it runs inline
-            submit(_settle, pending, self.refresh, leaf=True)
-        if pending.done():
-            try:
-                pending.result()
-            except StorageError:
-                with self._lock:
-                    self._pending = None  # a failed background listing: the next lookup lists again
+        """The cached listing, or None when there is none yet (lookups then take loose objects, which hold
+        the same entries; a missing one makes the caller list)."""
         return self._firsts
+
+    def start_listing(self) -> list[int] | None:
+        """:meth:`listing`, starting one in the background if there is none and none is under way (a first
+        use that lists the log start anyway overlaps the two)."""
+        with self._lock:
+            start = self._firsts is None and self._flight is None and not self._starting
+            self._starting = self._starting or start
+        if start:  # submitted outside the lock: from a leaf thread it runs inline
+            submit(self._background_refresh, leaf=True)
+        return self._firsts
+
+    def _background_refresh(self) -> None:
+        try:
+            self.refresh()
+        except StorageError as exc:  # the first missing slot lists again
+            log.debug("%s: background listing of segments failed: %s", self.path, exc)
+        finally:
+            with self._lock:
+                self._starting = False
 
     def listed_within(self, seconds: float) -> bool:
         """Whether the cached listing is younger than ``seconds``."""
@@ -306,13 +337,6 @@ class SegmentCatalog:
             if slot is not None:
                 return slot
         return None
-
-
-def _settle(future: Future[list[int]], fn: Callable[[], list[int]]) -> None:
-    try:
-        future.set_result(fn())
-    except BaseException as exc:
-        future.set_exception(exc)
 
 
 def count_within(seg: SegmentIndex, slot: int, max_slots: int, max_bytes: int) -> int:
