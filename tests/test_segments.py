@@ -552,3 +552,20 @@ def test_the_background_roller_looks_at_a_partition_once_enough_entries_were_app
     roller.wait(60)
     assert roller.runs == 2 and len(_segments(storage)) == 2
     assert _read(storage, clock) == expected
+
+
+def test_a_task_reading_a_range_lists_segments_once_however_many_of_its_reads_miss() -> None:
+    """A Spark task (a fresh log client, no log start read) reading loose entries up to the log end: its
+    reads ahead past the end all miss at once, and share one listing of the segments."""
+    inner = MemoryStorage(uuid.uuid4().hex)
+    clock = FakeClock(T0)
+    _setup_log = _log(inner, clock)
+    _setup_log.create_topic("t", 1, SCHEMA)
+    _history(_setup_log, clock, txns=40)
+    state = _log(inner, clock).partition_state(PATH, shared=False)
+    state.scan_to_end()
+    rng = plan_range(state, "t", 0, 0, state.buffer.position, "read_uncommitted")
+    counted = _KeyLog(inner)
+    rows = sum(b.num_rows for b in read_range(PartitionLog(counted, PATH), rng))
+    assert rows == len(_read(inner, clock, "read_uncommitted"))
+    assert counted.keys.count(paths.segments(PATH)) <= 1

@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import sink_sources
-from sink_driver import kill_driver, start_driver, wait_driver
+from sink_driver import start_driver, wait_driver
 from sink_helpers import garbage, ids, read_topic, staged_objects
-from test_spark_sink_chaos import SCHEMA, ConcurrentReader, InputProducer, check_exactly_once, next_batch
+from test_spark_sink_chaos import SCHEMA, ConcurrentReader, InputProducer, check_exactly_once, kill_round
 
 import txn_core
 from txn_core import maintenance, paths
@@ -163,19 +163,7 @@ def test_a_copy_killed_and_restarted_while_input_and_output_are_rolled_stays_exa
         },
     }
     for i, mode in enumerate(["random", "after_prepare:kill", "random", "after_commit:kill", "random"]):
-        cfg = {**base, "trigger": 1}
-        if mode != "random":
-            cfg["sink"] = {**base["sink"], "testing.fault": f"{mode}@{next_batch(chk) + 1 + rng.randint(0, 1)}"}
-        proc = start_driver(cfg, tmp_path / f"driver-{i}.log")
-        if mode == "random":
-            deadline = time.time() + rng.uniform(15, 30)
-            while time.time() < deadline and proc.poll() is None:
-                time.sleep(0.1)
-            kill_driver(proc)
-            code = proc.returncode
-        else:
-            code = wait_driver(proc, timeout=300)
-        assert code == -9, f"round {i} ({mode}) was not killed: " + (tmp_path / f"driver-{i}.log").read_text()[-3000:]
+        kill_round(base, chk, tmp_path, i, mode, rng, (15, 30))
         reader.forbidden.update(producer.aborted)
     stop_input.set()
     background.join()

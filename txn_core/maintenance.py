@@ -30,7 +30,7 @@ from txn_core import envelope, paths
 from txn_core.entry import HEADER_SIZE, EntryKind, decode_header, verify_payload
 from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
 from txn_core.logs import get_logger
-from txn_core.rolling import MIN_AGE_MS, RollPolicy, RollResult, roll_topic
+from txn_core.rolling import MIN_AGE_MS, Roller, RollPolicy, RollResult
 from txn_core.snapshots import SnapshotStore
 
 if TYPE_CHECKING:
@@ -163,8 +163,13 @@ def roll_segments(
     """Roll every partition of ``topic`` into segments as far as ``policy`` allows, and delete the loose
     entries (and staged objects) of segments older than ``min_age_ms`` (PROTOCOL.md "Segments"). Safe at
     any time, next to producers, readers, retention and other rollers; for cron use (the Spark sink rolls
-    by itself after its commits)."""
-    return roll_topic(log, topic, policy=policy, min_age_ms=min_age_ms, now_ms=now_ms)
+    by itself after its commits). Each partition gets a fresh :class:`~txn_core.rolling.Roller`: it starts
+    from the newest buffer snapshot, so a call costs the entries since that snapshot plus what it rolls."""
+    meta = log.topics.get(topic)
+    return [
+        Roller(log, paths.partition_log_path(topic, p), policy).roll(min_age_ms=min_age_ms, now_ms=now_ms)
+        for p in range(meta.partitions)
+    ]
 
 
 def take_snapshots(log: Log, topic: str) -> list[int]:

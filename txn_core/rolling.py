@@ -31,7 +31,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -333,25 +332,7 @@ def staged_payload(storage: Storage, entry: Entry, ref: dict[str, Any]) -> Any:
     return verify_payload(header, data, target)
 
 
-# --- topics, and rolling in the background ----------------------------------------------------
-
-
-def roll_topic(
-    log: Log,
-    topic: str,
-    *,
-    policy: RollPolicy | None = None,
-    min_age_ms: int = MIN_AGE_MS,
-    now_ms: int | None = None,
-    partitions: Iterable[int] | None = None,
-) -> list[RollResult]:
-    """Roll every partition of ``topic`` (or the given ones) once, with fresh rollers (cron use)."""
-    meta = log.topics.get(topic)
-    parts = range(meta.partitions) if partitions is None else partitions
-    return [
-        Roller(log, paths.partition_log_path(topic, p), policy).roll(min_age_ms=min_age_ms, now_ms=now_ms)
-        for p in parts
-    ]
+# --- rolling in the background ----------------------------------------------------------------
 
 
 #: A partition the background roller has not looked at for this long is looked at after its next append

@@ -16,8 +16,9 @@ Invariants:
 * **Bounded memory**: at most :data:`OPEN_SEGMENTS` opened indexes (160 bytes per entry) with the first
   :data:`HEAD_BYTES` of their entries, plus one integer per segment listed.
 * **Thread-safe**: lookups run on readers' threads, reads on the leaf pool. Opening a segment is done once
-  (a lock per segment: other threads wanting it wait for the one reading it, which is running, so the
-  pool cannot deadlock).
+  (a lock per segment: other threads wanting it wait for the one reading it, which is running), and a
+  listing is made once for all who want one at a time (they wait for its maker, which waits on no pool):
+  the pools cannot deadlock.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ class SegmentCatalog:
         """List the segments now and return their first slots. Callers at the same time share one LIST (a
         reader's reads ahead that all miss at once): a listing under way answers for them, being younger
         than any a reader trusts (PROTOCOL.md "Segments", "Readers"). ``also`` (the log start's re-read)
-        runs next to the LIST for the caller that makes it, after it for one that shares it."""
+        runs next to the LIST for the caller that makes it (on a thread of its own: the maker of a listing
+        others wait for never waits on the shared pools), after it for one that shares it."""
         with self._lock:
             flight = self._flight
             mine = flight is None
@@ -105,10 +107,10 @@ class SegmentCatalog:
             return firsts
         started = time.monotonic()
         try:
-            extra = submit(also) if also is not None else None
+            joined = _beside(also) if also is not None else None
             firsts = self._list()
-            if extra is not None:
-                extra.result()
+            if joined is not None:
+                joined()
         except BaseException as exc:
             with self._lock:
                 self._flight = None
@@ -337,6 +339,27 @@ class SegmentCatalog:
             if slot is not None:
                 return slot
         return None
+
+
+def _beside(fn: Callable[[], object]) -> Callable[[], None]:
+    """Run ``fn`` on a thread of its own; returns a join that raises what ``fn`` raised."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="txnlog-listing", daemon=True)
+    thread.start()
+
+    def join() -> None:
+        thread.join()
+        if failed:
+            raise failed[0]
+
+    return join
 
 
 def count_within(seg: SegmentIndex, slot: int, max_slots: int, max_bytes: int) -> int:
