@@ -44,8 +44,10 @@ T = TypeVar("T")
 MAX_DEPTH = 64
 #: Bytes the reads in flight of one reader may hold, by the entry sizes seen so far.
 MAX_BYTES = 32 << 20
-#: Bytes one read of a segment's entries fetches at most (beyond its first entry).
+#: Bytes one read of a segment's entries fetches at most (beyond its first entry)...
 CHUNK_BYTES = 4 << 20
+#: ...and entries: a reader starts on the first entries of a span while the next spans are read and sliced.
+SPAN_ENTRIES = 2048
 
 
 class _Ahead(Generic[T]):
@@ -69,6 +71,7 @@ class _Ahead(Generic[T]):
         self._next = slot  # the slot the next call returns
         self._issued = slot  # the first slot not yet asked for
         self._ready: deque[T] = deque()  # results of the oldest read, not yet handed out
+        self._ready_rolled = False  # they come from a segment (its index knows where they are)
         self._inflight: deque[tuple[int, int, Future[list[T]]]] = deque()  # (first slot, slots, read)
         #: the first slot past a read in flight whose segment index is not known yet (None: no such read);
         #: nothing is issued beyond it until that read returns, so the next reads are planned with the index
@@ -100,7 +103,8 @@ class _Ahead(Generic[T]):
             pending = self._issued - self._next - len(self._ready)
             if self._inflight and pending * avg >= self.max_bytes:
                 return
-            count, exact = self.plog.segments.plan(self._issued, max(1, int(CHUNK_BYTES // avg)), CHUNK_BYTES)
+            want = max(1, min(SPAN_ENTRIES, int(CHUNK_BYTES // avg)))
+            count, exact = self.plog.segments.plan(self._issued, want, CHUNK_BYTES)
             if count == 0:
                 if len(self._inflight) >= loose:
                     return
@@ -127,11 +131,13 @@ class _Ahead(Generic[T]):
                 self._inflight.clear()
                 self._issued = slot + len(items)
             self._ready.extend(items)
+            self._ready_rolled = count > 1 or self.plog.segments.plan(slot, 1, 0)[0] > 0
             self._streak += 1
             if self._streak >= 2:
                 self._depth = min(self.max_depth, self._depth * 2)
         item = self._ready.popleft()
-        self.plog.remember(self._next, self._header(item))
+        if not self._ready_rolled:  # a segment's slots are found through its index, and lie below the tail
+            self.plog.remember(self._next, self._header(item))
         self._next += 1
         self._avg_bytes += (self._size(item) - self._avg_bytes) / 8
         return item

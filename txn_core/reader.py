@@ -294,15 +294,14 @@ class PartitionState:
         if header.kind is EntryKind.LOST:
             return Disposition.LOST
         buffer = self.buffer
-        if header.txn is not None:
-            aborted = buffer.aborted.get(header.txn)
-            if aborted is not None and header.base_offset > aborted.marker_offset:
-                return Disposition.ABORTED  # a zombie write after the abort marker, as apply() classed it
+        aborted = buffer.aborted.get(header.txn) if header.txn is not None else None
+        if aborted is not None and header.base_offset > aborted.marker_offset:
+            return Disposition.ABORTED  # a zombie write after the abort marker, as apply() classed it
         if buffer.skips.covers(header.base_offset):
             return Disposition.SKIP
         if header.txn is None:
             return Disposition.DATA
-        if header.txn in buffer.aborted:
+        if aborted is not None:  # one lookup of the aborted index per entry (a history read makes many)
             return Disposition.ABORTED
         return Disposition.TXN_DATA
 

@@ -22,11 +22,13 @@ from txn_core.partition import Entry
 from txn_core.segment import Inlined
 from txn_core.storage.base import Storage
 
+#: The ``_timestamp`` type (made once: building a time-zone-aware type costs more than a column of one row).
+TIMESTAMP = pa.timestamp("ms", tz="UTC")
 METADATA_FIELDS = [
     pa.field("_topic", pa.string(), nullable=False),
     pa.field("_partition", pa.int32(), nullable=False),
     pa.field("_offset", pa.int64(), nullable=False),
-    pa.field("_timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+    pa.field("_timestamp", TIMESTAMP, nullable=False),
 ]
 
 
@@ -44,13 +46,14 @@ def constant_string(value: str, n: int) -> pa.Array:
 class MetadataColumns:
     """Builds the metadata columns of one partition; constant columns are sliced from cached arrays."""
 
-    __slots__ = ("_partition", "_topic", "partition", "topic")
+    __slots__ = ("_partition", "_schemas", "_topic", "partition", "topic")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
         self._topic = constant_string(topic, 0)
         self._partition = pa.array(np.empty(0, dtype=np.int32))
+        self._schemas: tuple[pa.Schema, pa.Schema] | None = None  # the last schema and its with metadata
 
     def _grow(self, n: int) -> None:
         size = max(n, 2 * len(self._topic), 1024)
@@ -64,12 +67,15 @@ class MetadataColumns:
             self._topic.slice(0, n),
             self._partition.slice(0, n),
             pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
-            pa.array(np.full(n, timestamp_ms, dtype=np.int64)).view(pa.timestamp("ms", tz="UTC")),
+            pa.array(np.full(n, timestamp_ms, dtype=np.int64)).view(TIMESTAMP),
         ]
 
     def add(self, batch: pa.RecordBatch, first_offset: int, timestamp_ms: int) -> pa.RecordBatch:
         cols = self.columns(batch.num_rows, first_offset, timestamp_ms)
-        return pa.RecordBatch.from_arrays([*batch.columns, *cols], schema=with_metadata_schema(batch.schema))
+        cached = self._schemas
+        if cached is None or not cached[0].equals(batch.schema, check_metadata=True):
+            cached = self._schemas = (batch.schema, with_metadata_schema(batch.schema))
+        return pa.RecordBatch.from_arrays([*batch.columns, *cols], schema=cached[1])
 
 
 def add_metadata(

@@ -294,7 +294,7 @@ class SegmentCatalog:
         seg = self._segment_for(slot)
         if seg is None:
             return []
-        return [seg.entry_header(s) for s in range(slot, min(seg.end, slot + count))]
+        return seg.entry_headers(slot, min(seg.end, slot + count))
 
     def read(self, slot: int, count: int, max_bytes: int) -> list[SegmentEntry]:
         """Up to ``count`` entries from ``slot`` on (at least one, at most about ``max_bytes``) from the
@@ -314,7 +314,7 @@ class SegmentCatalog:
             except ObjectNotFoundError:
                 self._drop(seg.first)
                 return []
-        return [(s, *seg.entry_at(s, block, lo), seg.where(s)) for s in range(slot, slot + n)]
+        return seg.entries(slot, slot + n, block, lo)
 
     def _span(self, seg: SegmentIndex, slot: int, max_slots: int, max_bytes: int) -> int:
         """Slots from ``slot`` to read at once (:func:`count_within`), ending where the bytes read with the
