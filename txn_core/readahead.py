@@ -48,6 +48,8 @@ MAX_BYTES = 32 << 20
 CHUNK_BYTES = 4 << 20
 #: ...and entries: a reader starts on the first entries of a span while the next spans are read and sliced.
 SPAN_ENTRIES = 2048
+#: While handing out a span's entries, look this often whether more reads can be issued.
+REISSUE_EVERY = 256
 
 
 class _Ahead(Generic[T]):
@@ -97,8 +99,8 @@ class _Ahead(Generic[T]):
         """Issue reads up to the depth and byte budget: spans of segments at once, loose slots by depth."""
         avg = max(self._avg_bytes, 1.0)
         loose = min(self._depth, max(1, int(self.max_bytes // avg)))
-        if self._planning is not None and not any(s < self._planning for s, _n, _f in self._inflight):
-            self._planning = None  # that read returned (or was dropped)
+        if self._planning is not None and not any(s < self._planning and not f.done() for s, _n, f in self._inflight):
+            self._planning = None  # that read is done (the segment's index is known now) or was dropped
         while len(self._inflight) < self.max_depth and self._planning is None:
             pending = self._issued - self._next - len(self._ready)
             if self._inflight and pending * avg >= self.max_bytes:
@@ -136,6 +138,8 @@ class _Ahead(Generic[T]):
             if self._streak >= 2:
                 self._depth = min(self.max_depth, self._depth * 2)
         item = self._ready.popleft()
+        if len(self._ready) % REISSUE_EVERY == 0 and self._ready:
+            self._issue()  # a segment opened meanwhile: read its spans while these entries are handed out
         if not self._ready_rolled:  # a segment's slots are found through its index, and lie below the tail
             self.plog.remember(self._next, self._header(item))
         self._next += 1
