@@ -11,7 +11,11 @@ progress carries the sink's mark (:data:`SINK_MARK`). What is Spark's own:
   sink keeps each log (:data:`_LOGS`) and the producer of its last committed batch per transactional id
   (:data:`_PRODUCERS`); a commit that fails forgets them (:func:`_forget`), and the next one starts from
   storage alone (PROTOCOL.md here, "State in memory is only a cache");
-* fault injection for tests (``testing.fault``), request counting (``testing.stats``), the log line.
+* fault injection for tests (``testing.fault``), request counting (``testing.stats``), the log line;
+* after a committed batch, the worker's background roller is asked to roll the partitions the batch wrote
+  into segments when the policy (``rollEntries``/``rollBytes``) is met (txn_core/PROTOCOL.md "Segments";
+  PROTOCOL.md here, "Rolling history into segments"): on a thread of its own, off the commit's path; its
+  failures are only logged.
 
 ``abort_batch``: ``init_transactions`` (which settles any transaction the failed commit left), then, only
 if the batch is not committed, delete this run's staged objects. A committed batch is left alone: its
@@ -24,6 +28,7 @@ import contextlib
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +39,7 @@ from txn_core import Producer, ProducerFencedError, TxnLogError, open_log
 from txn_core.apptxn import AppVersion, CommitResult, GroupPosition, abort_staged, commit_staged
 from txn_core.log import Log
 from txn_core.logs import get_logger
+from txn_core.rolling import BackgroundRoller, RollPolicy
 from txn_core.staging import StagedRef
 from txn_core.storage import open_storage
 from txn_core.storage.base import Storage
@@ -120,6 +126,27 @@ def _keep_producer(opts: SinkOptions, tid: str, producer: Producer, progress: di
         old[0].close()
 
 
+#: The background roller of each log of this process (see the module doc).
+_ROLLERS: dict[tuple[str, str, bool], BackgroundRoller] = {}
+
+
+def _request_roll(opts: SinkOptions, refs: list[StagedRef]) -> None:
+    """Roll the partitions a committed batch wrote, in the background, when the policy is met. The roller
+    has a log of its own: its requests are never counted as the commits' (``testing.stats``), and it shares
+    no state with them."""
+    if opts.roll_entries == 0 or not refs:
+        return
+    key = _log_key(opts)
+    with _LOGS_LOCK:
+        roller = _ROLLERS.get(key)
+        if roller is None:
+            policy = RollPolicy(entries=opts.roll_entries, bytes=opts.roll_bytes)
+            log = Log(open_storage(opts.url, opts.storage_options))
+            roller = _ROLLERS[key] = BackgroundRoller(log, policy, opts.roll_min_age_ms)
+    appended = Counter(r.partition for r in refs)  # its references, and a marker, in each partition
+    roller.appended(opts.topic, {p: n + 1 for p, n in appended.items()})
+
+
 def _forget(opts: SinkOptions) -> None:
     key = _log_key(opts)
     with _LOGS_LOCK:
@@ -164,6 +191,8 @@ def commit_batch(
         )
         if keep is not None:
             _keep_producer(opts, ident.transactional_id, *keep)
+        if result.outcome == "committed":
+            _request_roll(opts, refs)
         logger.info(
             "batch %s of %s %s: %d rows in %d objects to %s (%.0f ms)",
             ident.staging_batch,

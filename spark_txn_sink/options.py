@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from txn_core import ConfigurationError
 from txn_core.ids import validate_name
+from txn_core.rolling import MIN_AGE_MS, ROLL_BYTES, ROLL_ENTRIES
 from txn_core.storage.options import nest_storage_options
 from txn_core.topics import MAX_PARTITIONS
 
@@ -42,6 +43,10 @@ _KNOWN = {
     "already committed commits nothing (idempotent writes from foreachBatch)",
     "txnversion": "batch writes: the version of this write under txnAppId (e.g. foreachBatch's batch id); "
     "versions at or below the last committed one are no-ops",
+    "rollentries": f"roll partitions' history into segments once this many entries are decided since the last "
+    f"segment (default {ROLL_ENTRIES}; 0: the sink does not roll)",
+    "rollbytes": f"...or once they hold this many bytes (default {ROLL_BYTES})",
+    "rollminagems": f"delete rolled loose entries only when their segment is older than this (default {MIN_AGE_MS})",
     "checkpointlocation": "set by Spark for streaming queries",
     "queryname": "set by Spark for named streaming queries",
     "testing.fault": "test-only fault injection (see spark_txn_sink.faults)",
@@ -92,6 +97,9 @@ class SinkOptions:
     app_id: str | None = None
     app_version: int | None = None
     allow_non_empty: bool = False
+    roll_entries: int = ROLL_ENTRIES  # 0: the sink does not roll (PROTOCOL.md "Segments")
+    roll_bytes: int = ROLL_BYTES
+    roll_min_age_ms: int = MIN_AGE_MS
 
     @property
     def storage_options(self) -> dict[str, Any] | None:
@@ -168,7 +176,14 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         app_id=app_id,
         app_version=app_version,
         allow_non_empty=_flag(opts, "allownonemptypath"),
+        roll_entries=_or(_int(opts, "rollentries", 0, 2**31), ROLL_ENTRIES),
+        roll_bytes=_or(_int(opts, "rollbytes", 1, 2**62), ROLL_BYTES),
+        roll_min_age_ms=_or(_int(opts, "rollminagems", 0, 2**62), MIN_AGE_MS),
     )
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def _flag(opts: dict[str, str], name: str) -> bool:

@@ -68,6 +68,9 @@ SINK_ONLY_OPTIONS = frozenset(
         "txnappid",
         "txnversion",
         "allownonemptypath",
+        "rollentries",
+        "rollbytes",
+        "rollminagems",
         "checkpointlocation",
         "queryname",
     }

@@ -121,3 +121,31 @@ def delayed_endpoint(endpoint: str, rtt_s: float) -> Iterator[LatencyProxy]:
     host, _, port = endpoint.removeprefix("http://").partition(":")
     with LatencyProxy(host, int(port.rstrip("/")), rtt_s / 2) as proxy:
         yield proxy
+
+
+def _serve_in_process(endpoint: str, rtt_s: float, conn: Any) -> None:
+    with delayed_endpoint(endpoint, rtt_s) as proxy:
+        conn.send(proxy.port)
+        conn.recv()  # until told to stop
+
+
+@contextlib.contextmanager
+def delayed_endpoint_process(endpoint: str, rtt_s: float) -> Iterator[str]:
+    """:func:`delayed_endpoint` in a process of its own; yields its endpoint. A benchmark whose reader keeps
+    a core busy measures the network, not a proxy sharing its interpreter (and its lock) with the reader."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve_in_process, args=(endpoint, rtt_s, child), name="latency-proxy", daemon=True)
+    proc.start()
+    try:
+        port = parent.recv()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(OSError):
+            parent.send("stop")
+        proc.join(10)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(10)

@@ -145,8 +145,17 @@ def run(
     src_opts = parse_options(
         {"path": url, "topic": "in", "startingOffsets": "group", "consumerGroup": "cg", **extra}, streaming=True
     )
+    # Rolling is off: it runs on a thread of its own, off the batch's path, and would mix its requests into
+    # whichever phase it overlaps (tests/bench_history.py measures it).
     sink_opts = parse_sink_options(
-        {"path": url, "topic": "out", "consumerGroup": "cg", "checkpointLocation": str(Path(tmp) / "chk"), **extra},
+        {
+            "path": url,
+            "topic": "out",
+            "consumerGroup": "cg",
+            "checkpointLocation": str(Path(tmp) / "chk"),
+            "rollEntries": "0",
+            **extra,
+        },
         streaming=True,
     )
     results: list[dict[str, Phase]] = []

@@ -181,7 +181,7 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
         "topics": ["create", "list", "describe", "add-partitions", "set-retention"],
         "transactions": ["list", "describe", "abort", "find-hanging", "expire"],
         "groups": ["list", "describe"],
-        "maintenance": ["snapshot", "compact", "retention", "sweep-staging", "damaged", "mark-lost"],
+        "maintenance": ["snapshot", "compact", "retention", "roll", "sweep-staging", "damaged", "mark-lost"],
     }
     for noun, names in verbs.items():
         r = txnlog_inprocess(capsys, noun, "--help")
@@ -536,6 +536,30 @@ def test_maintenance_damaged_and_mark_lost_round_trip(tmp_path: Path, here: Call
     assert "damaged entries" in text and "yes, by " in text
     dumped = [json.loads(line) for line in here("dump", url, "orders", "--json").out.splitlines()]
     assert [r["id"] for r in dumped] == [0, 1, 4, 5]
+
+
+def test_maintenance_roll_rolls_decided_history_and_readers_read_the_same(
+    scenario: Path, here: Callable[..., Result]
+) -> None:
+    def dumped() -> str:
+        args = ("--isolation", "read_uncommitted", "--show-control", "--limit", "0", "--json")
+        return here("dump", scenario, "orders", *args).out + here("dump", scenario, "orders", "--limit", "0").out
+
+    dumped()  # a read_committed read aborts "stuck", past its timeout (its marker lands), as a roll would
+    before = dumped()
+    rolled = txnlog("maintenance", "roll", scenario, "--entries", "2", "--min-age-ms", "0", "--json")
+    rows = {r["partition"]: r for r in rolled.json()}
+    assert all(r["segments_created"] >= 1 and r["entries_deleted"] == r["entries_rolled"] > 0 for r in rows.values())
+    log = txn_core.open_log(str(scenario))
+    assert log.storage.list(paths.segments(paths.partition_log_path("orders", 0)))
+    # partition 1 is rolled up to fresh's open transaction (offset 10), not past it
+    assert rows[1]["rolled_through_slot"] <= log.partition_log(paths.partition_log_path("orders", 1)).slot_for_offset(
+        10
+    )
+    assert dumped() == before
+    again = here("maintenance", "roll", scenario, "--min-age-ms", "0").out
+    assert again.splitlines()[0].split()[:3] == ["topic", "partition", "segments"]
+    assert "rolled 0 entries into 0 segment(s)" in again
 
 
 # --- demo ----------------------------------------------------------------------------------------

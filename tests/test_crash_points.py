@@ -366,3 +366,109 @@ def test_a_back_to_back_transaction_begins_while_the_previous_one_completes() ->
     assert sorted(_read_all(txn_core.Log(inner, clock=clock))) == sorted(BASE + FIRST + TXN)
     final = txn_core.Log(inner, clock=clock).coordinator.state(TID)
     assert final is not None and final.completing is None and not final.open_txns()
+
+
+# --- rolling into segments (PROTOCOL.md "Segments") -----------------------------------------------
+
+ROLL_PATH = "topics/r/00000"
+
+
+def _roll_setup() -> tuple[Storage, FakeClock]:
+    """A partition with committed and aborted transactions (inline rows and staged references) and plain
+    rows, all decided."""
+    from txn_core import staging
+
+    inner = MemoryStorage(f"roll-crash-{uuid.uuid4().hex}")
+    clock = FakeClock(1_700_000_000_000)
+    log = txn_core.Log(inner, clock=clock)
+    log.create_topic("r", 1, SCHEMA)
+    p = log.producer("roller-input", transaction_timeout_ms=10_000)
+    p.init_transactions()
+    plain = log.producer()
+    for i in range(6):
+        p.begin_transaction()
+        p.send("r", pa.table({"id": [i]}), partition=0)
+        batch = pa.record_batch({"id": [100 + i]}, schema=SCHEMA)
+        ref = staging.write_staged(inner, staging.staging_prefix("roller-input", i), "r", 0, [batch], SCHEMA)
+        assert ref is not None
+        p.send_staged([ref])
+        p.flush()
+        if i % 3 == 1:
+            p.abort_transaction()
+        else:
+            p.commit_transaction()
+        plain.send("r", pa.table({"id": [200 + i]}), partition=0)
+        plain.flush()
+    p.close()
+    plain.close()
+    return inner, clock
+
+
+def _roll_all(log: txn_core.Log) -> Any:
+    from txn_core.rolling import Roller, RollPolicy
+
+    return Roller(log, ROLL_PATH, RollPolicy(entries=1, max_entries=5)).roll(min_age_ms=0)
+
+
+def _roll_reads(inner: Storage, clock: FakeClock) -> tuple[object, ...]:
+    from txn_core.partition import PartitionLog
+
+    out: list[object] = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        c = txn_core.Log(inner, clock=clock).consumer(isolation_level=isolation)
+        c.assign([("r", 0)])
+        rows: list[tuple[int, int]] = []
+        while (got := c.poll()).num_rows:
+            rows += zip(got.column("_offset").to_pylist(), got.column("id").to_pylist(), strict=True)
+        out.append(rows)
+    plog = PartitionLog(inner, ROLL_PATH)
+    tail, _end = plog.tail(refresh=True)
+    out.append([plog.read_header(s) for s in range(tail)])
+    return tuple(out)
+
+
+def _check_rolled(inner: Storage, clock: FakeClock, before: tuple[object, ...]) -> None:
+    """Readers see what they saw before; the next roll completes it; appends continue at the log end."""
+    from txn_core import paths
+
+    assert _roll_reads(inner, clock) == before
+    result = _roll_all(txn_core.Log(inner, clock=clock))
+    assert result.chain_end == result.stable_slot
+    assert inner.list(paths.entries(ROLL_PATH)) == [], "loose entries left behind"
+    assert _roll_reads(inner, clock) == before
+    end = before[2][-1].next_offset  # type: ignore[index]
+    p = txn_core.Log(inner, clock=clock).producer()
+    p.send("r", pa.table({"id": [999]}), partition=0)
+    p.flush()
+    assert _roll_reads(inner, clock)[0][-1] == (end, 999)  # type: ignore[index]
+
+
+def _count_roll_ops() -> int:
+    inner, clock = _roll_setup()
+    _roll_reads(inner, clock)  # as the tests do first (the readers write buffer snapshots)
+    faulty = FaultyStorage(inner)
+    _roll_all(txn_core.Log(faulty, clock=clock))
+    return len(faulty.ops)
+
+
+ROLL_OPS = _count_roll_ops()
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
+@pytest.mark.parametrize("k", range(ROLL_OPS))
+def test_crash_during_a_roll_changes_no_read_and_the_next_roll_completes_it(k: int, landed: bool) -> None:
+    """At every storage operation of a roll and its cleanup (segment creates, staged and entry deletes,
+    every read and listing): what any reader reads is unchanged, and a fresh roller finishes the job."""
+    inner, clock = _roll_setup()
+    before = _roll_reads(inner, clock)
+    with pytest.raises(SimulatedCrash):
+        _roll_all(txn_core.Log(FaultyStorage(inner, crash_at=k, landed=landed), clock=clock))
+    _check_rolled(inner, clock, before)
+
+
+@pytest.mark.parametrize("k", range(ROLL_OPS))
+def test_an_ambiguous_write_in_a_roll_is_resolved(k: int) -> None:
+    inner, clock = _roll_setup()
+    before = _roll_reads(inner, clock)
+    _roll_all(txn_core.Log(FaultyStorage(inner, ambiguous_at=k, only_writes=True), clock=clock))
+    _check_rolled(inner, clock, before)

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -112,6 +113,28 @@ def next_batch(checkpoint: Path) -> int:
     return max(commits, default=-1) + 1
 
 
+def kill_round(
+    base: dict[str, Any], chk: Path, log_dir: Path, i: int, mode: str, rng: random.Random, lasting: tuple[float, float]
+) -> None:
+    """Round ``i`` of a copier run continuously (a batch a second): killed from outside after a random time
+    in ``lasting`` seconds (``mode`` "random"), or by a fault point of the sink's commit (``mode``)."""
+    cfg = {**base, "trigger": 1}
+    if mode != "random":
+        # next_batch() may be a replay of a batch the sink already committed (a no-op commit where no
+        # fault point is reached): aim at a batch after it.
+        cfg["sink"] = {**base["sink"], "testing.fault": f"{mode}@{next_batch(chk) + 1 + rng.randint(0, 1)}"}
+    proc = start_driver(cfg, log_dir / f"driver-{i}.log")
+    if mode == "random":
+        deadline = time.time() + rng.uniform(*lasting)
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        kill_driver(proc)
+        code = proc.returncode
+    else:
+        code = wait_driver(proc, timeout=300)
+    assert code == -9, f"round {i} ({mode}) was not killed: " + (log_dir / f"driver-{i}.log").read_text()[-3000:]
+
+
 def check_exactly_once(log: txn_core.Log, producer: InputProducer, group_id: str) -> dict[str, int]:
     """The copy's output is exactly the committed input, in order per key, with the group at the input's end
     and nothing left open or staged. Returns the row counts."""
@@ -169,22 +192,8 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
     ]
     outcomes = []
     for i, mode in enumerate(rounds):
-        cfg = {**base, "trigger": 1}
-        if mode != "random":
-            # next_batch() may be a replay of a batch the sink already committed (a no-op commit where no
-            # fault point is reached): aim at a batch after it.
-            cfg["sink"] = {**base["sink"], "testing.fault": f"{mode}@{next_batch(chk) + 1 + rng.randint(0, 1)}"}
-        proc = start_driver(cfg, tmp_path / f"driver-{i}.log")
-        if mode == "random":
-            deadline = time.time() + rng.uniform(8, 30)
-            while time.time() < deadline and proc.poll() is None:
-                time.sleep(0.1)
-            kill_driver(proc)
-            code = proc.returncode
-        else:
-            code = wait_driver(proc, timeout=300)
-        outcomes.append((mode, code))
-        assert code == -9, f"round {i} ({mode}) was not killed: " + (tmp_path / f"driver-{i}.log").read_text()[-3000:]
+        kill_round(base, chk, tmp_path, i, mode, rng, (8, 30))
+        outcomes.append(mode)
         # forbidden rows are known once produced; the reader checks them as it goes
         reader.forbidden.update(producer.aborted)
     stop_input.set()
@@ -201,7 +210,7 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
     assert reader.violations == []
     assert sorted(reader.seen) == got and max(reader.seen.values()) == 1
     print(
-        f"\nchaos seed {seed}: {len(outcomes)} kills ({', '.join(m for m, _ in outcomes)}), "
+        f"\nchaos seed {seed}: {len(outcomes)} kills ({', '.join(outcomes)}), "
         f"{len(producer.committed):,} committed and {len(producer.aborted):,} aborted input rows, "
         f"{len(got):,} output rows, the reader saw {sum(reader.seen.values()):,}"
     )

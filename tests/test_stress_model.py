@@ -9,6 +9,11 @@ are committed, aborted or still open. After every step:
 and at the end:
 * a fresh read_committed reader returns exactly the committed ids; read_uncommitted returns every id;
 * rebuilding each buffer from its latest snapshot plus the log tail equals replaying the whole log.
+
+Another process rolls partitions into segments at random points (random policies, rolled loose entries
+deleted at once): every fresh reader -- both isolation levels, with offsets and timestamps, and every
+entry header -- reads the same right before and right after each roll, and the long-lived consumer and
+the producers carry on across them.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import pytest
 from fakeclock import FakeClock
 
 import txn_core
-from txn_core import paths, snapshots
+from txn_core import partition, paths, snapshots
 from txn_core.buffer import TxnBuffer
+from txn_core.partition import PartitionLog
 from txn_core.reader import PartitionState
+from txn_core.rolling import Roller, RollPolicy
 from txn_core.storage import MemoryStorage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -38,6 +45,36 @@ class Model:
     open: dict[str, list[int]] = field(default_factory=dict)  # tid -> ids of its open transaction
     dead: list[int] = field(default_factory=list)  # ids of crashed producers' open transactions
     maybe: set[int] = field(default_factory=set)  # written or not, never committed
+
+
+def _fresh_reads(storage: MemoryStorage, clock: FakeClock) -> tuple[object, ...]:
+    """What fresh processes read: every record under both isolation levels, and every entry header."""
+    log = txn_core.Log(storage, clock=clock)
+    out: list[object] = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        c = log.consumer(isolation_level=isolation)
+        c.assign([("t", p) for p in range(PARTITIONS)])
+        rows: list[tuple[int, int, int, int]] = []
+        while (got := c.poll()).num_rows:
+            rows += zip(
+                got.column("_partition").to_pylist(),
+                got.column("_offset").to_pylist(),
+                got.column("id").to_pylist(),
+                got.column("_timestamp").cast(pa.int64()).to_pylist(),
+                strict=True,
+            )
+        out.append(sorted(rows))
+    for part in range(PARTITIONS):
+        plog = PartitionLog(storage, paths.partition_log_path("t", part))
+        tail, _end = plog.tail(refresh=True)
+        out.append([plog.read_header(slot) for slot in range(plog.log_start(refresh=True).slot, tail)])
+    return tuple(out)
+
+
+def _roll(storage: MemoryStorage, clock: FakeClock, rng: random.Random, part: int) -> None:
+    policy = RollPolicy(entries=rng.randint(1, 6), max_entries=rng.randint(1, 9))
+    log = txn_core.Log(storage, clock=clock)  # another process
+    Roller(log, paths.partition_log_path("t", part), policy).roll(min_age_ms=0)
 
 
 def _buffer_summary(b: TxnBuffer) -> tuple[object, ...]:
@@ -59,6 +96,9 @@ def _buffer_summary(b: TxnBuffer) -> tuple[object, ...]:
 def test_random_operations_match_the_model(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(snapshots, "SNAPSHOT_EVERY_TXNS", 7)  # many snapshots, several parts
     monkeypatch.setattr(snapshots, "PART_ROWS", 3)
+    # Rolls delete loose entries at once (minimum age 0), so appenders re-check their cached tail before
+    # every append: the protocol's guard is a tail re-check interval far below the minimum age.
+    monkeypatch.setattr(partition, "TAIL_RECHECK_S", 0.0)
     rng = random.Random(seed)
     clock = FakeClock(1_900_000_000_000)
     storage = MemoryStorage(f"stress-{seed}-{uuid.uuid4().hex}")
@@ -85,7 +125,10 @@ def test_random_operations_match_the_model(seed: int, monkeypatch: pytest.Monkey
 
     for _step in range(300):
         op = rng.choice(
-            ["send", "send", "send", "commit", "commit", "abort", "plain", "crash", "reinit", "tick", "read", "read"]
+            [
+                *("send", "send", "send", "commit", "commit", "abort", "plain"),
+                *("crash", "reinit", "tick", "read", "read", "roll"),
+            ]
         )
         tid = f"p{rng.randrange(3)}"
         if op == "send":
@@ -134,6 +177,10 @@ def test_random_operations_match_the_model(seed: int, monkeypatch: pytest.Monkey
             clock.now += rng.choice([100, 1_000, 6_000])
             if clock.now:  # timeouts fire when someone meets the transaction; reads below do
                 pass
+        elif op == "roll":
+            before = _fresh_reads(storage, clock)
+            _roll(storage, clock, rng, rng.randrange(PARTITIONS))
+            assert _fresh_reads(storage, clock) == before, f"step {_step}: a roll changed what readers read"
         elif op == "read":
             got = reader.poll()
             for part, off, i in zip(
@@ -168,6 +215,12 @@ def test_random_operations_match_the_model(seed: int, monkeypatch: pytest.Monkey
     while (got := reader.poll()).num_rows:
         seen.extend(got.column("id").to_pylist())
     assert sorted(seen) == sorted(model.committed)
+
+    before = _fresh_reads(storage, clock)
+    for part in range(PARTITIONS):
+        _roll(storage, clock, rng, part)
+    assert _fresh_reads(storage, clock) == before
+    assert all(storage.list(paths.segments(paths.partition_log_path("t", p))) for p in range(PARTITIONS))
 
     fresh = txn_core.Log(storage, clock=clock)
     rc = fresh.consumer()

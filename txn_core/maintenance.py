@@ -1,5 +1,5 @@
-"""Maintenance: retention, snapshots, transaction-log compaction, staged-data cleanup (PROTOCOL.md
-"Retention" and "Compaction").
+"""Maintenance: retention, snapshots, transaction-log compaction, rolling into segments, staged-data cleanup
+(PROTOCOL.md "Retention", "Segments" and "Compaction").
 
 Retention of a partition, in this order (each step is safe to crash after):
 
@@ -9,8 +9,10 @@ Retention of a partition, in this order (each step is safe to crash after):
    slots; see "Stale writers" in PROTOCOL.md);
 2. publish the log start: create ``<path>/start/<020d slot>`` holding ``{slot, offset}``;
 3. write a buffer snapshot at the current position with everything below the new start pruned;
-4. delete the entries below the start (and the staged objects their DATA_REF entries name), oldest first,
-   then the lost-entry marks below it (PROTOCOL.md "Damage").
+4. delete the entries below the start (and the staged objects their DATA_REF entries name), oldest first:
+   the loose entries still present (one LIST; slots rolled into segments are read from them), then the
+   segments whose end lies at or below the start, then the lost-entry marks below it (PROTOCOL.md
+   "Damage").
 
 It never reaches past a damaged entry not marked lost: the buffer stops there, and so does the walk.
 
@@ -28,6 +30,7 @@ from txn_core import envelope, paths
 from txn_core.entry import HEADER_SIZE, EntryKind, decode_header, verify_payload
 from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
 from txn_core.logs import get_logger
+from txn_core.rolling import MIN_AGE_MS, Roller, RollPolicy, RollResult
 from txn_core.snapshots import SnapshotStore
 
 if TYPE_CHECKING:
@@ -35,8 +38,9 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-#: Entries younger than this are never deleted by retention (stale-writer guard; PROTOCOL.md).
-MIN_ENTRY_AGE_MS = 10 * 60 * 1000
+#: Entries younger than this are never deleted by retention (stale-writer guard; PROTOCOL.md), nor by the
+#: cleanup after a roll.
+MIN_ENTRY_AGE_MS = MIN_AGE_MS
 START_MARKERS_KEPT = 2
 
 
@@ -121,8 +125,11 @@ def _retain(
     if not finals or finals[-1] < offset:
         store.write(state.buffer.copy(), log_start=offset)
     state.buffer.prune(offset)
-    # 4. delete, oldest first
+    # 4. delete, oldest first: the loose entries still present, then the segments wholly below the start
+    present = set(plog.entries.list_slots())
     for s, header in headers:
+        if s not in present:
+            continue  # rolled into a segment and deleted since
         key = plog.entries.key(s)
         if header.kind == EntryKind.DATA_REF:
             try:
@@ -132,6 +139,10 @@ def _retain(
             except (ObjectNotFoundError, CorruptDataError):
                 pass  # a damaged reference names nothing for sure: its staged object is left to the sweep
         log.storage.delete(key)
+    for first in plog.segments.refresh():
+        if first < slot and plog.segments.end_of(first) <= slot:
+            log.storage.delete(plog.segments.key(first))
+    plog.segments.refresh()
     for name in log.storage.list(paths.lost_entries(path)):  # a lost-entry mark goes with its entry
         if name.isdigit() and int(name) < slot:
             log.storage.delete(paths.lost_entries(path) + name)
@@ -139,6 +150,26 @@ def _retain(
     for name in markers[:-START_MARKERS_KEPT]:
         log.storage.delete(paths.log_start(path) + name)
     return RetentionResult(topic, partition, start.offset, offset, len(headers), freed)
+
+
+def roll_segments(
+    log: Log,
+    topic: str,
+    *,
+    policy: RollPolicy | None = None,
+    min_age_ms: int = MIN_ENTRY_AGE_MS,
+    now_ms: int | None = None,
+) -> list[RollResult]:
+    """Roll every partition of ``topic`` into segments as far as ``policy`` allows, and delete the loose
+    entries (and staged objects) of segments older than ``min_age_ms`` (PROTOCOL.md "Segments"). Safe at
+    any time, next to producers, readers, retention and other rollers; for cron use (the Spark sink rolls
+    by itself after its commits). Each partition gets a fresh :class:`~txn_core.rolling.Roller`: it starts
+    from the newest buffer snapshot, so a call costs the entries since that snapshot plus what it rolls."""
+    meta = log.topics.get(topic)
+    return [
+        Roller(log, paths.partition_log_path(topic, p), policy).roll(min_age_ms=min_age_ms, now_ms=now_ms)
+        for p in range(meta.partitions)
+    ]
 
 
 def take_snapshots(log: Log, topic: str) -> list[int]:

@@ -18,6 +18,10 @@ Damage (PROTOCOL.md "Damage"): an entry that fails its checks on two reads in a 
 gives the header made up from its lost-entry record when an operator marked it lost, else raises
 :class:`DamagedEntryError`; a damaged entry inside the log does not hide the entries after it from the tail
 search, and a damaged *last* entry makes the log end unknown, so appends fail until it is marked lost.
+
+Slots rolled into segments (PROTOCOL.md "Segments") are read from them: :attr:`PartitionLog.segments`
+answers for the slots a segment holds, and a missing loose slot is re-checked against a fresh segment
+listing before it is reported missing. The tail search starts above the chain end of the segments.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from txn_core.errors import (
 )
 from txn_core.ids import TxnId
 from txn_core.lost import LostEntry, damaged_entry_error, read_lost
+from txn_core.segment import Inlined
+from txn_core.segments import SegmentCatalog, SegmentEntry
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
 
@@ -84,16 +90,27 @@ class Entry:
     """A read entry: header, slot, and the raw object bytes (payload follows the header).
 
     ``lost`` is set for an entry whose records are gone (PROTOCOL.md "Damage"): its header is then the
-    real one (only the payload is damaged) or, of kind LOST, the one its lost-entry record gives."""
+    real one (only the payload is damaged) or, of kind LOST, the one its lost-entry record gives.
+
+    An entry read from a segment carries the rows of a DATA_REF in ``inlined``; a loose entry carries the
+    log that read it in ``source`` (a DATA_REF whose staged object is gone is re-read from a segment)."""
 
     slot: int
     header: EntryHeader
     data: Any  # the whole object: a pyarrow.Buffer (or bytes)
     key: str
     lost: LostEntry | None = None
+    inlined: Inlined | None = None
+    source: Any = None  # the PartitionLog that read a loose entry
 
     def payload(self) -> memoryview:
         return verify_payload(self.header, self.data, self.key)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this entry holds in memory (inlined rows included)."""
+        extra = self.inlined.data if self.inlined is not None and self.inlined.data is not None else b""
+        return len(self.data) + len(extra)
 
 
 class PartitionLog:
@@ -105,6 +122,7 @@ class PartitionLog:
         self.clock: Clock = clock or system_clock
         self._monotonic = monotonic(clock)
         self.entries = SlotLog(storage, paths.entries(path))
+        self.segments = SegmentCatalog(storage, path)
         self._lock = threading.Lock()
         self._tail: tuple[int, int] | None = None  # (next slot, next offset)
         self._tail_checked = 0.0
@@ -123,6 +141,8 @@ class PartitionLog:
 
     def log_start(self, refresh: bool = False) -> LogStart:
         """The log start: the newest ``<path>/start/<slot>`` marker, else slot 0 / offset 0."""
+        if self._start is None:
+            self.segments.start_listing()  # a first use: the segment listing overlaps the log start's
         if self._start is None or refresh:
             names = [n for n in self.storage.list(paths.log_start(self.path)) if not n.endswith("/")]
             start = LogStart(0, 0)
@@ -189,15 +209,25 @@ class PartitionLog:
             if slot == self.log_start().slot or self.entries.exists(slot - 1):
                 self._tail_checked = now
                 return self._tail
-            # The cached tail's predecessor vanished (retention ran): rediscover from the log start.
-        start = self.log_start(refresh=self._tail is not None)
-        slot = self.entries.find_tail(start.slot)
+            # The cached tail's predecessor vanished (retention ran, or it was rolled): rediscover.
+        start, lower = self._loose_floor(refresh=self._tail is not None)
+        slot = self.entries.find_tail(lower)
         if slot == start.slot:
             self._tail = (slot, start.offset)
         else:
             self._tail = self._after_last_readable(slot, start)
         self._tail_checked = now
         return self._tail
+
+    def _loose_floor(self, refresh: bool) -> tuple[LogStart, int]:
+        """The log start, and the slot from which loose entries form a gap-free run up to the tail: the log
+        start or the segments' chain end, whichever is higher (PROTOCOL.md "Segments", "Appenders"). The
+        segment listing is always re-read (an appender that took a rolled slot for the log end would write
+        into history), together with the log start when ``refresh``."""
+        self.segments.refresh(lambda: self.log_start(refresh=True) if refresh or self._start is None else None)
+        start = self.log_start()
+        chain = self.segments.chain_end()
+        return start, max(start.slot, chain if chain is not None else start.slot)
 
     def _after_last_readable(self, slot: int, start: LogStart) -> tuple[int, int]:
         """``(s, next offset)`` for the highest ``s <= slot`` whose previous entry is readable (or the log
@@ -362,10 +392,23 @@ class PartitionLog:
         return entry
 
     def fetch_header(self, slot: int) -> EntryHeader:
-        """The verified header of ``slot`` (one ranged read), or the LOST header of an entry marked lost;
-        :class:`DamagedEntryError` for a damaged entry not marked lost. Damage is confirmed by a second
-        read (a read can be corrupted on its way). No effect on this object's caches but the lost-entry
-        records it reads, so it may run on any thread (:mod:`txn_core.readahead`)."""
+        """The verified header of ``slot`` (one ranged read, or a segment's index), or the LOST header of an
+        entry marked lost; :class:`DamagedEntryError` for a damaged entry not marked lost. Damage is
+        confirmed by a second read (a read can be corrupted on its way). No effect on this object's caches
+        but the lost-entry records it reads, so it may run on any thread (:mod:`txn_core.readahead`)."""
+        header = self.segments.header(slot)
+        if header is not None:
+            return header
+        try:
+            return self._fetch_loose_header(slot)
+        except ObjectNotFoundError:
+            self._relist_after_miss(slot)
+            header = self.segments.header(slot)
+            if header is not None:
+                return header
+            raise
+
+    def _fetch_loose_header(self, slot: int) -> EntryHeader:
         key = self.entries.key(slot)
         try:
             return decode_header(self.storage.read(key, 0, HEADER_SIZE), key)
@@ -376,10 +419,53 @@ class PartitionLog:
         except CorruptDataError as exc:
             return self._lost_or_raise(slot, exc).header()
 
+    def fetch_headers(self, slot: int, count: int) -> list[EntryHeader]:
+        """Headers from ``slot`` on: up to ``count`` from the segment holding ``slot`` (its index), else
+        the loose entry's alone (see :meth:`fetch_header`)."""
+        return self.segments.headers(slot, count) or [self.fetch_header(slot)]
+
+    def fetch_entries(self, slot: int, count: int, max_bytes: int) -> list[Entry]:
+        """Entries from ``slot`` on: up to ``count`` (and about ``max_bytes``) from the segment holding
+        ``slot`` in one ranged read, else the loose entry alone (see :meth:`fetch_entry`)."""
+        got = self.segments.read(slot, count, max_bytes)
+        if got:
+            return [_segment_entry(item) for item in got]
+        return [self.fetch_entry(slot)]
+
+    def rolled_entry(self, slot: int) -> Entry | None:
+        """``slot``'s entry from a segment, after a fresh listing (None: no segment holds it). For a loose
+        DATA_REF whose staged object is gone because the slot was rolled (PROTOCOL.md "Segments")."""
+        self.segments.refresh()
+        got = self.segments.read(slot, 1, 0)
+        return _segment_entry(got[0]) if got else None
+
+    def _relist_after_miss(self, slot: int) -> None:
+        """After ``slot`` was missing as a loose object: re-list the segments if there is no listing yet, it
+        is older than LOG_START_RECHECK_S, or ``slot`` lies below a slot known to exist. A log start as old
+        is re-read at the same time (the caller's next question is whether retention removed the slot), so
+        a reader polling the log end pays one round trip per LOG_START_RECHECK_S for both."""
+        tail = self._tail
+        stale = not self.segments.listed_within(LOG_START_RECHECK_S)
+        if stale or (tail is not None and slot < tail[0]):
+            self.segments.refresh(self.recent_log_start)
+
     def fetch_entry(self, slot: int) -> Entry:
-        """The whole entry at ``slot`` in one request, header verified and length checked (see
-        :meth:`fetch_header` for damage). An entry marked lost comes with its record as ``lost`` and no
-        data, with its real header when only its payload is damaged."""
+        """The whole entry at ``slot`` in one request (from a segment if one holds it), header verified and
+        length checked (see :meth:`fetch_header` for damage). An entry marked lost comes with its record as
+        ``lost`` and no data, with its real header when only its payload is damaged."""
+        got = self.segments.read(slot, 1, 0)
+        if got:
+            return _segment_entry(got[0])
+        try:
+            return self._fetch_loose_entry(slot)
+        except ObjectNotFoundError:
+            self._relist_after_miss(slot)
+            got = self.segments.read(slot, 1, 0)
+            if got:
+                return _segment_entry(got[0])
+            raise
+
+    def _fetch_loose_entry(self, slot: int) -> Entry:
         try:
             return self._read_entry(slot)
         except CorruptDataError:
@@ -398,7 +484,7 @@ class PartitionLog:
         if len(data) != HEADER_SIZE + header.payload_len:
             check = f"truncated: {len(data)} bytes, header says {HEADER_SIZE + header.payload_len}"
             raise self.damaged(slot, CorruptDataError(check, key, check), header)
-        return Entry(slot, header, data, key)
+        return Entry(slot, header, data, key, source=self)
 
     def lost_entry(self, slot: int) -> LostEntry | None:
         """The lost-entry record of ``slot``, if an operator marked it lost (one GET; remembered)."""
@@ -453,6 +539,9 @@ class PartitionLog:
             raise OffsetOutOfRangeError(f"offset {offset} is outside {self.path}'s range [{start.offset}, {end}]")
         if offset == end:
             return tail_slot
+        rolled = self.segments.slot_for_offset(offset)
+        if rolled is not None:
+            return rolled
         idx = self._index.bisect_right(offset) - 1
         if idx >= 0:
             base, (slot, count) = self._index.peekitem(idx)
@@ -470,3 +559,8 @@ class PartitionLog:
             else:
                 hi = mid - 1
         return lo
+
+
+def _segment_entry(item: SegmentEntry) -> Entry:
+    slot, header, data, inlined, where = item
+    return Entry(slot, header, data, where, inlined=inlined)

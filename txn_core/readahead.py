@@ -20,6 +20,11 @@ Invariants:
   reaches full depth in a few round trips.
 * **Reads are not cancelled.** A read issued is left to finish when its result is discarded, so the
   requests a scan makes depend only on what the log holds, not on thread timing.
+* **Segments are read in spans.** Slots a segment holds (PROTOCOL.md "Segments") are known to exist: one
+  read fetches as many of them as fit in :data:`CHUNK_BYTES` (a header scan takes them from the index),
+  and such reads are issued at full depth at once, within the same byte budget. A span whose segment
+  turns out shorter than planned (its end was not known yet) hands out what it holds; the reads behind it
+  are dropped and issued again from there.
 """
 
 from __future__ import annotations
@@ -39,16 +44,23 @@ T = TypeVar("T")
 MAX_DEPTH = 64
 #: Bytes the reads in flight of one reader may hold, by the entry sizes seen so far.
 MAX_BYTES = 32 << 20
+#: Bytes one read of a segment's entries fetches at most (beyond its first entry)...
+CHUNK_BYTES = 4 << 20
+#: ...and entries: a reader starts on the first entries of a span while the next spans are read and sliced.
+SPAN_ENTRIES = 2048
+#: While handing out a span's entries, look this often whether more reads can be issued.
+REISSUE_EVERY = 256
 
 
 class _Ahead(Generic[T]):
-    """Results of ``fetch(slot)`` from a slot on, in slot order (see module doc); ``size`` weighs one."""
+    """Results of ``fetch(slot, count, max_bytes)`` (a list of one result per slot from ``slot`` on) in slot
+    order (see module doc); ``size`` weighs one result."""
 
     def __init__(
         self,
         plog: PartitionLog,
         slot: int,
-        fetch: Callable[[int], T],
+        fetch: Callable[[int, int, int], list[T]],
         header: Callable[[T], EntryHeader],
         size: Callable[[T], int],
         max_depth: int,
@@ -60,7 +72,12 @@ class _Ahead(Generic[T]):
         self._fetch, self._header, self._size = fetch, header, size
         self._next = slot  # the slot the next call returns
         self._issued = slot  # the first slot not yet asked for
-        self._inflight: deque[tuple[int, Future[T]]] = deque()
+        self._ready: deque[T] = deque()  # results of the oldest read, not yet handed out
+        self._ready_rolled = False  # they come from a segment (its index knows where they are)
+        self._inflight: deque[tuple[int, int, Future[list[T]]]] = deque()  # (first slot, slots, read)
+        #: the first slot past a read in flight whose segment index is not known yet (None: no such read);
+        #: nothing is issued beyond it until that read returns, so the next reads are planned with the index
+        self._planning: int | None = None
         self._depth = 1
         self._streak = 0
         self._avg_bytes = float(HEADER_SIZE)
@@ -73,29 +90,60 @@ class _Ahead(Generic[T]):
     def seek(self, slot: int) -> None:
         """Continue at ``slot`` (results of reads in flight for other slots are dropped)."""
         if slot != self._next:
+            self._ready.clear()
             self._inflight.clear()  # left to finish (see module doc); their results are dropped
             self._next = self._issued = slot
             self._depth, self._streak = 1, 0
 
+    def _issue(self) -> None:
+        """Issue reads up to the depth and byte budget: spans of segments at once, loose slots by depth."""
+        avg = max(self._avg_bytes, 1.0)
+        loose = min(self._depth, max(1, int(self.max_bytes // avg)))
+        if self._planning is not None and not any(s < self._planning and not f.done() for s, _n, f in self._inflight):
+            self._planning = None  # that read is done (the segment's index is known now) or was dropped
+        while len(self._inflight) < self.max_depth and self._planning is None:
+            pending = self._issued - self._next - len(self._ready)
+            if self._inflight and pending * avg >= self.max_bytes:
+                return
+            want = max(1, min(SPAN_ENTRIES, int(CHUNK_BYTES // avg)))
+            count, exact = self.plog.segments.plan(self._issued, want, CHUNK_BYTES)
+            if count == 0:
+                if len(self._inflight) >= loose:
+                    return
+                count = 1
+            self._inflight.append(
+                (self._issued, count, submit(self._fetch, self._issued, count, CHUNK_BYTES, leaf=True))
+            )
+            self._issued += count
+            if not exact:  # the segment is being opened: plan the next reads with its index
+                self._planning = self._issued
+
     def _take(self) -> T:
-        want = min(self._depth, max(1, int(self.max_bytes // max(self._avg_bytes, 1.0))))
-        while len(self._inflight) < want:
-            self._inflight.append((self._issued, submit(self._fetch, self._issued, leaf=True)))
-            self._issued += 1
-        slot, fut = self._inflight.popleft()
-        try:
-            item = fut.result()
-        except BaseException:
-            self._inflight.clear()
-            self._issued = self._next
-            self._depth, self._streak = 1, 0
-            raise
-        self.plog.remember(slot, self._header(item))
-        self._next = slot + 1
+        if not self._ready:
+            self._issue()
+            slot, count, fut = self._inflight.popleft()
+            try:
+                items = fut.result()
+            except BaseException:
+                self._inflight.clear()
+                self._issued = self._next
+                self._depth, self._streak = 1, 0
+                raise
+            if len(items) < count:  # a segment ended before the span: read on from where it ended
+                self._inflight.clear()
+                self._issued = slot + len(items)
+            self._ready.extend(items)
+            self._ready_rolled = count > 1 or self.plog.segments.plan(slot, 1, 0)[0] > 0
+            self._streak += 1
+            if self._streak >= 2:
+                self._depth = min(self.max_depth, self._depth * 2)
+        item = self._ready.popleft()
+        if len(self._ready) % REISSUE_EVERY == 0 and self._ready:
+            self._issue()  # a segment opened meanwhile: read its spans while these entries are handed out
+        if not self._ready_rolled:  # a segment's slots are found through its index, and lie below the tail
+            self.plog.remember(self._next, self._header(item))
+        self._next += 1
         self._avg_bytes += (self._size(item) - self._avg_bytes) / 8
-        self._streak += 1
-        if self._streak >= 2:
-            self._depth = min(self.max_depth, self._depth * 2)
         return item
 
 
@@ -105,7 +153,7 @@ class ReadAhead(_Ahead[Entry]):
     def __init__(
         self, plog: PartitionLog, slot: int = 0, *, max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES
     ) -> None:
-        super().__init__(plog, slot, plog.fetch_entry, lambda e: e.header, lambda e: len(e.data), max_depth, max_bytes)
+        super().__init__(plog, slot, plog.fetch_entries, lambda e: e.header, lambda e: e.nbytes, max_depth, max_bytes)
 
     def next(self) -> Entry:
         """The entry at :attr:`slot`, then advance. Raises what reading that slot raised (the position
@@ -118,7 +166,15 @@ class HeaderReadAhead(_Ahead[EntryHeader]):
     scans, the CLI's dump). A header is 128 bytes: the depth is bounded by ``max_depth`` only."""
 
     def __init__(self, plog: PartitionLog, slot: int = 0, *, max_depth: int = MAX_DEPTH) -> None:
-        super().__init__(plog, slot, plog.fetch_header, lambda h: h, lambda h: HEADER_SIZE, max_depth, MAX_BYTES)
+        super().__init__(
+            plog,
+            slot,
+            lambda s, n, _b: plog.fetch_headers(s, n),
+            lambda h: h,
+            lambda h: HEADER_SIZE,
+            max_depth,
+            MAX_BYTES,
+        )
 
     def next(self, slot: int) -> EntryHeader:
         """The header at ``slot`` (read ahead of it when ``slot`` continues the previous call)."""

@@ -294,15 +294,14 @@ class PartitionState:
         if header.kind is EntryKind.LOST:
             return Disposition.LOST
         buffer = self.buffer
-        if header.txn is not None:
-            aborted = buffer.aborted.get(header.txn)
-            if aborted is not None and header.base_offset > aborted.marker_offset:
-                return Disposition.ABORTED  # a zombie write after the abort marker, as apply() classed it
+        aborted = buffer.aborted.get(header.txn) if header.txn is not None else None
+        if aborted is not None and header.base_offset > aborted.marker_offset:
+            return Disposition.ABORTED  # a zombie write after the abort marker, as apply() classed it
         if buffer.skips.covers(header.base_offset):
             return Disposition.SKIP
         if header.txn is None:
             return Disposition.DATA
-        if header.txn in buffer.aborted:
+        if aborted is not None:  # one lookup of the aborted index per entry (a history read makes many)
             return Disposition.ABORTED
         return Disposition.TXN_DATA
 
@@ -410,7 +409,8 @@ class PartitionReader:
                 self.state.apply(buffer.slot, header, HEADER_SIZE + header.payload_len, lost)
             self._cursor = buffer.slot
         else:
-            self._cursor = self.log.slot_for_offset(offset)
+            # the log start needs no tail search (a fresh reader of a partition's history)
+            self._cursor = start.slot if offset == start.offset else self.log.slot_for_offset(offset)
 
     def wants_data(self) -> bool:
         """Whether the window is empty and no error is pending (a :meth:`fill` would read)."""
@@ -478,7 +478,7 @@ class PartitionReader:
                 else None
             )
             self._window.append(_Slot(self._cursor, header, keep, disposition, entry.lost))
-            self._window_size += len(entry.data) if keep is not None else 0
+            self._window_size += entry.nbytes if keep is not None else 0
             self._cursor += 1
             read = True
         self.state.maybe_snapshot()
@@ -581,7 +581,7 @@ class PartitionReader:
     def _pop(self) -> None:
         item = self._window.popleft()
         if item.entry is not None:
-            self._window_size -= len(item.entry.data)
+            self._window_size -= item.entry.nbytes
 
     def lag_info(self) -> tuple[int, int]:
         """(read bound, log end) as of now."""

@@ -3,7 +3,9 @@
 The hot path of every reader: decode an entry's Arrow IPC payload zero-copy, slice it to the wanted
 offsets, and append ``_topic``, ``_partition``, ``_offset`` and ``_timestamp`` built with numpy, never
 with a Python object per row. ``DATA_REF`` entries are resolved here: the referenced staged object is
-read and verified against the size, checksum and row count the reference records.
+read and verified against the size, checksum and row count the reference records; an entry read from a
+segment has them inlined (PROTOCOL.md "Segments"), and a loose reference whose staged object is gone
+because its slot was rolled is re-read from the segment.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ import pyarrow as pa
 from txn_core.entry import EntryKind, decode_arrow, decode_header, decode_json, verify_payload
 from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
 from txn_core.partition import Entry
+from txn_core.segment import Inlined
 from txn_core.storage.base import Storage
 
+#: The ``_timestamp`` type (made once: building a time-zone-aware type costs more than a column of one row).
+TIMESTAMP = pa.timestamp("ms", tz="UTC")
 METADATA_FIELDS = [
     pa.field("_topic", pa.string(), nullable=False),
     pa.field("_partition", pa.int32(), nullable=False),
     pa.field("_offset", pa.int64(), nullable=False),
-    pa.field("_timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+    pa.field("_timestamp", TIMESTAMP, nullable=False),
 ]
 
 
@@ -62,7 +67,7 @@ class MetadataColumns:
     :func:`buildable_metadata_field` holds: the columns are then built in those types, never cast.
     """
 
-    __slots__ = ("_partition", "_per_ms", "_timestamp_type", "_topic", "fields", "partition", "topic")
+    __slots__ = ("_partition", "_per_ms", "_schemas", "_timestamp_type", "_topic", "fields", "partition", "topic")
 
     def __init__(self, topic: str, partition: int, fields: Sequence[pa.Field] = METADATA_FIELDS) -> None:
         if [f.name for f in fields] != [f.name for f in METADATA_FIELDS] or not all(
@@ -76,6 +81,7 @@ class MetadataColumns:
         self._per_ms = _PER_MS[self._timestamp_type.unit]
         self._topic = constant_string(topic, 0)
         self._partition = pa.array(np.empty(0, dtype=np.int32))
+        self._schemas: tuple[pa.Schema, pa.Schema] | None = None  # the last schema and its with metadata
 
     def _grow(self, n: int) -> None:
         size = max(n, 2 * len(self._topic), 1024)
@@ -94,8 +100,10 @@ class MetadataColumns:
 
     def add(self, batch: pa.RecordBatch, first_offset: int, timestamp_ms: int) -> pa.RecordBatch:
         cols = self.columns(batch.num_rows, first_offset, timestamp_ms)
-        schema = with_metadata_schema(batch.schema, self.fields)
-        return pa.RecordBatch.from_arrays([*batch.columns, *cols], schema=schema)
+        cached = self._schemas
+        if cached is None or not cached[0].equals(batch.schema, check_metadata=True):
+            cached = self._schemas = (batch.schema, with_metadata_schema(batch.schema, self.fields))
+        return pa.RecordBatch.from_arrays([*batch.columns, *cols], schema=cached[1])
 
 
 def add_metadata(
@@ -114,7 +122,7 @@ def entry_table(storage: Storage, entry: Entry) -> pa.Table:
     if entry.header.kind == EntryKind.DATA:
         table = decode_arrow(payload, entry.key)
     elif entry.header.kind == EntryKind.DATA_REF:
-        table = _resolve_ref(storage, decode_json(payload, entry.key), entry.key)
+        table = _referenced_rows(storage, entry, decode_json(payload, entry.key))
     else:
         raise CorruptDataError(f"{entry.key}: a {entry.header.kind.name} entry has no records", entry.key)
     if table.num_rows != entry.header.record_count:
@@ -127,6 +135,30 @@ def entry_table(storage: Storage, entry: Entry) -> pa.Table:
 class StagedDataMissingError(CorruptDataError):
     """A DATA_REF entry's staged object does not exist. Expected only for aborted transactions, whose
     staged objects cleanup may delete (read_uncommitted readers then skip them); otherwise corruption."""
+
+
+def _referenced_rows(storage: Storage, entry: Entry, ref: dict[str, Any]) -> pa.Table:
+    """The rows of a DATA_REF: inlined by its segment, else read from its staged object (re-read from a
+    segment when the staged object is gone because the slot was rolled meanwhile)."""
+    if entry.inlined is not None:
+        return _inlined_rows(entry.inlined, entry.key)
+    try:
+        return _resolve_ref(storage, ref, entry.key)
+    except StagedDataMissingError:
+        rolled = entry.source.rolled_entry(entry.slot) if entry.source is not None else None
+        if rolled is None or rolled.inlined is None or rolled.header != entry.header:
+            raise
+        return _inlined_rows(rolled.inlined, rolled.key)
+
+
+def _inlined_rows(inlined: Inlined, key: str) -> pa.Table:
+    if inlined.data is None:
+        raise StagedDataMissingError(
+            f"{key}: the rows of this reference (an aborted transaction's, or a skipped write's) were "
+            "dropped when the partition was rolled into a segment; no read_committed reader delivers them",
+            key,
+        )
+    return decode_arrow(inlined.payload(), key)
 
 
 def _resolve_ref(storage: Storage, ref: dict[str, Any], key: str) -> pa.Table:

@@ -1,7 +1,8 @@
-"""``txnlog maintenance snapshot|compact|retention|sweep-staging|damaged|mark-lost`` (PROTOCOL.md
-"Snapshots", "Retention", "Compaction", "Staged data", "Damage"). Every one of them is safe to run at any
-time, concurrently with producers and consumers, and safe to interrupt. ``mark-lost`` is the one operator
-act among them that changes what readers deliver: it asks for ``--yes`` and is recorded in the log."""
+"""``txnlog maintenance snapshot|compact|retention|roll|sweep-staging|damaged|mark-lost`` (PROTOCOL.md
+"Snapshots", "Retention", "Segments", "Compaction", "Staged data", "Damage"). Every one of them is safe to
+run at any time, concurrently with producers and consumers, and safe to interrupt. ``mark-lost`` is the one
+operator act among them that changes what readers deliver: it asks for ``--yes`` and is recorded in the
+log."""
 
 from __future__ import annotations
 
@@ -29,16 +30,18 @@ from txn_core.cli.output import (
     print_table,
 )
 from txn_core.errors import ConfigurationError
+from txn_core.rolling import ROLL_BYTES, ROLL_ENTRIES, RollPolicy
 
 
 def register(sub: SubParsers, common: Parser) -> None:
     verbs = add_noun(
         sub,
         "maintenance",
-        help="snapshots, transaction-log compaction, retention, staging cleanup",
+        help="snapshots, transaction-log compaction, retention, rolling into segments, staging cleanup",
         description="Maintenance tasks. Each is safe to run at any time next to producers and "
         "consumers, and safe to interrupt.",
         examples="  txnlog maintenance retention /data/log --topic orders\n"
+        "  txnlog maintenance roll /data/log\n"
         "  txnlog maintenance compact /data/log\n"
         "  txnlog maintenance snapshot /data/log\n"
         "  txnlog maintenance damaged /data/log",
@@ -102,6 +105,43 @@ def register(sub: SubParsers, common: Parser) -> None:
         help="never delete entries younger than this (default: 10 minutes; protects stalled writers)",
     )
     p.set_defaults(func=retention)
+
+    p = add_verb(
+        verbs,
+        "roll",
+        parents=[common],
+        help="roll partitions' decided history into segments",
+        description="Roll each partition's fully decided entries (below the last stable offset) into "
+        "segments, one object of up to 8192 entries each, when at least --entries entries or --bytes bytes "
+        "are waiting; then delete the loose entries (and staged objects) that segments older than "
+        "--min-age-ms hold. Readers read segments and loose entries alike.",
+        examples="  txnlog maintenance roll /data/log\n"
+        "  txnlog maintenance roll /data/log --topic orders --entries 500",
+    )
+    p.add_argument("--topic", action="append", help="only this topic (repeatable; default: all)")
+    p.add_argument(
+        "--entries",
+        type=positive_int,
+        default=ROLL_ENTRIES,
+        metavar="N",
+        help=f"roll once this many entries wait (default {ROLL_ENTRIES})",
+    )
+    p.add_argument(
+        "--bytes",
+        type=positive_int,
+        default=ROLL_BYTES,
+        metavar="BYTES",
+        help=f"or once they hold this many bytes (default {ROLL_BYTES})",
+    )
+    p.add_argument(
+        "--min-age-ms",
+        type=non_negative_int,
+        default=maintenance.MIN_ENTRY_AGE_MS,
+        metavar="MS",
+        help="delete rolled entries only when their segment is older than this (default: 10 minutes; "
+        "protects readers and stalled writers)",
+    )
+    p.set_defaults(func=roll)
 
     p = add_verb(
         verbs,
@@ -262,6 +302,53 @@ def retention(args: argparse.Namespace) -> int:
     print(
         f"\ndeleted {total} entr{'y' if total == 1 else 'ies'}, {format_bytes(sum(r['bytes_deleted'] for r in rows))}"
         f" (entries younger than {format_duration(args.min_age_ms)} and data of open transactions are kept)"
+    )
+    return 0
+
+
+def roll(args: argparse.Namespace) -> int:
+    log = open_existing(args)
+    topics = [get_topic(log, t).name for t in args.topic] if args.topic else log.list_topics()
+    policy = RollPolicy(entries=args.entries, bytes=args.bytes)
+    rows: list[dict[str, Any]] = []
+    with Progress("rolling into segments", len(topics), unit="topics") as bar:
+        for topic in topics:
+            for p, r in enumerate(maintenance.roll_segments(log, topic, policy=policy, min_age_ms=args.min_age_ms)):
+                rows.append(
+                    {
+                        "topic": topic,
+                        "partition": p,
+                        "segments_created": r.segments,
+                        "entries_rolled": r.entries,
+                        "rolled_through_slot": r.chain_end,
+                        "entries_deleted": r.deleted_entries,
+                        "staged_deleted": r.deleted_staged,
+                    }
+                )
+            bar.advance()
+    if args.json:
+        print_json(rows)
+        return 0
+    print_table(
+        ["topic", "partition", "segments", "entries rolled", "rolled through slot", "loose deleted", "staged deleted"],
+        [
+            [
+                r["topic"],
+                r["partition"],
+                r["segments_created"],
+                r["entries_rolled"],
+                r["rolled_through_slot"],
+                r["entries_deleted"],
+                r["staged_deleted"],
+            ]
+            for r in rows
+        ],
+        empty="no topics to roll",
+    )
+    print(
+        f"\nrolled {sum(r['entries_rolled'] for r in rows)} entries into {sum(r['segments_created'] for r in rows)} "
+        f"segment(s); deleted {sum(r['entries_deleted'] for r in rows)} loose entries of segments older than "
+        f"{format_duration(args.min_age_ms)}"
     )
     return 0
 
