@@ -238,33 +238,28 @@ class LogView:
             if hi <= lo:
                 return None
             state = self.state(tp)
-            try:
-                rng = plan_range(
+
+            def plan(start: int) -> OffsetRange:
+                return plan_range(
                     state,
                     tp.topic,
                     tp.partition,
-                    lo,
+                    start,
                     hi,
                     self.opts.isolation,
                     min_timestamp_ms=min_timestamp_ms,
                     max_timestamp_ms=max_timestamp_ms,
                 )
+
+            try:
+                rng = plan(lo)
             except DataLossError as exc:  # retention ran between the check and the plan
                 if self.opts.fail_on_data_loss:
                     raise SourceDataLossError(data_loss_hint(str(exc))) from exc
                 lo = self.checked_start(tp, lo)
                 if hi <= lo:
                     return None
-                rng = plan_range(
-                    state,
-                    tp.topic,
-                    tp.partition,
-                    lo,
-                    hi,
-                    self.opts.isolation,
-                    min_timestamp_ms=min_timestamp_ms,
-                    max_timestamp_ms=max_timestamp_ms,
-                )
+                rng = plan(lo)
             return state.log, rng
 
         # one partition's requests never wait for another's (txn_core.parallel); results in partition order

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from fakeclock import FakeClock
+from raw_entries import append_data
 
 import txn_core
 from txn_core import cli, paths
@@ -752,7 +753,6 @@ def test_progress_bars_only_on_a_terminal() -> None:
 
 def test_transactions_abort_one_partitions_hanging_transaction(tmp_path: Path, here: Callable[..., Result]) -> None:
     """KIP-664's per-partition abort: data a transaction wrote where it never registered."""
-    from txn_core.entry import EntryKind, crc32, encode_arrow
 
     url = tmp_path / "log"
     log = txn_core.open_log(str(url))
@@ -762,16 +762,14 @@ def test_transactions_abort_one_partitions_hanging_transaction(tmp_path: Path, h
     p.begin_transaction()
     p.send("t", pa.table({"id": [1], "name": ["a"]}), partition=0)
     p.flush()
-    raw = encode_arrow([pa.record_batch({"id": [2], "name": ["b"]})], SCHEMA)
-    log.partition_log(paths.partition_log_path("t", 1)).append(
-        EntryKind.DATA,
-        [memoryview(raw)],
-        len(raw),
-        crc32(raw),
+    append_data(
+        log,
+        "t",
         1,
+        pa.record_batch({"id": [2], "name": ["b"]}),
+        SCHEMA,
         producer_id=p.producer_id,
-        producer_epoch=p.epoch,
-        base_sequence=0,
+        epoch=p.epoch,
         txn=p.transaction_id,
     )
     txn = str(p.transaction_id)

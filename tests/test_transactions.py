@@ -9,10 +9,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from fakeclock import FakeClock
+from raw_entries import append_data
 
 import txn_core
 from conftest import make_location
-from txn_core import paths
 from txn_core.coordinator.states import (
     CLIENT_TRANSITIONS,
     COORDINATOR_TRANSITIONS,
@@ -21,7 +21,6 @@ from txn_core.coordinator.states import (
     check_client_transition,
     check_coordinator_transition,
 )
-from txn_core.entry import EntryKind, crc32, encode_arrow
 from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
 from txn_core.storage import MemoryStorage, open_storage
 
@@ -191,17 +190,16 @@ def test_zombie_producer_is_fenced_after_restart(log: txn_core.Log) -> None:
     with pytest.raises(ProducerFencedError):
         zombie.begin_transaction()
     # Its late writes land (storage cannot refuse them) but are never visible.
-    zombie_raw = encode_arrow([pa.record_batch({"id": [666]})], SCHEMA)
-    log.partition_log(paths.partition_log_path("t", 0)).append(
-        EntryKind.DATA,
-        [memoryview(zombie_raw)],
-        len(zombie_raw),
-        crc32(zombie_raw),
-        1,
+    append_data(
+        log,
+        "t",
+        0,
+        pa.record_batch({"id": [666]}),
+        SCHEMA,
         producer_id=zombie.producer_id,
-        producer_epoch=zombie.epoch,
-        base_sequence=99,
+        epoch=zombie.epoch,
         txn=zombie.transaction_id,
+        base_sequence=99,
     )
     successor.begin_transaction()
     send(successor, [10])
@@ -347,18 +345,7 @@ def test_find_hanging_reports_data_the_coordinator_never_registered(log: txn_cor
     send(p, [1], partition=0)
     p.flush()
     txn = p.transaction_id
-    raw = encode_arrow([pa.record_batch({"id": [2]})], SCHEMA)
-    log.partition_log(paths.partition_log_path("t", 1)).append(
-        EntryKind.DATA,
-        [memoryview(raw)],
-        len(raw),
-        crc32(raw),
-        1,
-        producer_id=p.producer_id,
-        producer_epoch=p.epoch,
-        base_sequence=0,
-        txn=txn,
-    )
+    append_data(log, "t", 1, pa.record_batch({"id": [2]}), SCHEMA, producer_id=p.producer_id, epoch=p.epoch, txn=txn)
     p.commit_transaction()
     p.wait_for_completion()
     hanging = log.find_hanging_transactions("t")
@@ -376,16 +363,14 @@ def test_data_in_an_unregistered_partition_is_never_visible(log: txn_core.Log) -
     p.begin_transaction()
     send(p, [1], partition=0)
     p.flush()
-    raw = encode_arrow([pa.record_batch({"id": [2]})], SCHEMA)
-    log.partition_log(paths.partition_log_path("t", 1)).append(
-        EntryKind.DATA,
-        [memoryview(raw)],
-        len(raw),
-        crc32(raw),
+    append_data(
+        log,
+        "t",
         1,
+        pa.record_batch({"id": [2]}),
+        SCHEMA,
         producer_id=p.producer_id,
-        producer_epoch=p.epoch,
-        base_sequence=0,
+        epoch=p.epoch,
         txn=p.transaction_id,
     )
     prepared = log.coordinator.end(
@@ -414,17 +399,16 @@ def test_a_write_after_the_commit_marker_is_dropped_even_when_forgotten(
     p.commit_transaction()
     p.wait_for_completion()
     txn, epoch = log.coordinator.state("tx").txn, p.epoch - 1  # type: ignore[union-attr]
-    raw = encode_arrow([pa.record_batch({"id": [666]})], SCHEMA)
-    log.partition_log(paths.partition_log_path("t", 0)).append(
-        EntryKind.DATA,
-        [memoryview(raw)],
-        len(raw),
-        crc32(raw),
-        1,
+    append_data(
+        log,
+        "t",
+        0,
+        pa.record_batch({"id": [666]}),
+        SCHEMA,
         producer_id=p.producer_id,
-        producer_epoch=epoch,
-        base_sequence=-1,
+        epoch=epoch,
         txn=txn,
+        base_sequence=-1,
     )
     monkeypatch.setattr(buffer_module, "ENDED_CACHE", 0)  # the buffer forgets ended transactions at once
     assert ids(txn_core.Log(log.storage, clock=log.clock)) == [1]
@@ -447,16 +431,14 @@ def test_an_operator_can_abort_a_hanging_transaction_in_one_partition(log: txn_c
     p.begin_transaction()
     send(p, [1], partition=0)
     p.flush()
-    raw = encode_arrow([pa.record_batch({"id": [2]})], SCHEMA)
-    log.partition_log(paths.partition_log_path("t", 1)).append(
-        EntryKind.DATA,
-        [memoryview(raw)],
-        len(raw),
-        crc32(raw),
+    append_data(
+        log,
+        "t",
         1,
+        pa.record_batch({"id": [2]}),
+        SCHEMA,
         producer_id=p.producer_id,
-        producer_epoch=p.epoch,
-        base_sequence=0,
+        epoch=p.epoch,
         txn=p.transaction_id,
     )
     txn = p.transaction_id

@@ -1,0 +1,35 @@
+"""Entries appended straight to a partition log, past the producer: what a zombie's late write or a
+transaction whose partition was never registered (a hanging transaction) leaves behind."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+import txn_core
+from txn_core import paths
+from txn_core.entry import EntryKind, Payload
+from txn_core.ids import TxnId
+
+
+def append_data(
+    log: txn_core.Log,
+    topic: str,
+    partition: int,
+    batch: pa.RecordBatch,
+    schema: pa.Schema,
+    *,
+    producer_id: int,
+    epoch: int,
+    txn: TxnId | None,
+    base_sequence: int = 0,
+) -> None:
+    """One DATA entry holding ``batch``, stamped with the given producer, epoch, sequence and transaction."""
+    log.partition_log(paths.partition_log_path(topic, partition)).append_payload(
+        EntryKind.DATA,
+        Payload.of_arrow([batch], schema),
+        batch.num_rows,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        base_sequence=base_sequence,
+        txn=txn,
+    )
