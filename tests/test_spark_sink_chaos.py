@@ -4,6 +4,8 @@ An input topic receives committed and aborted transactions (some before the copi
 it runs). A streaming txnlog -> txnlog copy with ``consumerGroup`` runs as its own driver process and is
 SIGKILLed -- with its JVM and Python workers -- at random moments and at each step of the sink's commit
 protocol, then restarted on the same checkpoint. A read_committed reader polls the output all along.
+Meanwhile another process rolls the input into segments again and again, and the copy's commit worker
+rolls its output (PROTOCOL.md "Segments"): the copy reads segments and loose entries interchangeably.
 ``TXNLOG_CHAOS_SEED`` picks the kill schedule.
 
 At the end: the output is exactly the committed input (no duplicate, no aborted row, nothing lost), in
@@ -27,6 +29,8 @@ from sink_driver import kill_driver, start_driver, wait_driver
 from sink_helpers import garbage, ids, open_transactions, read_topic
 
 import txn_core
+from txn_core import maintenance, paths
+from txn_core.rolling import RollPolicy
 
 pytestmark = [pytest.mark.spark, pytest.mark.chaos]
 
@@ -155,9 +159,44 @@ def check_exactly_once(log: txn_core.Log, producer: InputProducer, group_id: str
     return {"committed": len(producer.committed), "aborted": len(producer.aborted), "output": len(got)}
 
 
+#: Rolled loose entries go this long after their segment: above the readers' listing re-check (5 s), so a
+#: reader never takes a rolled slot for the end of the log (PROTOCOL.md "Segments", "Readers").
+CHAOS_MIN_AGE_MS = 15_000
+
+
+class InputRoller(threading.Thread):
+    """Another process rolling the copy's input topic into segments again and again."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.log = txn_core.open_log(url)
+        self.stop_event = threading.Event()
+        self.segments = 0
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        policy = RollPolicy(entries=8, max_entries=64)
+        while not self.stop_event.wait(1.0):
+            try:
+                results = maintenance.roll_segments(self.log, "in", policy=policy, min_age_ms=CHAOS_MIN_AGE_MS)
+            except txn_core.TxnLogError as exc:
+                self.errors.append(repr(exc))
+                return
+            self.segments += sum(r.segments for r in results)
+
+
+def segment_count(log: txn_core.Log, topic: str) -> int:
+    return sum(
+        len(log.storage.list(paths.segments(paths.partition_log_path(topic, p))))
+        for p in range(log.topics.get(topic).partitions)
+    )
+
+
 def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_input_exactly_once(
     log: txn_core.Log, tmp_path: Path
 ) -> None:
+    """Input arrives continuously (with aborted transactions) while another process rolls it into segments;
+    the copy rolls its own output; the copier is killed at random and at every step of its commit."""
     seed = int(os.environ.get("TXNLOG_CHAOS_SEED", "20240611"))
     rng = random.Random(seed)
     log.create_topic("in", 3, SCHEMA)
@@ -166,6 +205,8 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
     stop_input = threading.Event()
     background = threading.Thread(target=producer.produce, args=(10_000, 0.25, stop_input), daemon=True)
     background.start()
+    roller = InputRoller(log.url)
+    roller.start()
     reader = ConcurrentReader(log, forbidden=set())
     reader.start()
     chk = tmp_path / "chk"
@@ -176,7 +217,13 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
         "input": "in",
         "topic": "out",
         "read": {"startingOffsets": "earliest", "maxOffsetsPerTrigger": 900},
-        "sink": {"partitions": 2, "keyColumn": "key", "consumerGroup": "copier"},
+        "sink": {
+            "partitions": 2,
+            "keyColumn": "key",
+            "consumerGroup": "copier",
+            "rollEntries": 6,
+            "rollMinAgeMs": CHAOS_MIN_AGE_MS,
+        },
     }
     # Until the final run, the copier runs continuously (a batch a second) while input keeps arriving.
     rounds = [
@@ -199,18 +246,25 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
     stop_input.set()
     background.join()
     reader.forbidden.update(producer.aborted)
+    time.sleep(CHAOS_MIN_AGE_MS / 1000)  # the last input segments become old enough to lose their loose entries
     final = start_driver(base, tmp_path / "driver-final.log")
     assert wait_driver(final, timeout=600) == 0, (tmp_path / "driver-final.log").read_text()[-3000:]
     time.sleep(1)
     reader.stop_event.set()
     reader.join(timeout=120)
+    roller.stop_event.set()
+    roller.join(timeout=120)
 
     got = ids(read_topic(log, "out"))
     check_exactly_once(log, producer, "copier")
     assert reader.violations == []
     assert sorted(reader.seen) == got and max(reader.seen.values()) == 1
+    assert roller.errors == []
+    assert roller.segments > 0 and segment_count(log, "in") > 0, "the input was rolled while the copy read it"
+    assert segment_count(log, "out") > 0, "the copy's commit worker rolled its output"
     print(
         f"\nchaos seed {seed}: {len(outcomes)} kills ({', '.join(outcomes)}), "
         f"{len(producer.committed):,} committed and {len(producer.aborted):,} aborted input rows, "
-        f"{len(got):,} output rows, the reader saw {sum(reader.seen.values()):,}"
+        f"{len(got):,} output rows, the reader saw {sum(reader.seen.values()):,}; "
+        f"segments: input {segment_count(log, 'in')}, output {segment_count(log, 'out')}"
     )
