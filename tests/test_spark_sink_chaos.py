@@ -165,7 +165,7 @@ CHAOS_MIN_AGE_MS = 15_000
 
 
 class InputRoller(threading.Thread):
-    """Another process rolling the copy's input topic into segments again and again."""
+    """A separate client (its own Log) rolling the copy's input topic into segments again and again."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
