@@ -30,7 +30,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sortedcontainers import SortedDict
 
@@ -51,6 +51,8 @@ from txn_core.segment import Inlined
 from txn_core.segments import SegmentCatalog, SegmentEntry
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
+
+T = TypeVar("T")
 
 #: A cached tail older than this is re-checked before appending (see PROTOCOL.md "Retention").
 TAIL_RECHECK_S = 60.0
@@ -396,17 +398,7 @@ class PartitionLog:
         entry marked lost; :class:`DamagedEntryError` for a damaged entry not marked lost. Damage is
         confirmed by a second read (a read can be corrupted on its way). No effect on this object's caches
         but the lost-entry records it reads, so it may run on any thread (:mod:`txn_core.readahead`)."""
-        header = self.segments.header(slot)
-        if header is not None:
-            return header
-        try:
-            return self._fetch_loose_header(slot)
-        except ObjectNotFoundError:
-            self._relist_after_miss(slot)
-            header = self.segments.header(slot)
-            if header is not None:
-                return header
-            raise
+        return self._rolled_or_loose(slot, self.segments.header, self._fetch_loose_header)
 
     def _fetch_loose_header(self, slot: int) -> EntryHeader:
         key = self.entries.key(slot)
@@ -436,8 +428,28 @@ class PartitionLog:
         """``slot``'s entry from a segment, after a fresh listing (None: no segment holds it). For a loose
         DATA_REF whose staged object is gone because the slot was rolled (PROTOCOL.md "Segments")."""
         self.segments.refresh()
+        return self._segment_entry(slot)
+
+    def _segment_entry(self, slot: int) -> Entry | None:
+        """``slot``'s entry from the segment holding it in the current listing, or None."""
         got = self.segments.read(slot, 1, 0)
         return _segment_entry(got[0]) if got else None
+
+    def _rolled_or_loose(self, slot: int, rolled: Callable[[int], T | None], loose: Callable[[int], T]) -> T:
+        """``rolled(slot)`` if a listed segment holds ``slot``, else ``loose(slot)``; a loose slot found
+        missing is looked up once more in the segments after :meth:`_relist_after_miss` (it may have been
+        rolled and deleted since the listing was taken) before the miss is raised."""
+        got = rolled(slot)
+        if got is not None:
+            return got
+        try:
+            return loose(slot)
+        except ObjectNotFoundError:
+            self._relist_after_miss(slot)
+            got = rolled(slot)
+            if got is not None:
+                return got
+            raise
 
     def _relist_after_miss(self, slot: int) -> None:
         """After ``slot`` was missing as a loose object: re-list the segments if there is no listing yet, it
@@ -453,17 +465,7 @@ class PartitionLog:
         """The whole entry at ``slot`` in one request (from a segment if one holds it), header verified and
         length checked (see :meth:`fetch_header` for damage). An entry marked lost comes with its record as
         ``lost`` and no data, with its real header when only its payload is damaged."""
-        got = self.segments.read(slot, 1, 0)
-        if got:
-            return _segment_entry(got[0])
-        try:
-            return self._fetch_loose_entry(slot)
-        except ObjectNotFoundError:
-            self._relist_after_miss(slot)
-            got = self.segments.read(slot, 1, 0)
-            if got:
-                return _segment_entry(got[0])
-            raise
+        return self._rolled_or_loose(slot, self._segment_entry, self._fetch_loose_entry)
 
     def _fetch_loose_entry(self, slot: int) -> Entry:
         try:
