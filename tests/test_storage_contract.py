@@ -22,12 +22,14 @@ from txn_core.errors import (
 )
 from txn_core.storage import MemoryStorage, Storage, create_resolving, open_storage, redact_url, self_test_storage
 from txn_core.storage.base import Chunks, DelegatingStorage
+from txn_core.storage.local import LocalStorage
 from txn_core.storage.objectstore import classify_write_error
 
 
 @pytest.fixture(
     params=[
         "local",
+        "local-named",
         "memory",
         "moto",
         "moto-fsspec",
@@ -36,9 +38,14 @@ from txn_core.storage.objectstore import classify_write_error
     ]
 )
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    """Every backend; S3 through both clients (obstore by default, s3fs with ``client='fsspec'``)."""
+    """Every backend; S3 through both clients (obstore by default, s3fs with ``client='fsspec'``); local disk
+    also through named temporary files (filesystems without ``O_TMPFILE``)."""
     backend, _, client = str(request.param).partition("-")
     location = make_location(backend, request, tmp_path)
+    if client == "named":
+        storage = LocalStorage(str(tmp_path / "log"))
+        storage._unnamed = False
+        return storage
     options = {**location.storage_options, "client": client} if client else location.storage_options
     return open_storage(location.url, options)
 

@@ -12,7 +12,8 @@ Append (any number of processes at once):
    the same payload and writer id. An unknown outcome is resolved by reading the slot back.
 
 Crash windows: a crash before the create leaves nothing; the create is atomic, so a crash during it
-leaves either the whole entry or nothing (on local disk, possibly a ``.tmp-*`` file nobody lists).
+leaves either the whole entry or nothing (on local disk without ``O_TMPFILE``, possibly a ``.tmp-*`` file nobody
+lists).
 
 Damage (PROTOCOL.md "Damage"): an entry that fails its checks on two reads in a row is damaged. Reading it
 gives the header made up from its lost-entry record when an operator marked it lost, else raises
