@@ -6,63 +6,151 @@ Start with :func:`open_log`::
     log.create_topic("orders", partitions=4, schema=pa.schema([("id", pa.int64())]))
     p = log.producer(transactional_id="copier-1")
     p.init_transactions(); p.begin_transaction(); p.send("orders", table); p.commit_transaction()
+
+Importing ``txn_core`` is cheap: the names below load their module on first use (PEP 562), so a process
+that only reads (a Spark task, the stream source's driver process) never imports the producer, the
+subscriptions or the admin API.
 """
 
-from txn_core.admin import HangingTransaction, TransactionDescription, TransactionListing
-from txn_core.apptxn import AppCommitter, AppVersion, CommitResult, GroupPosition, abort_staged, commit_staged
-from txn_core.consumer import Consumer
-from txn_core.coordinator.states import ClientState, CoordinatorState
-from txn_core.errors import (
-    CommitFailedError,
-    CommitStateUnknownError,
-    ConcurrentTransactionsError,
-    ConfigurationError,
-    CorruptDataError,
-    DamagedEntryError,
-    DataLossError,
-    GroupFencedError,
-    GroupNotFoundError,
-    InvalidNameError,
-    InvalidOffsetError,
-    InvalidTxnStateError,
-    ObjectExistsError,
-    ObjectNotFoundError,
-    OffsetOutOfRangeError,
-    OutOfOrderSequenceError,
-    ProducerClosedError,
-    ProducerFencedError,
-    RetryableStorageError,
-    SchemaMismatchError,
-    StorageContractError,
-    StorageError,
-    TopicExistsError,
-    TopicNotFoundError,
-    TransactionConflictError,
-    TransactionTimedOutError,
-    TxnLogError,
-    UnknownOutcomeError,
-    UnstableOffsetsError,
-)
-from txn_core.ids import TopicPartition, TxnId
-from txn_core.log import (
-    DamagedEntryDescription,
-    Log,
-    OngoingTransaction,
-    PartitionDescription,
-    TopicDescription,
-    open_log,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from txn_core.logs import configure_from_env
-from txn_core.producer import Producer, RecordMetadata
-from txn_core.reader import READ_COMMITTED, READ_UNCOMMITTED
-from txn_core.records import METADATA_FIELDS
-from txn_core.subscriptions import (
-    AckStatus,
-    Subscription,
-    SubscriptionConsumer,
-    SubscriptionNotFoundError,
-    SubscriptionState,
-)
+
+if TYPE_CHECKING:
+    from txn_core.admin import HangingTransaction, TransactionDescription, TransactionListing
+    from txn_core.apptxn import AppCommitter, AppVersion, CommitResult, GroupPosition, abort_staged, commit_staged
+    from txn_core.consumer import Consumer
+    from txn_core.coordinator.states import ClientState, CoordinatorState
+    from txn_core.errors import (
+        CommitFailedError,
+        CommitStateUnknownError,
+        ConcurrentTransactionsError,
+        ConfigurationError,
+        CorruptDataError,
+        DamagedEntryError,
+        DataLossError,
+        GroupFencedError,
+        GroupNotFoundError,
+        InvalidNameError,
+        InvalidOffsetError,
+        InvalidTxnStateError,
+        ObjectExistsError,
+        ObjectNotFoundError,
+        OffsetOutOfRangeError,
+        OutOfOrderSequenceError,
+        ProducerClosedError,
+        ProducerFencedError,
+        RetryableStorageError,
+        SchemaMismatchError,
+        StorageContractError,
+        StorageError,
+        TopicExistsError,
+        TopicNotFoundError,
+        TransactionConflictError,
+        TransactionTimedOutError,
+        TxnLogError,
+        UnknownOutcomeError,
+        UnstableOffsetsError,
+    )
+    from txn_core.ids import TopicPartition, TxnId
+    from txn_core.log import (
+        DamagedEntryDescription,
+        Log,
+        OngoingTransaction,
+        PartitionDescription,
+        TopicDescription,
+        open_log,
+    )
+    from txn_core.producer import Producer, RecordMetadata
+    from txn_core.reader import READ_COMMITTED, READ_UNCOMMITTED
+    from txn_core.records import METADATA_FIELDS
+    from txn_core.subscriptions import (
+        AckStatus,
+        Subscription,
+        SubscriptionConsumer,
+        SubscriptionNotFoundError,
+        SubscriptionState,
+    )
+
+#: Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "AckStatus": "txn_core.subscriptions",
+    "AppCommitter": "txn_core.apptxn",
+    "AppVersion": "txn_core.apptxn",
+    "ClientState": "txn_core.coordinator.states",
+    "CommitFailedError": "txn_core.errors",
+    "CommitResult": "txn_core.apptxn",
+    "CommitStateUnknownError": "txn_core.errors",
+    "ConcurrentTransactionsError": "txn_core.errors",
+    "ConfigurationError": "txn_core.errors",
+    "Consumer": "txn_core.consumer",
+    "CoordinatorState": "txn_core.coordinator.states",
+    "CorruptDataError": "txn_core.errors",
+    "DamagedEntryDescription": "txn_core.log",
+    "DamagedEntryError": "txn_core.errors",
+    "DataLossError": "txn_core.errors",
+    "GroupFencedError": "txn_core.errors",
+    "GroupNotFoundError": "txn_core.errors",
+    "GroupPosition": "txn_core.apptxn",
+    "HangingTransaction": "txn_core.admin",
+    "InvalidNameError": "txn_core.errors",
+    "InvalidOffsetError": "txn_core.errors",
+    "InvalidTxnStateError": "txn_core.errors",
+    "Log": "txn_core.log",
+    "METADATA_FIELDS": "txn_core.records",
+    "ObjectExistsError": "txn_core.errors",
+    "ObjectNotFoundError": "txn_core.errors",
+    "OffsetOutOfRangeError": "txn_core.errors",
+    "OngoingTransaction": "txn_core.log",
+    "OutOfOrderSequenceError": "txn_core.errors",
+    "PartitionDescription": "txn_core.log",
+    "Producer": "txn_core.producer",
+    "ProducerClosedError": "txn_core.errors",
+    "ProducerFencedError": "txn_core.errors",
+    "READ_COMMITTED": "txn_core.reader",
+    "READ_UNCOMMITTED": "txn_core.reader",
+    "RecordMetadata": "txn_core.producer",
+    "RetryableStorageError": "txn_core.errors",
+    "SchemaMismatchError": "txn_core.errors",
+    "StorageContractError": "txn_core.errors",
+    "StorageError": "txn_core.errors",
+    "Subscription": "txn_core.subscriptions",
+    "SubscriptionConsumer": "txn_core.subscriptions",
+    "SubscriptionNotFoundError": "txn_core.subscriptions",
+    "SubscriptionState": "txn_core.subscriptions",
+    "TopicDescription": "txn_core.log",
+    "TopicExistsError": "txn_core.errors",
+    "TopicNotFoundError": "txn_core.errors",
+    "TopicPartition": "txn_core.ids",
+    "TransactionConflictError": "txn_core.errors",
+    "TransactionDescription": "txn_core.admin",
+    "TransactionListing": "txn_core.admin",
+    "TransactionTimedOutError": "txn_core.errors",
+    "TxnId": "txn_core.ids",
+    "TxnLogError": "txn_core.errors",
+    "UnknownOutcomeError": "txn_core.errors",
+    "UnstableOffsetsError": "txn_core.errors",
+    "abort_staged": "txn_core.apptxn",
+    "commit_staged": "txn_core.apptxn",
+    "open_log": "txn_core.log",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'txn_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups bypass this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __version__ = "0.1.0"
 

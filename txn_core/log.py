@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from txn_core import envelope, paths
-from txn_core.admin import HangingTransaction, TransactionDescription, TransactionListing
 from txn_core.clock import Clock, system_clock
-from txn_core.consumer import Consumer
 from txn_core.coordinator.service import TransactionCoordinator
 from txn_core.coordinator.txnlog import CoordinatorViews
 from txn_core.damage import skipped_lost
@@ -25,14 +23,16 @@ from txn_core.groups import GroupStore
 from txn_core.ids import TxnId
 from txn_core.lost import list_lost
 from txn_core.partition import PartitionLog
-from txn_core.producer import DEFAULT_BATCH_BYTES, Producer
 from txn_core.reader import PartitionState
 from txn_core.storage import Storage, open_storage
 from txn_core.topics import TopicConfig, TopicMeta, TopicStore
 
 if TYPE_CHECKING:
+    from txn_core.admin import HangingTransaction, TransactionDescription, TransactionListing
+    from txn_core.consumer import Consumer
     from txn_core.damage import DamagedEntry
     from txn_core.lost import LostEntry
+    from txn_core.producer import Producer
     from txn_core.subscriptions import Subscription, SubscriptionConsumer
 
 FORMAT_VERSION = 1
@@ -309,10 +309,18 @@ class Log:
         transactional_id: str | None = None,
         *,
         transaction_timeout_ms: int = 60000,
-        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        batch_bytes: int | None = None,
     ) -> Producer:
-        """An idempotent producer, or a transactional one when ``transactional_id`` is given."""
-        return Producer(self, transactional_id, transaction_timeout_ms=transaction_timeout_ms, batch_bytes=batch_bytes)
+        """An idempotent producer, or a transactional one when ``transactional_id`` is given; ``batch_bytes``
+        (default :data:`txn_core.producer.DEFAULT_BATCH_BYTES`, 4 MiB) is what a partition buffers before a write."""
+        from txn_core.producer import DEFAULT_BATCH_BYTES, Producer
+
+        return Producer(
+            self,
+            transactional_id,
+            transaction_timeout_ms=transaction_timeout_ms,
+            batch_bytes=DEFAULT_BATCH_BYTES if batch_bytes is None else batch_bytes,
+        )
 
     def consumer(
         self,
@@ -324,6 +332,8 @@ class Log:
     ) -> Consumer:
         """A consumer (see :class:`Consumer`); ``skip_damaged`` passes damaged entries nobody marked lost,
         with a warning, instead of stopping at them (PROTOCOL.md "Damage")."""
+        from txn_core.consumer import Consumer
+
         return Consumer(
             self,
             group_id,

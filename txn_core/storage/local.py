@@ -212,7 +212,11 @@ class LocalStorage(Storage):
             os.close(fd)
 
     def read_buffer(self, key: str) -> Any:
-        """Read into memory from Arrow's allocator (reused across reads; no Python bytes object)."""
+        """Read into memory from Arrow's allocator (reused across reads; no Python bytes object).
+
+        Not memory-mapped, though a mapping would save a copy: a read error of the disk, or a file truncated
+        under a live mapping, would kill the process with SIGBUS instead of raising an error that names the
+        object."""
         import pyarrow as pa
 
         try:

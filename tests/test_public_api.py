@@ -1,0 +1,41 @@
+"""``txn_core``'s public names load lazily (PEP 562): every one resolves, and a reading process (the Spark
+source's driver process, a task) does not import the writing side."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import txn_core
+
+
+def test_every_public_name_resolves_to_what_its_module_defines() -> None:
+    assert set(txn_core._EXPORTS) == set(txn_core.__all__)
+    for name in txn_core.__all__:
+        module = sys.modules.get(txn_core._EXPORTS[name]) or __import__(txn_core._EXPORTS[name], fromlist=[name])
+        assert getattr(txn_core, name) is getattr(module, name), name
+    assert set(txn_core.__all__) <= set(dir(txn_core))
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    try:
+        txn_core.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("no AttributeError")
+
+
+def test_the_spark_source_imports_no_writer_admin_or_subscription_code() -> None:
+    """What the stream source's driver process imports to plan reads (each query starts a fresh one)."""
+    code = (
+        "import json, sys\n"
+        "import spark_txn_source.datasource, spark_txn_source.reader, spark_txn_source.stream\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('txn_core'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    loaded = set(json.loads(out.stdout))
+    assert "txn_core.reader" in loaded and "txn_core.ranges" in loaded  # the check sees what it should
+    writing = {"txn_core.producer", "txn_core.admin", "txn_core.consumer", "txn_core.subscriptions", "txn_core.apptxn"}
+    assert not loaded & writing, sorted(loaded & writing)
