@@ -123,3 +123,25 @@ def test_a_filesystem_without_o_tmpfile_falls_back_to_a_named_file(
         storage.create("d/k", [b"again"])
     storage.create("d/k2", [b"two"])
     assert sorted(os.listdir(tmp_path / "d")) == ["k", "k2"]
+
+
+def test_a_directory_removed_under_an_unnamed_create_is_recreated_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """ENOENT from ``O_TMPFILE`` means the directory went away (a concurrent cleanup), not that the filesystem
+    lacks it: this create goes through a named file, which recreates the directory; later ones stay unnamed."""
+    storage = LocalStorage(str(tmp_path))
+    storage.create("d/first", [b"x"])
+    real_open = os.open
+    refused: list[int] = []
+
+    def gone_once(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & local._O_TMPFILE == local._O_TMPFILE and not refused:
+            refused.append(flags)
+            raise FileNotFoundError(errno.ENOENT, "directory removed")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", gone_once)
+    storage.create("d/k", [b"payload"])
+    assert refused and storage.read("d/k") == b"payload"
+    assert storage._unnamed is True
+    storage.create("d/k2", [b"two"])
+    assert sorted(os.listdir(tmp_path / "d")) == ["first", "k", "k2"]

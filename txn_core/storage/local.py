@@ -30,7 +30,7 @@ TMP_PREFIX = ".tmp-"
 #: ``os.O_TMPFILE`` where the platform has it (Linux), else 0: named temporary files only.
 _O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
 #: errno values with which ``O_TMPFILE`` or its ``linkat`` says "not here": fall back to a named temporary file
-_NO_TMPFILE = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EXDEV, errno.ENOENT)
+_NO_TMPFILE = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EXDEV)
 
 
 def _open_gate() -> bool:
@@ -118,17 +118,23 @@ class LocalStorage(Storage):
                 self._ensure_dir(directory)
                 dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
             try:
-                if self._create_unnamed(key, dfd, os.path.basename(path), chunks, gate):
-                    return
+                done = self._create_unnamed(key, dfd, os.path.basename(path), chunks, gate)
             finally:
                 os.close(dfd)
-            self._unnamed = False  # this filesystem has no O_TMPFILE: named temporary files from now on
+            if done:
+                return
+            if done is False:
+                self._unnamed = False  # this filesystem has no O_TMPFILE: named temporary files from now on
         self._create_named(key, path, directory, chunks, gate)
 
-    def _create_unnamed(self, key: str, dfd: int, name: str, chunks: Chunks, gate: Callable[[], bool]) -> bool:
-        """The ``O_TMPFILE`` create; False (nothing written anywhere) when the filesystem cannot do it."""
+    def _create_unnamed(self, key: str, dfd: int, name: str, chunks: Chunks, gate: Callable[[], bool]) -> bool | None:
+        """The ``O_TMPFILE`` create: True when done; False when the filesystem cannot do it, None when the
+        directory was removed meanwhile (either way nothing was written anywhere, and the caller creates
+        through a named temporary file, which recreates the directory)."""
         try:
             fd = os.open(".", os.O_WRONLY | _O_TMPFILE, 0o644, dir_fd=dfd)
+        except FileNotFoundError:
+            return None
         except OSError as exc:
             if exc.errno in _NO_TMPFILE:
                 return False
@@ -145,6 +151,8 @@ class LocalStorage(Storage):
                 os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
             except FileExistsError as exc:
                 raise ObjectExistsError(f"{key} already exists") from exc
+            except FileNotFoundError:
+                return None
             except OSError as exc:
                 if exc.errno in _NO_TMPFILE:
                     return False
