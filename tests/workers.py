@@ -59,33 +59,51 @@ def transactional_copier(
     abort_every: int,
     start_at: float,
 ) -> dict[str, list[int]]:
-    """Run transactions of ``rows`` ids on every partition; abort every ``abort_every``-th one."""
+    """Run transactions of ``rows`` ids on every partition; abort every ``abort_every``-th one.
+
+    A transaction that outlives its timeout (a stalled store: a request waits out the client's 30 s timeout
+    before its retry) is aborted by a reader, as the protocol says; this copier then does what the error
+    tells an application to do: it counts those ids as aborted (nothing of them is visible), opens a new
+    producer and goes on. The ids of such transactions are returned under ``timed_out`` as well."""
     import txn_core
+    from txn_core.errors import TransactionTimedOutError
 
     log = txn_core.open_log(url, options)
-    p = log.producer(tid, transaction_timeout_ms=30000)
-    p.init_transactions()
+
+    def new_producer() -> Any:
+        producer = log.producer(tid, transaction_timeout_ms=30000)
+        producer.init_transactions()
+        return producer
+
+    p = new_producer()
     parts = log.topics.get(topic).partitions
     while time.time() < start_at:
         time.sleep(0.001)
     committed: list[int] = []
     aborted: list[int] = []
+    timed_out: list[int] = []
     for t in range(txns):
-        p.begin_transaction()
         ids = [worker * 10_000_000 + t * rows + i for i in range(rows)]
-        for part in range(parts):
-            chunk = [i for i in ids if i % parts == part]
-            if chunk:
-                p.send(topic, pa.table({"id": chunk, "worker": [worker] * len(chunk)}), partition=part)
-        p.flush()
-        if abort_every and t % abort_every == abort_every - 1:
-            p.abort_transaction()
+        try:
+            p.begin_transaction()
+            for part in range(parts):
+                chunk = [i for i in ids if i % parts == part]
+                if chunk:
+                    p.send(topic, pa.table({"id": chunk, "worker": [worker] * len(chunk)}), partition=part)
+            p.flush()
+            if abort_every and t % abort_every == abort_every - 1:
+                p.abort_transaction()
+                aborted.extend(ids)
+            else:
+                p.commit_transaction()
+                committed.extend(ids)
+        except TransactionTimedOutError:
             aborted.extend(ids)
-        else:
-            p.commit_transaction()
-            committed.extend(ids)
+            timed_out.extend(ids)
+            p.close(flush=False)
+            p = new_producer()
     p.close()
-    return {"committed": committed, "aborted": aborted}
+    return {"committed": committed, "aborted": aborted, "timed_out": timed_out}
 
 
 def pid() -> int:
