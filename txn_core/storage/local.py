@@ -133,12 +133,8 @@ class LocalStorage(Storage):
         through a named temporary file, which recreates the directory)."""
         try:
             fd = os.open(".", os.O_WRONLY | _O_TMPFILE, 0o644, dir_fd=dfd)
-        except FileNotFoundError:
-            return None
         except OSError as exc:
-            if exc.errno in _NO_TMPFILE:
-                return False
-            raise StorageError(f"could not create {key} under {self.root}: {exc}") from exc
+            return self._not_here(key, exc)
         try:
             try:
                 _write_all(fd, chunks)
@@ -151,16 +147,21 @@ class LocalStorage(Storage):
                 os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
             except FileExistsError as exc:
                 raise ObjectExistsError(f"{key} already exists") from exc
-            except FileNotFoundError:
-                return None
             except OSError as exc:
-                if exc.errno in _NO_TMPFILE:
-                    return False
-                raise StorageError(f"could not create {key} under {self.root}: {exc}") from exc
+                return self._not_here(key, exc)
         finally:
             os.close(fd)
         _fsync_fd(dfd)
         return True
+
+    def _not_here(self, key: str, exc: OSError) -> bool | None:
+        """What an error of ``O_TMPFILE`` or its link means: None, the directory went away; False, this
+        filesystem cannot do it; anything else is raised as the create's error."""
+        if isinstance(exc, FileNotFoundError):
+            return None
+        if exc.errno in _NO_TMPFILE:
+            return False
+        raise StorageError(f"could not create {key} under {self.root}: {exc}") from exc
 
     def _create_named(self, key: str, path: str, directory: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
         tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
