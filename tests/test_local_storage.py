@@ -145,3 +145,18 @@ def test_a_directory_removed_under_an_unnamed_create_is_recreated_once(tmp_path:
     assert storage._unnamed is True
     storage.create("d/k2", [b"two"])
     assert sorted(os.listdir(tmp_path / "d")) == ["first", "k", "k2"]
+
+
+@pytest.mark.parametrize("unnamed", [True, False])
+def test_a_directory_really_removed_after_it_was_known_is_recreated(tmp_path: Path, unnamed: bool) -> None:
+    """A cleanup removed the directory this storage already created (and remembers): the next create there
+    recreates it, whichever way the storage creates."""
+    storage = LocalStorage(str(tmp_path))
+    storage._unnamed = unnamed
+    storage.create("d/first", [b"x"])
+    os.unlink(tmp_path / "d" / "first")
+    os.rmdir(tmp_path / "d")
+    storage.create("d/k", [b"payload"])
+    assert storage.read("d/k") == b"payload"
+    assert storage._unnamed is unnamed
+    assert os.listdir(tmp_path / "d") == ["k"]
