@@ -179,16 +179,17 @@ def report(txns: int = 10_000, rtt_ms: float = 25.0) -> tuple[str, dict[str, flo
                 allowed=entries / 1000 + tail,
             )
 
-        local = f"file://{tempfile.mkdtemp()}/log"
-        write_history(local, None, txns)
-        local_objects = objects(local, None)
-        local_before = read_all(local, None)
-        local_roll_s, _ = roll(local, None)
-        local_after = read_all(local, None)
-        if (local_after.rows, local_after.ids) != (local_before.rows, local_before.ids):
-            raise AssertionError("the rolled partition reads differently on local disk")
-        lines.append(_row("local disk, loose entries", entries, local_before, None, local_objects))
-        lines.append(_row("local disk, rolled", entries, local_after, None, objects(local, None)))
+        with tempfile.TemporaryDirectory() as local_dir:
+            local = f"file://{local_dir}/log"
+            write_history(local, None, txns)
+            local_objects = objects(local, None)
+            local_before = read_all(local, None)
+            local_roll_s, _ = roll(local, None)
+            local_after = read_all(local, None)
+            if (local_after.rows, local_after.ids) != (local_before.rows, local_before.ids):
+                raise AssertionError("the rolled partition reads differently on local disk")
+            lines.append(_row("local disk, loose entries", entries, local_before, None, local_objects))
+            lines.append(_row("local disk, rolled", entries, local_after, None, objects(local, None)))
         lines.append("")
         lines.append(
             f"roll (SeaweedFS, no added latency): {result.segments} segments of up to 8192 entries, {result.entries} "

@@ -275,7 +275,8 @@ def report(rtt_ms: float = 25.0, history: int = 300, reps: int = 15) -> str:
                 got = measure_ops(url, {**slow, "client": client}, unit, server, bucket, reps)
                 for name, (rtt, req) in got.items():
                     rows[name] += [f"{rtt:.2f}", f"{req:.1f}"]
-            local = measure_ops(f"file://{tempfile.mkdtemp()}/log", None, None, None, None, reps)
+            with tempfile.TemporaryDirectory() as local_dir:
+                local = measure_ops(f"file://{local_dir}/log", None, None, None, None, reps)
             for name, (crit, total) in local.items():
                 rows[name].append(f"{crit:.1f} / {total:.1f}")
             lines += [f"| {name} | {' | '.join(cells)} |" for name, cells in rows.items()]

@@ -17,7 +17,11 @@ Each source is read as a stream with ``Trigger.AvailableNow`` into ``format("noo
 as a stream into a sink (``BATCHES`` micro-batches; the exactly-once txnlog -> txnlog copy and Spark's
 parquet -> parquet copy, as in ``tests/bench_spark_sink.py``, which also splits the copy's cost between
 source, transactions and sink). Everything runs in one SparkSession, alternating, ``TXNLOG_BENCH_ROUNDS``
-(3) times each; the tables report rows/s of the best run and ratios to the peer measured in the same run.
+(3) times each, after one read of each source that is not counted (the JVM compiles the read paths in the
+first runs: a first parquet read took 7.1 s against 2.6 s later), with the page cache's dirty pages written
+out before each round; the tables report rows/s of the best run and ratios to the peer measured in the same
+run, and each round's ratio of txnlog to its bare peer (run back to back) is printed too: on a machine whose
+speed drifts, the paired ratios show how far apart two best-of figures can fall.
 Row counts are checked; nothing is asserted about time.
 
 txnlog's modules are byte-compiled first, as ``pip install`` does: a machine that sets
@@ -199,6 +203,9 @@ def write_bare_files(log: txn_core.Log, topic: str, root: Path) -> str:
 
 
 def timed_stream(spark: Any, df: Any, checkpoint: str) -> tuple[float, int]:
+    """Seconds and rows of reading ``df`` to its end into ``noop``. The JVM collects its garbage first, so
+    a query does not pay for the one before it (each source follows another in a round)."""
+    spark.sparkContext._jvm.System.gc()
     start = time.perf_counter()
     q = df.writeStream.format("noop").option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     q.awaitTermination()
@@ -249,13 +256,24 @@ def test_bench_txnlog_source_vs_bare_python_source_and_parquet(spark: Any, tmp_p
             .load(log.url)
         )
 
+    os.sync()  # the input was just written
+    for kind, label in SOURCES.items():  # warm-up, not counted: the JVM compiles the read paths in the first run
+        elapsed, rows = timed_stream(spark, source(kind), str(tmp_path / f"ck-{kind}-warm-up"))
+        assert rows == ROWS, (kind, rows)
+        print(f"warm-up: {label}: {elapsed:.2f} s")
     best: dict[str, float] = {}
+    paired: dict[str, list[float]] = {"txnlog": [], "txnlog_nometa": []}  # each round's txnlog / bare ratio
     for r in range(ROUNDS):
+        os.sync()  # the previous round's copies wrote ~3 GB: their writeback must not land in these reads
+        times: dict[str, float] = {}
         for kind, label in SOURCES.items():
             elapsed, rows = timed_stream(spark, source(kind), str(tmp_path / f"ck-{kind}-{r}"))
             assert rows == ROWS, (kind, rows)  # every source reads every row (correctness, not time)
             best[kind] = min(best.get(kind, elapsed), elapsed)
+            times[kind] = elapsed
             print(f"round {r + 1}: {label}: {elapsed:.2f} s")
+        for kind, ratios in paired.items():
+            ratios.append(times["bare_nometa" if kind.endswith("_nometa") else "bare"] / times[kind])
         for kind, label in COPIES.items():
             name = f"{kind}{r}"
             if kind == "copy_parquet":
@@ -280,6 +298,8 @@ def test_bench_txnlog_source_vs_bare_python_source_and_parquet(spark: Any, tmp_p
         peer = "bare_nometa" if kind.endswith("_nometa") else "bare"
         vs_bare = f"{rate(kind) / rate(peer):.2f}x" if kind != "parquet" else ""
         print(f"| {label} | {rate(kind) / 1e6:.2f}M | {vs_bare} | {rate(kind) / rate('parquet'):.2f}x |")
+    for kind, ratios in paired.items():
+        print(f"{SOURCES[kind]} vs its bare peer, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}")
     print(f"\n| stream copy, {BATCHES} micro-batches | rows/s | vs parquet -> parquet |\n|---|---:|---:|")
     for kind, label in COPIES.items():
         print(f"| {label} | {rate(kind) / 1e6:.2f}M | {rate(kind) / rate('copy_parquet'):.2f}x |")

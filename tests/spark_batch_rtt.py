@@ -127,7 +127,18 @@ def run(
     from spark_txn_source.options import parse_options
     from spark_txn_source.stream import TxnLogStreamReader
 
-    tmp = root or tempfile.mkdtemp(prefix="txnlog-batch-rtt-")
+    if root is None:  # a directory of our own, removed afterwards
+        with tempfile.TemporaryDirectory(prefix="txnlog-batch-rtt-") as tmp:
+            return run(
+                rtt_s=rtt_s,
+                batches=batches,
+                rows=rows,
+                partitions=partitions,
+                root=tmp,
+                url=url,
+                storage_options=storage_options,
+            )
+    tmp = root
     simulate = url is None
     url = url or str(Path(tmp) / "log")
     storage_options = storage_options or {}
