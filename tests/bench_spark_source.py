@@ -213,6 +213,11 @@ def timed_stream(spark: Any, df: Any, checkpoint: str) -> tuple[float, int]:
     return elapsed, sum(p["numInputRows"] for p in q.recentProgress)
 
 
+def bare_peer(kind: str) -> str:
+    """The bare source a txnlog source ``kind`` is measured against (the one with the same columns)."""
+    return "bare_nometa" if kind.endswith("_nometa") else "bare"
+
+
 SOURCES = {
     "parquet": "parquet (Spark built-in)",
     "bare": "bare Python Arrow source, 4 metadata columns",
@@ -273,7 +278,7 @@ def test_bench_txnlog_source_vs_bare_python_source_and_parquet(spark: Any, tmp_p
             times[kind] = elapsed
             print(f"round {r + 1}: {label}: {elapsed:.2f} s")
         for kind, ratios in paired.items():
-            ratios.append(times["bare_nometa" if kind.endswith("_nometa") else "bare"] / times[kind])
+            ratios.append(times[bare_peer(kind)] / times[kind])
         for kind, label in COPIES.items():
             name = f"{kind}{r}"
             if kind == "copy_parquet":
@@ -295,8 +300,7 @@ def test_bench_txnlog_source_vs_bare_python_source_and_parquet(spark: Any, tmp_p
     )
     print("| source into noop | rows/s | vs bare Python source | vs parquet |\n|---|---:|---:|---:|")
     for kind, label in SOURCES.items():
-        peer = "bare_nometa" if kind.endswith("_nometa") else "bare"
-        vs_bare = f"{rate(kind) / rate(peer):.2f}x" if kind != "parquet" else ""
+        vs_bare = f"{rate(kind) / rate(bare_peer(kind)):.2f}x" if kind != "parquet" else ""
         print(f"| {label} | {rate(kind) / 1e6:.2f}M | {vs_bare} | {rate(kind) / rate('parquet'):.2f}x |")
     for kind, ratios in paired.items():
         print(f"{SOURCES[kind]} vs its bare peer, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}")

@@ -63,10 +63,11 @@ def test_two_producers_racing_on_one_transactional_id(shared_location: Any, tmp_
 @pytest.mark.chaos
 def test_many_producers_and_readers_for_longer(shared_location: Any, tmp_path: Path) -> None:
     start = time.time() + 5
+    rows = 17  # ids per transaction
     jobs = [
         (
             workers.transactional_copier,
-            (shared_location.url, shared_location.storage_options, "t", f"tx-{w}", w, 40, 17, 4, start),
+            (shared_location.url, shared_location.storage_options, "t", f"tx-{w}", w, 40, rows, 4, start),
         )
         for w in range(4)
     ]
@@ -81,7 +82,7 @@ def test_many_producers_and_readers_for_longer(shared_location: Any, tmp_path: P
     committed = {i for o in outs for i in o["committed"]}
     timed_out = {i for o in outs for i in o.get("timed_out", [])}
     if timed_out:  # a stalled store (see workers.transactional_copier): aborted, so never visible
-        print(f"{len(timed_out) // 17} transactions outlived their timeout and were aborted by a reader")
+        print(f"{len(timed_out) // rows} transactions outlived their timeout and were aborted by a reader")
     assert all(o["committed"] for o in outs), "every copier committed transactions"
     assert len(seen) == len(set(seen))
     assert set(seen) == committed
