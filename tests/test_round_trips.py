@@ -24,7 +24,9 @@ from txn_core.coordinator.service import coordinator_for
 from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
 from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
+from txn_core.ranges import available_end, plan_range
 from txn_core.readahead import ReadAhead
+from txn_core.reader import READ_COMMITTED
 from txn_core.slotlog import SlotLog
 from txn_core.snapshots import SNAPSHOT_EVERY_ENTRIES
 from txn_core.storage import MemoryStorage, ObjectStoreStorage, open_storage
@@ -222,6 +224,36 @@ def test_a_caught_up_consumer_pays_one_request_per_partition_per_poll() -> None:
     storage.keys.clear()
     assert c.poll().num_rows == 0
     assert sorted(k for k, _ in storage.keys) == ["read"] * 4, storage.keys
+
+
+def test_planning_a_read_from_the_earliest_offset_reads_no_entry() -> None:
+    """A query's first batch from ``earliest`` starts at the log start's slot, which the open already
+    knows: planning neither looks for the tail slot by slot nor bisects the partition's headers."""
+    inner = MemoryStorage(uuid.uuid4().hex)
+    _history(inner, 60)
+    path = paths.partition_log_path("t", 1)
+    txn_core.Log(inner).partition_state(path).scan_to_end()  # an earlier reader left a snapshot
+    storage = InFlight(inner, rtt_s=0)
+    state = txn_core.Log(storage).partition_state(path, shared=False)
+    start = state.log.recent_log_start().offset
+    end = available_end(state, READ_COMMITTED)
+    storage.keys.clear()
+    rng = plan_range(state, "t", 1, start, end, READ_COMMITTED)
+    assert (rng.start, rng.end, rng.start_slot) == (0, 120, 0)  # 60 data entries and their 60 markers
+    assert [k for k in storage.keys if "/log/" in k[1]] == []
+
+
+def test_the_slot_of_a_remembered_entry_costs_no_request() -> None:
+    """An offset inside an entry this process has read is found without learning the tail first."""
+    inner = MemoryStorage(uuid.uuid4().hex)
+    _history(inner, 30)
+    storage = InFlight(inner, rtt_s=0)
+    plog = txn_core.Log(storage).partition_log(paths.partition_log_path("t", 2))
+    plog.log_start()  # opened
+    header = plog.read_header(20)
+    storage.keys.clear()
+    assert plog.slot_for_offset(header.base_offset) == 20
+    assert storage.keys == []
 
 
 def test_read_ahead_returns_slots_in_order_and_raises_at_the_damaged_one() -> None:

@@ -534,22 +534,28 @@ class PartitionLog:
     def slot_for_offset(self, offset: int) -> int:
         """The slot of the entry containing ``offset`` (or the tail slot when ``offset`` is the end).
 
-        Uses known entries, else bisects slots by header reads: O(log n) small reads.
+        Costs no request when the answer is known: the log start's offset, where every read from the
+        earliest offset begins, is at the log start's slot, and remembered entries and opened segments
+        know theirs (their offsets lie below the end, so the tail is not needed to check them). Otherwise
+        the tail bounds ``offset`` and slots are bisected by header reads: O(log n) small reads.
         """
         start = self.log_start()
+        if offset == start.offset:
+            return start.slot  # the first entry present begins here (in an empty log, it is the tail)
+        if offset > start.offset:
+            rolled = self.segments.slot_for_offset(offset)
+            if rolled is not None:
+                return rolled
+            idx = self._index.bisect_right(offset) - 1
+            if idx >= 0:
+                base, (slot, count) = self._index.peekitem(idx)
+                if base <= offset < base + count:
+                    return int(slot)
         tail_slot, end = self.readable_tail()
         if offset < start.offset or offset > end:
             raise OffsetOutOfRangeError(f"offset {offset} is outside {self.path}'s range [{start.offset}, {end}]")
         if offset == end:
             return tail_slot
-        rolled = self.segments.slot_for_offset(offset)
-        if rolled is not None:
-            return rolled
-        idx = self._index.bisect_right(offset) - 1
-        if idx >= 0:
-            base, (slot, count) = self._index.peekitem(idx)
-            if base <= offset < base + count:
-                return int(slot)
         lo, hi = start.slot, tail_slot - 1  # invariant: base(lo) <= offset < next(hi)
         while lo < hi:
             mid = (lo + hi + 1) // 2
