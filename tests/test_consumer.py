@@ -88,6 +88,34 @@ def test_auto_offset_reset_latest(log: txn_core.Log) -> None:
     assert c.poll().column("id").to_pylist() == [999]
 
 
+@pytest.mark.parametrize("how", ["seek_to_end", "auto_offset_reset"])
+def test_read_committed_end_is_the_last_stable_offset(log: txn_core.Log, how: str) -> None:
+    """As Kafka's ``seekToEnd`` under read_committed: the end is the last stable offset, so the records of
+    a transaction open there, and those written after it, are read once it commits (from the log end they
+    would be passed over for good)."""
+    p = log.producer("open-txn")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [100], "name": ["in the open transaction"]}), partition=0)
+    p.flush()
+    plain = log.producer()
+    plain.send("t", pa.table({"id": [101], "name": ["after it"]}), partition=0)
+    plain.flush()
+    c = log.consumer(auto_offset_reset="latest" if how == "auto_offset_reset" else "earliest")
+    c.assign([("t", 0)])
+    if how == "seek_to_end":
+        c.seek_to_end(("t", 0))
+    assert c.position(("t", 0)) == 30  # the transaction's first offset; the log end is 32
+    assert c.poll().num_rows == 0
+    p.commit_transaction()
+    p.wait_for_markers()
+    assert c.poll().column("id").to_pylist() == [100, 101]
+    uncommitted = log.consumer(isolation_level="read_uncommitted")
+    uncommitted.assign([("t", 0)])
+    uncommitted.seek_to_end(("t", 0))
+    assert uncommitted.position(("t", 0)) == 33  # the log end, past the commit marker
+
+
 @pytest.mark.parametrize(
     ("call", "fragment"),
     [

@@ -25,6 +25,7 @@ from txn_core import paths
 from txn_core.errors import ConfigurationError, InvalidOffsetError, ProducerClosedError, TxnLogError
 from txn_core.ids import TopicPartition, validate_name
 from txn_core.parallel import parallel_map
+from txn_core.ranges import available_end
 from txn_core.reader import ISOLATION_LEVELS, PartitionReader
 from txn_core.records import with_metadata_schema
 
@@ -122,7 +123,7 @@ class Consumer:
                 elif self.auto_offset_reset == "earliest":
                     reader.seek(reader.log.log_start(refresh=True).offset)
                 else:
-                    reader.seek(reader.log.readable_end())
+                    reader.seek(available_end(state, self.isolation_level))
                 return reader
 
             # Each partition's opening (log start, snapshot, tail) is independent: overlap them.
@@ -148,8 +149,11 @@ class Consumer:
         self._deferred = None
 
     def seek_to_end(self, tp: tuple[str, int] | TopicPartition) -> None:
+        """Move to the end of what this consumer may read: under read_committed the last stable offset, as
+        Kafka's ``seekToEnd`` does (the records of a transaction still open there are read once it commits),
+        else the log end."""
         r = self._reader(_tp(tp))
-        r.seek(r.log.readable_end())
+        r.seek(available_end(r.state, self.isolation_level))
         self._deferred = None
 
     def _reader(self, tp: TopicPartition) -> PartitionReader:
