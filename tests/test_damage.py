@@ -23,7 +23,7 @@ from conftest import make_location
 from txn_core import paths
 from txn_core.coordinator.txnlog import TxnStatus
 from txn_core.entry import HEADER_SIZE, EntryKind
-from txn_core.errors import ConfigurationError, CorruptDataError, DamagedEntryError, TxnLogError
+from txn_core.errors import ConfigurationError, DamagedEntryError, TxnLogError
 from txn_core.lost import ABORT, COMMIT, UNKNOWN
 from txn_core.ranges import available_end, plan_range, read_range
 from txn_core.reader import READ_COMMITTED, READ_UNCOMMITTED
@@ -278,8 +278,14 @@ def test_a_damaged_payload_is_skipped_once_marked_lost(caplog: pytest.LogCapture
     data[-3] ^= 0xFF  # the header is intact: only the records are gone
     log.storage.delete(key)
     log.storage.create(key, [bytes(data)])
-    got, error, _ = consume(txn_core.open_log(url))
-    assert got == [0, 1] and isinstance(error, CorruptDataError) and key in str(error)
+    got, error, consumer = consume(txn_core.open_log(url))
+    # the same error as a damaged header, with the same ways out (inspecting it needs the payload check)
+    assert got == [0, 1] and isinstance(error, DamagedEntryError) and key in str(error)
+    assert "payload checksum" in str(error) and "mark-lost URL --topic t --partition 0 --slot 1" in str(error)
+    assert "damaged URL --verify-payloads" in str(error)
+    with pytest.raises(DamagedEntryError, match=key):
+        consumer.poll()
+    assert consumer.position(("t", 0)) == 2, "the position stays on the first undelivered record"
     (found,) = log.damaged_entries("t", 0, payloads=True)
     assert found.header_intact and found.kind == "DATA" and "payload checksum" in found.check
     assert log.damaged_entries("t", 0) == [], "a header scan does not read payloads"

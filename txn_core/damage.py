@@ -43,8 +43,8 @@ from txn_core.errors import (
     ObjectNotFoundError,
 )
 from txn_core.logs import get_logger
-from txn_core.lost import ABORT, COMMIT, ONGOING, UNKNOWN, LostEntry, list_lost, record_key
-from txn_core.partition import PartitionLog
+from txn_core.lost import ABORT, COMMIT, ONGOING, UNKNOWN, LostEntry, damaged_entry_error, list_lost, record_key
+from txn_core.partition import Entry, PartitionLog
 from txn_core.records import entry_table
 from txn_core.storage.base import create_resolving
 
@@ -85,6 +85,17 @@ def lost_records(
     if lost is None and skip:
         lost = _lost_with_header(plog, slot, header, exc.check or str(exc))
     return lost
+
+
+def unreadable_records(plog: PartitionLog, entry: Entry, exc: CorruptDataError) -> CorruptDataError:
+    """The error a reader raises for the records of ``entry``, whose intact header reads fine, when it may
+    not pass over them (:func:`lost_records` gave None). A loose entry's damaged payload or missing staged
+    object becomes the :class:`DamagedEntryError` a damaged header gives, which says how to restore the
+    entry or mark it lost (PROTOCOL.md "Damage"); an entry read from a segment keeps ``exc``, which names
+    the segment."""
+    if isinstance(exc, DamagedEntryError) or entry.key != plog.entries.key(entry.slot):
+        return exc
+    return damaged_entry_error(plog.path, entry.slot, exc, entry.header, payload=True)
 
 
 def _lost_with_header(plog: PartitionLog, slot: int, header: EntryHeader, check: str) -> LostEntry:

@@ -134,10 +134,11 @@ class LostEntry:
 
 
 def damaged_entry_error(
-    path: str, slot: int, exc: CorruptDataError, header: EntryHeader | None = None
+    path: str, slot: int, exc: CorruptDataError, header: EntryHeader | None = None, *, payload: bool = False
 ) -> DamagedEntryError:
     """The error for the damaged entry at ``slot`` of ``path`` (``exc`` says which check it failed): what
-    is wrong, and the two ways out."""
+    is wrong, and the two ways out. ``payload``: the header is intact and its records are not (listed by
+    ``txnlog maintenance damaged`` only with ``--verify-payloads``)."""
     key = paths.entries(path) + paths.slot_name(slot)
     check = exc.check or str(exc)
     where = paths.topic_partition_of(path)
@@ -148,7 +149,7 @@ def damaged_entry_error(
             "Restore the object from a copy, or mark its offsets lost (an operator act recorded in the log; "
             f"readers then skip them): 'txnlog maintenance mark-lost URL --topic {where[0]} --partition "
             f"{where[1]} --slot {slot} --reason TEXT --yes' (inspect it first with 'txnlog maintenance "
-            "damaged URL')."
+            f"damaged URL{' --verify-payloads' if payload else ''}')."
         )
     return DamagedEntryError(
         f"{key} is damaged: {check}. Its records cannot be read and reads stop before it. {fix}",

@@ -29,7 +29,7 @@ import pyarrow as pa
 from txn_core.buffer import Disposition, TxnBuffer
 from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.txnlog import TxnStatus
-from txn_core.damage import lost_records, skipped_lost, warn_skipped
+from txn_core.damage import lost_records, skipped_lost, unreadable_records, warn_skipped
 from txn_core.entry import HEADER_SIZE, EntryHeader, EntryKind
 from txn_core.errors import (
     CorruptDataError,
@@ -546,7 +546,10 @@ class PartitionReader:
                 if lost is None:
                     if out:
                         break  # deliver what precedes the problem; the next poll raises it
-                    raise
+                    error = unreadable_records(self.log, item.entry, exc)
+                    if error is exc:
+                        raise
+                    raise error from exc
                 self._pass_lost(lost)
                 continue
             except TxnLogError:
