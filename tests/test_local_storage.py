@@ -1,5 +1,6 @@
 """Local disk's create: an unnamed (``O_TMPFILE``) file linked into place, or a named temporary file where the
-filesystem cannot do that. Both keep the storage contract; only the first leaves nothing behind a crash."""
+filesystem cannot do that. Both keep the storage contract; only the first leaves nothing behind a crash. And
+what local disk's refusals become: errors that name the object or the path."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from txn_core.errors import ObjectExistsError
+import txn_core
+from txn_core.errors import ConfigurationError, ObjectExistsError, ObjectNotFoundError, StoragePermissionError
 from txn_core.storage import local
 from txn_core.storage.base import GateClosedError
 from txn_core.storage.local import TMP_PREFIX, LocalStorage
@@ -160,3 +162,38 @@ def test_a_directory_really_removed_after_it_was_known_is_recreated(tmp_path: Pa
     assert storage.read("d/k") == b"payload"
     assert storage._unnamed is unnamed
     assert os.listdir(tmp_path / "d") == ["k"]
+
+
+@pytest.mark.parametrize("how", ["read", "read_buffer"])
+def test_an_object_the_process_may_not_read_raises_a_permission_error_naming_it(
+    tmp_path: Path, monkeypatch: Any, how: str
+) -> None:
+    """As an object store's 403: the API and the CLI name the object and what reading a log needs (root
+    reads any file, so the refusal is injected where the object is opened)."""
+    storage = LocalStorage(str(tmp_path))
+    storage.create("topics/t/00000/log/00000000000000000006", [b"entry"])
+    real_open = os.open
+
+    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith("00000000000000000006") and flags == os.O_RDONLY:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(local.os, "open", refusing)
+    with pytest.raises(StoragePermissionError, match="cannot read topics/t/00000/log/00000000000000000006 under"):
+        getattr(storage, how)("topics/t/00000/log/00000000000000000006")
+
+
+def test_a_key_under_a_file_is_not_found(tmp_path: Path) -> None:
+    storage = LocalStorage(str(tmp_path))
+    storage.create("a/b", [b"x"])
+    with pytest.raises(ObjectNotFoundError, match="a/b/c does not exist: a file stands where a directory"):
+        storage.read("a/b/c")
+
+
+def test_a_log_path_that_is_a_file_is_refused_naming_it(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("not a log")
+    with pytest.raises(ConfigurationError, match="is a file, not a directory"):
+        txn_core.open_log(str(afile))
+    assert afile.read_text() == "not a log"

@@ -66,9 +66,10 @@ class StorageError(TxnLogError, OSError):
 
 
 class StoragePermissionError(StorageError, PermissionError):
-    """The store refused a write for want of permission: a read-only mount (EROFS), read-only
-    credentials (HTTP 403 / AccessDenied), a directory the process may not write (EACCES). Reading is
-    unaffected: readers skip the writes they only make opportunistically (snapshots) on such a store."""
+    """The store refused a request for want of permission. A write: a read-only mount (EROFS), read-only
+    credentials (HTTP 403 / AccessDenied), a directory the process may not write (EACCES); reading is
+    unaffected, as readers skip the writes they only make opportunistically (snapshots) on such a store. A
+    read: an object the process may not read (EACCES, HTTP 403), named in the message."""
 
 
 class ObjectExistsError(StorageError):

@@ -55,7 +55,13 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
             path = parts.netloc + parts.path
         if not path:
             raise ConfigurationError(f"log URL {url!r} has no path")
-        storage = LocalStorage(os.path.abspath(path), url=f"file://{os.path.abspath(path)}")
+        root = os.path.abspath(path)
+        if os.path.exists(root) and not os.path.isdir(root):
+            raise ConfigurationError(
+                f"log URL {url!r}: {root} is a file, not a directory; a log is a directory (give a new path to "
+                "create one)"
+            )
+        storage = LocalStorage(root, url=f"file://{root}")
     elif scheme == "memory":
         name = (parts.netloc + parts.path).strip("/")
         if not name:

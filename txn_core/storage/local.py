@@ -201,14 +201,26 @@ class LocalStorage(Storage):
                 os.unlink(tmp)
         _fsync_dir(directory)
 
-    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        path = self._path(key)
+    def _open_for_read(self, key: str) -> int:
+        """A file descriptor of ``key``'s object. Missing: :class:`ObjectNotFoundError` (a directory, or a
+        file where a directory of the key should be, is not an object either); not readable for want of
+        permission: :class:`StoragePermissionError` naming the object, as an object store's 403 does."""
         try:
-            fd = os.open(path, os.O_RDONLY)
+            return os.open(self._path(key), os.O_RDONLY)
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{key} does not exist") from exc
         except IsADirectoryError as exc:
             raise ObjectNotFoundError(f"{key} is a directory, not an object") from exc
+        except NotADirectoryError as exc:
+            raise ObjectNotFoundError(f"{key} does not exist: a file stands where a directory of it should") from exc
+        except PermissionError as exc:
+            raise StoragePermissionError(
+                f"cannot read {key} under {self.root}: {exc.strerror}; reading a log needs read permission "
+                "on every object and directory in it"
+            ) from exc
+
+    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        fd = self._open_for_read(key)
         try:
             begin = start or 0
             stop = os.fstat(fd).st_size if end is None else end
@@ -236,12 +248,7 @@ class LocalStorage(Storage):
         object."""
         import pyarrow as pa
 
-        try:
-            fd = os.open(self._path(key), os.O_RDONLY)
-        except FileNotFoundError as exc:
-            raise ObjectNotFoundError(f"{key} does not exist") from exc
-        except IsADirectoryError as exc:
-            raise ObjectNotFoundError(f"{key} is a directory, not an object") from exc
+        fd = self._open_for_read(key)
         try:
             size = os.fstat(fd).st_size
             buf = pa.allocate_buffer(size)
