@@ -227,6 +227,24 @@ def test_transactions_whose_marker_is_lost_keep_their_outcome(caplog: pytest.Log
     assert consumer.poll().column("x").to_pylist() == [1, 2, 99]
 
 
+def test_an_entry_damaged_after_a_snapshot_past_it_can_be_marked_lost(caplog: pytest.LogCaptureFixture) -> None:
+    """Bit rot meets an entry that a reader's snapshot already passed: marking it lost scans the
+    transactions open before it from an older snapshot (or the log start), not from the newer one."""
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    _two_transactions(log)
+    state = log.partition_state(PATH, shared=False)
+    state.scan_to_end()
+    state.snapshots.write(state.buffer.copy(), 0)  # at offset 7, after all five entries
+    commit_key = damage(log, 1)  # A's COMMIT marker
+    lost = log.mark_lost("t", 0, 1, reason="bit rot")
+    assert (lost.first_offset, lost.next_offset) == (2, 3)
+    assert [o for _, o in lost.outcomes] == [COMMIT], "A was open just before its lost marker"
+    caplog.set_level(logging.WARNING, logger="txnlog")
+    got, error, _ = consume(txn_core.open_log(url))
+    assert error is None and got == [1, 2, 99] and lost_warnings(caplog, commit_key)
+
+
 def test_a_transaction_whose_outcome_was_unknown_when_marked_delivers_nothing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

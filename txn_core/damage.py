@@ -343,7 +343,7 @@ def mark_lost(
                 f"slot {exc.slot} of {where}, before slot {slot}, is damaged too and not marked lost: mark the "
                 f"damaged entries in slot order (slot {exc.slot} first)"
             ) from exc
-        outcomes = _open_outcomes(log, path, slot, where)  # refuses before the seal writes anything
+        outcomes = _open_outcomes(log, path, slot, first, where)  # refuses before the seal writes anything
         nxt, sealed = _end_of(log, plog, slot, first, records, where)
     lost = LostEntry(
         path,
@@ -432,9 +432,13 @@ def _seal(log: Log, plog: PartitionLog, slot: int, end: int) -> int:
     return end
 
 
-def _open_outcomes(log: Log, path: str, slot: int, where: str) -> tuple[tuple[TxnId, str], ...]:
-    """The transactions open just before ``slot``, with their outcome in the transaction log now."""
+def _open_outcomes(log: Log, path: str, slot: int, first: int, where: str) -> tuple[tuple[TxnId, str], ...]:
+    """The transactions open just before ``slot`` (whose entry begins at offset ``first``), with their outcome
+    in the transaction log now. Scanned from a snapshot at or before ``first``: a newer one, taken before
+    the entry was damaged, holds the buffer as it stood after it."""
     state = log.partition_state(path, shared=False)
+    state.write_snapshots = False
+    state.rewind(first)
     state.scan_to_end()
     if state.buffer.slot != slot:
         damage = state.damage

@@ -85,9 +85,9 @@ class PartitionState:
             self._buffer = self._load()
         return self._buffer
 
-    def _load(self) -> TxnBuffer:
+    def _load(self, at_most: int | None = None) -> TxnBuffer:
         start = self.log.log_start()
-        buffer = self.snapshots.load_latest(self.log.path)
+        buffer = self.snapshots.load_latest(self.log.path, at_most=at_most)
         if buffer is None or buffer.position < start.offset:
             buffer = TxnBuffer(start.offset, start.slot)
             buffer.size_bytes = start.bytes_before  # size counts every entry since offset 0
@@ -100,6 +100,14 @@ class PartitionState:
     def reload(self) -> TxnBuffer:
         """Rebuild the buffer from the newest snapshot (after retention removed what it had not seen)."""
         self._buffer = self._load()
+        self.decisions.clear()
+        return self._buffer
+
+    def rewind(self, position: int) -> TxnBuffer:
+        """Rebuild the buffer from the newest snapshot at or before ``position`` (else from the log start), to
+        scan the log as it stood there: marking a damaged entry lost needs the transactions open just before
+        it, though a snapshot taken before the damage happened may lie past it."""
+        self._buffer = self._load(at_most=position)
         self.decisions.clear()
         return self._buffer
 

@@ -196,9 +196,12 @@ class SnapshotStore:
 
     # --- load -----------------------------------------------------------------------------------
 
-    def load_latest(self, where: str = "") -> TxnBuffer | None:
-        """The newest valid snapshot as a buffer, or None (then replay from the log start)."""
+    def load_latest(self, where: str = "", *, at_most: int | None = None) -> TxnBuffer | None:
+        """The newest valid snapshot (at a position of at most ``at_most`` when given) as a buffer, or None
+        (then replay from the log start)."""
         for pos in reversed(self.finals()):
+            if at_most is not None and pos > at_most:
+                continue
             try:
                 return self.load(pos, where)
             except (ObjectNotFoundError, CorruptDataError) as exc:
