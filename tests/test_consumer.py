@@ -116,6 +116,26 @@ def test_read_committed_end_is_the_last_stable_offset(log: txn_core.Log, how: st
     assert uncommitted.position(("t", 0)) == 33  # the log end, past the commit marker
 
 
+def test_committing_offsets_of_partitions_that_do_not_exist_is_refused(log: txn_core.Log) -> None:
+    c = log.consumer("g-bad")
+    with pytest.raises(ConfigurationError, match="partition 7 does not exist in topic 't'"):
+        c.commit({("t", 0): 3, ("t", 7): 1})
+    with pytest.raises(txn_core.TopicNotFoundError, match="nosuchtopic"):
+        c.commit({("nosuchtopic", 0): 1})
+    assert log.groups.committed("g-bad") == {}, "nothing of a refused commit is written"
+
+
+def test_a_committed_offset_beyond_the_log_end_names_the_group_and_the_fix(log: txn_core.Log) -> None:
+    log.consumer("g-far").commit({("t", 0): 10**9})  # not checked against the log end, as in Kafka
+    with pytest.raises(txn_core.OffsetOutOfRangeError, match=r"group 'g-far' committed offset 1000000000.*commit\("):
+        log.consumer("g-far").assign([("t", 0)])
+    fixer = log.consumer("g-far")
+    fixer.commit({("t", 0): 5})
+    again = log.consumer("g-far")
+    again.assign([("t", 0)])
+    assert again.position(("t", 0)) == 5
+
+
 @pytest.mark.parametrize(
     ("call", "fragment"),
     [

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from txn_core import paths
-from txn_core.errors import ConfigurationError, InvalidOffsetError, ProducerClosedError, TxnLogError
+from txn_core.errors import (
+    ConfigurationError,
+    DataLossError,
+    InvalidOffsetError,
+    OffsetOutOfRangeError,
+    ProducerClosedError,
+    TxnLogError,
+)
 from txn_core.ids import TopicPartition, validate_name
 from txn_core.parallel import parallel_map
 from txn_core.ranges import available_end
@@ -90,16 +97,8 @@ class Consumer:
             self._check_open()
             self._deferred = None
             tps = [_tp(t) for t in partitions]
-            schemas = []
-            metas: dict[str, TopicMeta] = {}  # one metadata refresh per topic, not per partition
-            for tp in tps:
-                meta = metas.get(tp.topic) or metas.setdefault(tp.topic, self.log.topics.get(tp.topic))
-                if not 0 <= tp.partition < meta.partitions:
-                    raise ConfigurationError(
-                        f"partition {tp.partition} does not exist in topic {tp.topic!r} "
-                        f"(partitions 0..{meta.partitions - 1})"
-                    )
-                schemas.append(meta.schema)
+            metas = self._topic_metas(tps)
+            schemas = [metas[tp.topic].schema for tp in tps]
             try:
                 unified = pa.unify_schemas(schemas) if schemas else None
                 if unified is not None and len({id(x) for x in schemas}) > 1:
@@ -119,7 +118,15 @@ class Consumer:
                 reader = PartitionReader(state, tp.topic, tp.partition, self.isolation_level, self.window_bytes)
                 c = committed.get(tp)
                 if c is not None:
-                    reader.seek(c.offset)
+                    try:
+                        reader.seek(c.offset)
+                    except (OffsetOutOfRangeError, DataLossError) as exc:
+                        raise type(exc)(
+                            f"group {self.group_id!r} committed offset {c.offset} for {tp}, which this consumer "
+                            f"cannot start from: {exc}. Commit an offset the partition has for the group (a "
+                            "consumer of the group may commit({tp: offset}) without assign()), or read with "
+                            "another group"
+                        ) from exc
                 elif self.auto_offset_reset == "earliest":
                     reader.seek(reader.log.log_start(refresh=True).offset)
                 else:
@@ -242,14 +249,32 @@ class Consumer:
     def commit(
         self, offsets: Mapping[tuple[str, int] | TopicPartition, int] | None = None, metadata: str | None = None
     ) -> None:
-        """Commit offsets for the group outside any transaction (default: current positions)."""
+        """Commit offsets for the group outside any transaction (default: current positions). Offsets given
+        must name existing topic partitions; they are not checked against the log end (Kafka does not either).
+        """
         with self._lock:
             self._check_open()
             if self.group_id is None:
                 raise ConfigurationError("commit() needs a consumer with a group_id")
             if offsets is None:
                 offsets = {tp: r.position for tp, r in self._readers.items()}
+            else:
+                self._topic_metas([_tp(t) for t in offsets])  # every partition named exists
             self.log.groups.commit(self.group_id, offsets, metadata)
+
+    def _topic_metas(self, tps: list[TopicPartition]) -> dict[str, TopicMeta]:
+        """The metadata of the topics of ``tps`` (one refresh per topic, not per partition), once every
+        partition is found to exist: :class:`ConfigurationError` names one that does not (an unknown topic
+        raises its own error)."""
+        metas: dict[str, TopicMeta] = {}
+        for tp in tps:
+            meta = metas.get(tp.topic) or metas.setdefault(tp.topic, self.log.topics.get(tp.topic))
+            if not 0 <= tp.partition < meta.partitions:
+                raise ConfigurationError(
+                    f"partition {tp.partition} does not exist in topic {tp.topic!r} "
+                    f"(partitions 0..{meta.partitions - 1})"
+                )
+        return metas
 
     def lag(self) -> dict[TopicPartition, int]:
         """Per assigned partition: records between the position and the last stable offset."""
