@@ -408,6 +408,8 @@ def test_dump_isolation_levels_control_records_ranges_and_limits(scenario: Path,
         "orders",
         "--partition",
         "1",
+        "--partition",
+        "1",  # repeated: read once
         "--from",
         "1",
         "--to",

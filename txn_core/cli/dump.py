@@ -104,7 +104,7 @@ def dump(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"--to {args.stop} is before --from {args.start}: --to is the exclusive end")
     log = open_existing(args)
     meta = get_topic(log, args.topic)
-    wanted = args.partition if args.partition else list(range(meta.partitions))
+    wanted = list(dict.fromkeys(args.partition)) if args.partition else list(range(meta.partitions))  # each once
     bad = [p for p in wanted if not 0 <= p < meta.partitions]
     if bad:
         raise ConfigurationError(
