@@ -35,7 +35,7 @@ from typing import Any
 
 from spark_txn_sink.faults import CountingStorage, Faults
 from spark_txn_sink.options import SinkOptions
-from txn_core import Producer, ProducerFencedError, TxnLogError, open_log
+from txn_core import Producer, ProducerFencedError, TransactionalIdTakenOverError, TxnLogError, open_log
 from txn_core.apptxn import AppVersion, CommitResult, GroupPosition, abort_staged, commit_staged
 from txn_core.log import Log
 from txn_core.logs import get_logger
@@ -215,6 +215,17 @@ def commit_batch(
                 },
             )
         return result
+    except TransactionalIdTakenOverError as exc:
+        _forget(opts)
+        raise TransactionalIdTakenOverError(
+            f"batch {ident.batch_id} of streaming query {ident.query_id} was not committed: its transactionalId "
+            f"{ident.transactional_id!r} was taken over by query {exc.other_run} (whose batch {exc.other_version} "
+            "is the id's last commit). A transactionalId belongs to one query at a time: stop the other query, "
+            "or give each query its own transactionalId (without the option, each query derives its own).",
+            transactional_id=ident.transactional_id,
+            other_run=exc.other_run,
+            other_version=exc.other_version,
+        ) from exc
     except ProducerFencedError as exc:
         _forget(opts)
         if opts.consumer_group is None:

@@ -133,6 +133,44 @@ def test_a_kept_producer_fenced_by_another_committer_starts_over_from_storage() 
     assert _ids(txn_core.Log(log_a.storage)) == [0, 1, 2]
 
 
+def test_a_run_whose_id_another_run_took_over_commits_nothing_and_leaves_the_other_alone() -> None:
+    """Two runs on one transactional id at once (two streaming queries given the same transactionalId):
+    the newer takes the id over with its first unit; the older then fails, even replaying a unit it had
+    committed (the progress names the other run, so the replay would commit again), and fences nobody. A
+    run the id's history does not name may take it over at any version (sequential reuse)."""
+    log = _log()
+    old, new = AppCommitter(log), AppCommitter(txn_core.Log(log.storage))
+    table = pa.table({"id": [1]}, schema=SCHEMA)
+    old.write_once(AppVersion("shared", run_id="old", version=0), "t", table, partition=0)
+    old.write_once(AppVersion("shared", run_id="old", version=1), "t", pa.table({"id": [2]}, schema=SCHEMA))
+    taken = new.write_once(AppVersion("shared", run_id="new", version=0), "t", pa.table({"id": [10]}, schema=SCHEMA))
+    assert taken.outcome == "committed", "a run's first unit may take an id over (sequential reuse)"
+    epoch = log.describe_transaction("shared").producer_epoch
+
+    with pytest.raises(txn_core.TransactionalIdTakenOverError, match="run 'new''s version 0") as refused:
+        old.write_once(AppVersion("shared", run_id="old", version=2), "t", pa.table({"id": [3]}, schema=SCHEMA))
+    assert isinstance(refused.value, txn_core.ProducerFencedError) and refused.value.other_run == "new"
+    # a replay after a crash, in a fresh process
+    with pytest.raises(txn_core.TransactionalIdTakenOverError), AppCommitter(txn_core.Log(log.storage)) as restarted:
+        restarted.write_once(AppVersion("shared", run_id="old", version=1), "t", pa.table({"id": [2]}, schema=SCHEMA))
+    unit = AppVersion("shared", run_id="old", version=2)
+    refs = stage_table(log, unit, "t", pa.table({"id": [3]}, schema=SCHEMA), partition=0)
+    assert abort_staged(log, unit, refs) == 0, "its objects wait for the sweep: commit point unknown"
+    assert log.describe_transaction("shared").producer_epoch == epoch, "the refused run fenced nobody"
+
+    again = new.write_once(AppVersion("shared", run_id="new", version=1), "t", pa.table({"id": [11]}, schema=SCHEMA))
+    assert again.outcome == "committed"
+    with AppCommitter(txn_core.Log(log.storage)) as dated:  # a new run's first unit may have any version
+        assert dated.write_once(AppVersion("shared", run_id="dated", version=20261124), "t", table).outcome == (
+            "committed"
+        )
+    with pytest.raises(txn_core.TransactionalIdTakenOverError, match="run 'dated''s version 20261124"):
+        new.write_once(AppVersion("shared", run_id="new", version=2), "t", pa.table({"id": [12]}, schema=SCHEMA))
+    old.close()
+    new.close()
+    assert _ids(txn_core.Log(log.storage)) == [1, 1, 2, 10, 11], "each unit once; nothing of the refused ones"
+
+
 def test_abort_deletes_an_uncommitted_attempt_and_leaves_a_committed_one() -> None:
     log = _log()
     unit = AppVersion("app", run_id="r", version=0)

@@ -95,6 +95,21 @@ def test_repeated_commit_of_a_batch_is_a_noop_that_deletes_only_its_own_objects(
     assert garbage(out, "out") == []
 
 
+def test_a_query_whose_transactional_id_another_query_took_over_fails_naming_it(out: txn_core.Log) -> None:
+    """Two streaming queries given one transactionalId: the newer takes it over at its first batch; the
+    older's next batch (or a replay of one it committed) fails naming the other query and commits nothing,
+    so the two cannot alternate on the id (each replay check would then miss the other's batches)."""
+    commit_batch(options(out), ident(0, "q-old"), stage(out, ident(0, "q-old"), 0, 10))
+    commit_batch(options(out), ident(1, "q-old"), stage(out, ident(1, "q-old"), 10, 20))
+    assert commit_batch(options(out), ident(0, "q-new"), stage(out, ident(0, "q-new"), 100, 110)).outcome == "committed"
+    for batch_id, (start, end) in ((2, (20, 30)), (1, (10, 20))):  # its next batch; a replay after a restart
+        with pytest.raises(txn_core.TransactionalIdTakenOverError, match="taken over by query q-new") as refused:
+            commit_batch(options(out), ident(batch_id, "q-old"), stage(out, ident(batch_id, "q-old"), start, end))
+        assert f"batch {batch_id} of streaming query q-old was not committed" in str(refused.value)
+    assert commit_batch(options(out), ident(1, "q-new"), stage(out, ident(1, "q-new"), 110, 120)).outcome == "committed"
+    assert ids(read_topic(out, "out")) == [*range(20), *range(100, 120)]
+
+
 def test_an_older_batch_id_is_also_a_noop(out: txn_core.Log) -> None:
     commit_batch(options(out), ident(0), stage(out, ident(0), 0, 10))
     commit_batch(options(out), ident(1), stage(out, ident(1), 10, 20))

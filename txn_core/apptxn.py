@@ -49,6 +49,7 @@ from txn_core.errors import (
     ObjectNotFoundError,
     ProducerFencedError,
     StorageError,
+    TransactionalIdTakenOverError,
     TxnLogError,
 )
 from txn_core.ids import TopicPartition, validate_name
@@ -66,6 +67,9 @@ logger = get_logger("txnlog.apptxn")
 #: The progress mark of applications that use the core API directly.
 APP_MARK = "txnlog-app"
 PROGRESS_VERSION = 1
+#: Runs a transactional id's progress remembers (:meth:`AppVersion.taken_over`): an earlier run beyond them
+#: counts as a new one again.
+RUN_HISTORY = 16
 MANIFEST_PREFIX = "_manifest-"
 
 Offsets = dict[tuple[str, int] | TopicPartition, int]
@@ -76,8 +80,10 @@ class AppVersion:
     """One unit of an application's work: its transactional id, the application mark its progress carries,
     and either a ``(run_id, version)`` (a replayable stream of units) or a one-shot ``write_id``.
 
-    Versions of one run must only grow; a new run (a new ``run_id``) starts its versions afresh, and a
-    replay of any unit of an earlier run of the same id is not detected (the progress names the last run).
+    Versions of one run must only grow; a new run (a new ``run_id``) starts its versions afresh, and its
+    first unit takes the id over: the runs that committed under the id before (the last
+    :data:`RUN_HISTORY`, named in the progress) may not commit under it from then on (:meth:`taken_over`),
+    since the replay check reads the last run's version only and their replays would go unseen.
     """
 
     transactional_id: str
@@ -108,8 +114,35 @@ class AppVersion:
             return False  # another run used this transactional id last: its versions are not ours
         return int(progress.get("batch_id", -1)) >= int(self.version or 0)
 
-    def progress(self, topic: str, refs: list[StagedRef], manifest: str | None) -> dict[str, Any]:
-        """The progress committed with this unit (PROTOCOL.md "Application transactions", progress table)."""
+    def taken_over(self, progress: dict[str, Any] | None) -> TransactionalIdTakenOverError | None:
+        """The error for a unit that may not commit under its transactional id: ``progress`` (the id's last
+        committed metadata, this application's) names another run, and this run committed under the id
+        before (its ``runs`` history names it). Another run then took the id over since this run's last
+        commit, and this run's replays could no longer be told from new units (the replay check reads the
+        last run's version only): committing might commit a unit twice. A run the history does not name
+        may take an id over (sequential reuse)."""
+        if self.write_id is not None or not progress or progress.get("sink") != self.app:
+            return None
+        other = progress.get("query_id")
+        if other is None or other == self.run_id or str(self.run_id) not in (progress.get("runs") or {}):
+            return None
+        version = int(progress.get("batch_id", -1))
+        return TransactionalIdTakenOverError(
+            f"transactional id {self.transactional_id!r}: run {self.run_id!r} may not commit its version "
+            f"{self.version}: the id's last commit is run {other!r}'s version {version}. Another run took the "
+            "id over since this run's last commit, and this run's replays could no longer be recognised. A "
+            "transactional id belongs to one run at a time: stop the other run, or give each its own id. "
+            "Nothing of this version was committed.",
+            transactional_id=self.transactional_id,
+            other_run=str(other),
+            other_version=version,
+        )
+
+    def progress(
+        self, topic: str, refs: list[StagedRef], manifest: str | None, previous: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The progress committed with this unit (PROTOCOL.md "Application transactions", progress table);
+        ``previous``, the id's progress before it, hands on the history of runs."""
         value: dict[str, Any] = {
             "sink": self.app,
             "version": PROGRESS_VERSION,
@@ -121,7 +154,18 @@ class AppVersion:
             value["write_id"] = self.write_id
             value["ephemeral"] = True  # a one-shot write is never replayed: its id may expire
         else:
-            value.update(query_id=self.run_id, batch_id=self.version, manifest=manifest)
+            runs = {
+                r: v
+                for r, v in ((previous or {}).get("runs") or {}).items()
+                if r != str(self.run_id) and (previous or {}).get("sink") == self.app
+            }
+            kept = dict(list(runs.items())[-(RUN_HISTORY - 1) :])  # the newest runs, in commit order
+            value.update(
+                query_id=self.run_id,
+                batch_id=self.version,
+                manifest=manifest,
+                runs={**kept, str(self.run_id): self.version},
+            )
         return value
 
 
@@ -180,6 +224,9 @@ def commit_staged(
             return _commit(log, storage, unit, refs, topic, group, offsets, before_begin, hit, *kept)
         except ProducerFencedError:  # another committer of the id ran since: start from storage alone
             pass
+    taken = _taken_over(unit, offsets, log.transaction_metadata(unit.transactional_id))
+    if taken is not None:
+        raise taken  # before fencing the run that owns the id now
     producer = log.producer(unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
     try:
         producer.init_transactions()
@@ -208,6 +255,9 @@ def _commit(
     anything of the unit is durable but its manifest when a kept producer was fenced meanwhile."""
     keep: Kept | None = None
     try:
+        taken = _taken_over(unit, offsets, previous)
+        if taken is not None:
+            raise taken  # another run committed between the check before fencing and the fencing
         if unit.committed_by(previous):
             return CommitResult("replayed", 0, 0, _cleanup_replay(storage, unit, previous, refs)), None
         if before_begin is not None:
@@ -230,7 +280,7 @@ def _commit(
             if written is not None:
                 written.result()
         hit("before_commit")
-        progress = unit.progress(topic, refs, manifest_key)
+        progress = unit.progress(topic, refs, manifest_key, previous)
         producer.commit_transaction(metadata=progress)
         hit("after_prepare")
         listing = submit(storage.list, unit.prefix)  # for the cleanup, overlapping the markers
@@ -247,6 +297,14 @@ def _commit(
             producer.close()
 
 
+def _taken_over(
+    unit: AppVersion, offsets: GroupPosition | dict[tuple[str, int], int] | None, progress: dict[str, Any] | None
+) -> TransactionalIdTakenOverError | None:
+    """:meth:`AppVersion.taken_over`, unless the unit's group offsets are fenced (a :class:`GroupPosition`):
+    the offsets fence already refuses a run that another run overtook on its group, naming the offsets."""
+    return None if isinstance(offsets, GroupPosition) else unit.taken_over(progress)
+
+
 def abort_staged(
     log: Log,
     unit: AppVersion,
@@ -259,6 +317,12 @@ def abort_staged(
     failed commit left), then delete this attempt's staged objects unless the unit turned out committed (a
     commit that raised after its commit point). Returns objects deleted."""
     storage = storage or log.storage
+    if unit.taken_over(log.transaction_metadata(unit.transactional_id)) is not None:
+        # Another run owns the id: it fenced this run (settling what it left) before committing, and fencing
+        # it back would abort its open transaction. Whether this attempt got past its commit point before
+        # the other run committed is no longer known, so nothing is deleted: the staged-data sweep removes
+        # what no committed transaction references.
+        return 0
     producer = log.producer(unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
     try:
         producer.init_transactions()

@@ -186,6 +186,17 @@ class ProducerFencedError(TxnLogError):
         self.current_epoch = current_epoch
 
 
+class TransactionalIdTakenOverError(ProducerFencedError):
+    """An application run may not commit under its transactional id: another run committed there since
+    this run's last commit (PROTOCOL.md "Application transactions"). ``other_run`` and ``other_version``
+    name that commit; nothing of this unit was committed."""
+
+    def __init__(self, message: str, *, transactional_id: str, other_run: str, other_version: int) -> None:
+        super().__init__(message, transactional_id=transactional_id)
+        self.other_run = other_run
+        self.other_version = other_version
+
+
 class TransactionTimedOutError(ProducerFencedError):
     """The transaction exceeded its timeout and was aborted by another participant."""
 
