@@ -154,18 +154,10 @@ class AppVersion:
             value["write_id"] = self.write_id
             value["ephemeral"] = True  # a one-shot write is never replayed: its id may expire
         else:
-            runs = {
-                r: v
-                for r, v in ((previous or {}).get("runs") or {}).items()
-                if r != str(self.run_id) and (previous or {}).get("sink") == self.app
-            }
-            kept = dict(list(runs.items())[-(RUN_HISTORY - 1) :])  # the newest runs, in commit order
-            value.update(
-                query_id=self.run_id,
-                batch_id=self.version,
-                manifest=manifest,
-                runs={**kept, str(self.run_id): self.version},
-            )
+            history = (previous.get("runs") if previous and previous.get("sink") == self.app else None) or {}
+            earlier = [(r, v) for r, v in history.items() if r != str(self.run_id)]  # in commit order
+            runs = {**dict(earlier[-(RUN_HISTORY - 1) :]), str(self.run_id): self.version}
+            value.update(query_id=self.run_id, batch_id=self.version, manifest=manifest, runs=runs)
         return value
 
 
