@@ -21,6 +21,7 @@ from spark_txn_source.filters import Pushed
 from spark_txn_source.options import SourceOptions
 from spark_txn_source.planning import LogView
 from spark_txn_source.reader import RangePartition, read_partition
+from txn_core.errors import ConfigurationError
 from txn_core.ids import TopicPartition
 from txn_core.logs import get_logger
 from txn_core.timeindex import MAX_CLOCK_SKEW_MS, offset_for_timestamp
@@ -46,7 +47,7 @@ class TxnLogBatchReader(DataSourceReader):
         pushed = self.pushed
         tps = [tp for tp in view.topic_partitions() if pushed.keeps(tp)]
         starts = view.starting_positions()
-        ends = self._ending(view, tps)
+        ends = self._ending(view, tps, starts)
         lo: dict[TopicPartition, int | None] = {}
         hi: dict[TopicPartition, int] = {}
         for tp in tps:
@@ -71,7 +72,11 @@ class TxnLogBatchReader(DataSourceReader):
         )
         return [RangePartition(r) for r in ranges]
 
-    def _ending(self, view: LogView, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    def _ending(
+        self, view: LogView, tps: list[TopicPartition], starts: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """Each partition's end: the available end, or ``endingOffsets`` cut back to it. An ending offset
+        before its partition's start is refused, as Spark's Kafka source does (a typo, not an empty read)."""
         available = {tp: view.available_end(tp) for tp in tps}
         if self.opts.ending != "offsets":
             for tp in tps:
@@ -79,6 +84,12 @@ class TxnLogBatchReader(DataSourceReader):
             return available
         every = view.topic_partitions(refresh=False)
         wanted = view.resolve_spec(self.opts.ending_offsets, "endingOffsets", every)
+        inverted = [f"{tp}: {starts[tp]} > {wanted[tp]}" for tp in tps if starts[tp] > wanted[tp]]
+        if inverted:
+            raise ConfigurationError(
+                "option 'endingOffsets' ends partitions before they start (startingOffsets > endingOffsets): "
+                f"{', '.join(inverted)}. Give each partition an ending offset at or after its start"
+            )
         out = {}
         for tp in tps:
             view.check_damage(tp, wanted[tp])

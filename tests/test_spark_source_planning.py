@@ -405,3 +405,20 @@ def test_a_user_schema_that_retypes_a_metadata_column_gets_it_cast(url: str) -> 
     assert batch.column("_timestamp").to_pylist() == appended_ms  # txnlog's milliseconds, cast as before
     with pytest.raises(txn_core.ConfigurationError, match="metadata fields"):
         MetadataColumns("t", 0, [*txn_core.METADATA_FIELDS[:3], pa.field("_timestamp", pa.timestamp("s", tz="UTC"))])
+
+
+def test_a_batch_read_whose_ending_offsets_come_before_its_start_is_refused(url: str) -> None:
+    """As Spark's Kafka source: an inverted range is a mistyped option, not an empty read."""
+    write(url, 0, list(range(10)))
+    write(url, 1, list(range(10)))
+    opts = {
+        "path": url,
+        "topic": "t",
+        "startingOffsets": '{"t": {"0": 8, "1": 2}}',
+        "endingOffsets": '{"t": {"0": 3, "1": 5}}',
+    }
+    with pytest.raises(txn_core.ConfigurationError, match=r"t-0: 8 > 3\. Give each partition an ending offset"):
+        make_batch_reader(opts, source_schema(opts)).partitions()
+    equal = {**opts, "startingOffsets": '{"t": {"0": 3, "1": 2}}'}  # an empty range is fine
+    reader = make_batch_reader(equal, source_schema(equal))
+    assert read_ids(reader, reader.partitions()) == [2, 3, 4]
