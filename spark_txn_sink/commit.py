@@ -218,10 +218,11 @@ def commit_batch(
     except TransactionalIdTakenOverError as exc:
         _forget(opts)
         raise TransactionalIdTakenOverError(
-            f"batch {ident.batch_id} of streaming query {ident.query_id} was not committed: its transactionalId "
-            f"{ident.transactional_id!r} was taken over by query {exc.other_run} (whose batch {exc.other_version} "
-            "is the id's last commit). A transactionalId belongs to one query at a time: stop the other query, "
-            "or give each query its own transactionalId (without the option, each query derives its own).",
+            f"batch {ident.batch_id} of {ident.query_id}: this attempt committed nothing: its transactionalId "
+            f"{ident.transactional_id!r} was taken over by {exc.other_run} (batch {exc.other_version} is the "
+            "id's last commit), so a replay could no longer be recognised. A transactionalId belongs to one "
+            "query at a time: stop the other query, or give each query its own transactionalId (without the "
+            "option, each query derives its own).",
             transactional_id=ident.transactional_id,
             other_run=exc.other_run,
             other_version=exc.other_version,
@@ -251,7 +252,14 @@ def abort_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef]) 
         kept = _take_producer(opts, ident.transactional_id)
         if kept is not None:
             kept[0].close()
-        return abort_staged(log, ident, refs, storage=storage, transaction_timeout_ms=opts.transaction_timeout_ms)
+        return abort_staged(
+            log,
+            ident,
+            refs,
+            storage=storage,
+            transaction_timeout_ms=opts.transaction_timeout_ms,
+            group_fenced=opts.consumer_group is not None,
+        )
     except BaseException:
         _forget(opts)
         raise

@@ -15,7 +15,7 @@ import pytest
 
 import txn_core
 from txn_core import paths
-from txn_core.apptxn import AppCommitter, AppVersion, abort_staged, commit_staged, stage_table
+from txn_core.apptxn import RUN_HISTORY, AppCommitter, AppVersion, abort_staged, commit_staged, stage_table
 from txn_core.staging import write_staged
 from txn_core.storage import MemoryStorage
 
@@ -169,6 +169,32 @@ def test_a_run_whose_id_another_run_took_over_commits_nothing_and_leaves_the_oth
     old.close()
     new.close()
     assert _ids(txn_core.Log(log.storage)) == [1, 1, 2, 10, 11], "each unit once; nothing of the refused ones"
+
+
+@pytest.mark.parametrize("between", ["runs", "one-shot write"])
+def test_the_run_history_keeps_the_newest_runs_whatever_their_names_and_survives_one_shot_writes(
+    between: str,
+) -> None:
+    """The history is kept in commit order (stored JSON sorts object keys: a dict would keep the runs whose
+    names sort last), and a one-shot write under the id hands it on: the run that a new run took the id
+    from is still refused its replay."""
+    log = _log()
+    table = pa.table({"id": [1]}, schema=SCHEMA)
+    with AppCommitter(log) as committer:
+        if between == "runs":
+            for n in range(RUN_HISTORY - 1):  # older runs whose names sort after the ones that matter
+                committer.write_once(AppVersion("shared", run_id=f"z{n:02d}", version=0), "t", table)
+        committer.write_once(AppVersion("shared", run_id="a", version=0), "t", table)
+        committer.write_once(AppVersion("shared", run_id="a", version=1), "t", table)
+        if between == "one-shot write":
+            committer.write_once(AppVersion("shared", write_id="w1"), "t", table)
+        committer.write_once(AppVersion("shared", run_id="b", version=0), "t", table)
+    runs = [r for r, _ in log.transaction_metadata("shared")["runs"]]  # type: ignore[index]
+    assert runs[-2:] == ["a", "b"] and len(runs) <= RUN_HISTORY
+    rows = len(_ids(log))
+    with pytest.raises(txn_core.TransactionalIdTakenOverError), AppCommitter(txn_core.Log(log.storage)) as again:
+        again.write_once(AppVersion("shared", run_id="a", version=1), "t", table)  # a replay after a crash
+    assert len(_ids(log)) == rows, "the replay committed nothing"
 
 
 def test_abort_deletes_an_uncommitted_attempt_and_leaves_a_committed_one() -> None:

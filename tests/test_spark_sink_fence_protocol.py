@@ -8,7 +8,7 @@ from sink_helpers import ids, read_topic
 from test_spark_sink_protocol import SCHEMA, options, stage
 
 import txn_core
-from spark_txn_sink.commit import BatchIdentity, GroupPosition, commit_batch
+from spark_txn_sink.commit import BatchIdentity, GroupPosition, abort_batch, commit_batch
 from spark_txn_sink.faults import InjectedFaultError
 from spark_txn_sink.writer import default_transactional_id
 
@@ -54,8 +54,11 @@ def test_a_zombie_driver_resuming_its_checkpoint_cannot_recommit_what_a_new_quer
     commit_batch(opts, b0, stage(out, b0, 10, 20), lambda url: pos(10, 20))
     commit_batch(opts, b1, stage(out, b1, 20, 30), lambda url: pos(20, 30))
     a1 = batch("qA", 1)  # the zombie's next batch starts where its batch 0 ended
+    refs = stage(out, a1, 10, 25)
     with pytest.raises(txn_core.GroupFencedError, match=r"in-0@10"):
-        commit_batch(opts, a1, stage(out, a1, 10, 25), lambda url: pos(10, 25))
+        commit_batch(opts, a1, refs, lambda url: pos(10, 25))
+    abort_batch(opts, a1, refs)  # what Spark does next: it settles the zombie's open transaction at once
+    assert out.describe_transaction(a1.transactional_id).state != "Ongoing"
     assert ids(read_topic(out, "out")) == list(range(30))
     assert committed(out) == 30
 

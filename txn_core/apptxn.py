@@ -116,33 +116,34 @@ class AppVersion:
 
     def taken_over(self, progress: dict[str, Any] | None) -> TransactionalIdTakenOverError | None:
         """The error for a unit that may not commit under its transactional id: ``progress`` (the id's last
-        committed metadata, this application's) names another run, and this run committed under the id
-        before (its ``runs`` history names it). Another run then took the id over since this run's last
-        commit, and this run's replays could no longer be told from new units (the replay check reads the
-        last run's version only): committing might commit a unit twice. A run the history does not name
-        may take an id over (sequential reuse)."""
+        committed metadata, this application's) is not this run's, and this run committed under the id
+        before (the ``runs`` history names it). Another run, or a one-shot write, then took the id over
+        since this run's last commit, and this run's replays could no longer be told from new units (the
+        replay check reads the last commit only): committing might commit a unit twice. A run the history
+        does not name may take an id over (sequential reuse)."""
         if self.write_id is not None or not progress or progress.get("sink") != self.app:
             return None
         other = progress.get("query_id")
-        if other is None or other == self.run_id or str(self.run_id) not in (progress.get("runs") or {}):
+        if other == self.run_id or str(self.run_id) not in dict(_runs(progress)):
             return None
-        version = int(progress.get("batch_id", -1))
+        last = f"run {other!r}'s version {progress.get('batch_id')}" if other is not None else "a one-shot write"
         return TransactionalIdTakenOverError(
             f"transactional id {self.transactional_id!r}: run {self.run_id!r} may not commit its version "
-            f"{self.version}: the id's last commit is run {other!r}'s version {version}. Another run took the "
-            "id over since this run's last commit, and this run's replays could no longer be recognised. A "
-            "transactional id belongs to one run at a time: stop the other run, or give each its own id. "
-            "Nothing of this version was committed.",
+            f"{self.version}: the id's last commit is {last}. The id was taken over since this run's last "
+            "commit, and this run's replays could no longer be recognised. A transactional id belongs to one "
+            "run at a time: stop the other run, or give each its own id. This attempt committed nothing "
+            "(whether the version was committed before cannot be told).",
             transactional_id=self.transactional_id,
-            other_run=str(other),
-            other_version=version,
+            other_run=str(other) if other is not None else "a one-shot write",
+            other_version=int(progress.get("batch_id", -1)),
         )
 
     def progress(
         self, topic: str, refs: list[StagedRef], manifest: str | None, previous: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """The progress committed with this unit (PROTOCOL.md "Application transactions", progress table);
-        ``previous``, the id's progress before it, hands on the history of runs."""
+        ``previous``, the id's progress before it, hands on the history of runs (a one-shot write hands it
+        on unchanged)."""
         value: dict[str, Any] = {
             "sink": self.app,
             "version": PROGRESS_VERSION,
@@ -150,15 +151,22 @@ class AppVersion:
             "rows": sum(r.rows for r in refs),
             "objects": len(refs),
         }
+        history = _runs(previous) if previous and previous.get("sink") == self.app else []
         if self.write_id is not None:
             value["write_id"] = self.write_id
             value["ephemeral"] = True  # a one-shot write is never replayed: its id may expire
+            value["runs"] = [list(pair) for pair in history]
         else:
-            history = (previous.get("runs") if previous and previous.get("sink") == self.app else None) or {}
-            earlier = [(r, v) for r, v in history.items() if r != str(self.run_id)]  # in commit order
-            runs = {**dict(earlier[-(RUN_HISTORY - 1) :]), str(self.run_id): self.version}
+            earlier = [[r, v] for r, v in history if r != str(self.run_id)]
+            runs = [*earlier[-(RUN_HISTORY - 1) :], [str(self.run_id), self.version]]
             value.update(query_id=self.run_id, batch_id=self.version, manifest=manifest, runs=runs)
         return value
+
+
+def _runs(progress: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The ``runs`` history of a progress, oldest first: ``[[run, version], ...]`` (a list, since stored JSON
+    sorts the keys of objects). Progress written before the history existed has none."""
+    return [(str(pair[0]), pair[1]) for pair in ((progress or {}).get("runs") or [])]
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,12 +312,17 @@ def abort_staged(
     *,
     storage: Storage | None = None,
     transaction_timeout_ms: int = 60_000,
+    group_fenced: bool = False,
 ) -> int:
     """The unit failed: settle the transaction state (``init_transactions`` fences and finishes whatever a
     failed commit left), then delete this attempt's staged objects unless the unit turned out committed (a
-    commit that raised after its commit point). Returns objects deleted."""
+    commit that raised after its commit point). Returns objects deleted.
+
+    A run whose id another run took over (:meth:`AppVersion.taken_over`) does neither, unless
+    ``group_fenced`` (its commits sent fenced group offsets, so the offsets fence refused it, possibly with
+    its transaction open: that one is settled as always)."""
     storage = storage or log.storage
-    if unit.taken_over(log.transaction_metadata(unit.transactional_id)) is not None:
+    if not group_fenced and unit.taken_over(log.transaction_metadata(unit.transactional_id)) is not None:
         # Another run owns the id: it fenced this run (settling what it left) before committing, and fencing
         # it back would abort its open transaction. Whether this attempt got past its commit point before
         # the other run committed is no longer known, so nothing is deleted: the staged-data sweep removes

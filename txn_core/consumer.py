@@ -120,13 +120,10 @@ class Consumer:
                 if c is not None:
                     try:
                         reader.seek(c.offset)
-                    except (OffsetOutOfRangeError, DataLossError) as exc:
-                        raise type(exc)(
-                            f"group {self.group_id!r} committed offset {c.offset} for {tp}, which this consumer "
-                            f"cannot start from: {exc}. Commit an offset the partition has for the group (a "
-                            "consumer of the group may commit({tp: offset}) without assign()), or read with "
-                            "another group"
-                        ) from exc
+                    except OffsetOutOfRangeError as exc:
+                        raise OffsetOutOfRangeError(self._unusable_offset(tp, c.offset, exc)) from exc
+                    except DataLossError as exc:
+                        raise DataLossError(self._unusable_offset(tp, c.offset, exc)) from exc
                 elif self.auto_offset_reset == "earliest":
                     reader.seek(reader.log.log_start(refresh=True).offset)
                 else:
@@ -138,6 +135,13 @@ class Consumer:
             self._order = tps
             self._next = 0
             self._schema = with_metadata_schema(unified) if unified is not None else None
+
+    def _unusable_offset(self, tp: TopicPartition, offset: int, exc: TxnLogError) -> str:
+        return (
+            f"group {self.group_id!r} committed offset {offset} for {tp}, which this consumer cannot start from: "
+            f"{exc}. Commit an offset the partition has for the group (a consumer of the group may "
+            "commit({tp: offset}) without assign()), or read with another group"
+        )
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._order)
