@@ -100,6 +100,22 @@ def test_plain_acks_advance_the_mark_delete_and_survive_a_restart(env: Any) -> N
     assert _offsets(c2.receive(100)) == [3, 4, *range(7, 20)]
 
 
+def test_a_latest_subscription_starts_at_the_last_stable_offset(env: Any) -> None:
+    """Created while a transaction is open at the log end, it delivers that transaction once it commits (the
+    log end would skip its records), and nothing written before it."""
+    log, _clock, _ = env
+    _produce(log, list(range(8)))
+    open_txn = _txn(log, "t1")
+    open_txn.send("in", pa.table({"id": [100, 101]}), partition=0)
+    open_txn.flush()
+    c = _sub(log, initial_position="latest")
+    assert c.state().mark_delete == 8
+    open_txn.commit_transaction()
+    _produce(log, [200])
+    got = c.receive(100)
+    assert got.column("id").to_pylist() == [100, 101, 200]
+
+
 def test_each_record_is_delivered_to_one_consumer_at_a_time(env: Any) -> None:
     log, _clock, _ = env
     _produce(log, list(range(50)), per_entry=3)

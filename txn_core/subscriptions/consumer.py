@@ -41,6 +41,8 @@ from txn_core import paths
 from txn_core.errors import ConfigurationError, InvalidOffsetError, ProducerClosedError
 from txn_core.ids import TxnId, validate_name
 from txn_core.partition import AppendResult
+from txn_core.ranges import available_end
+from txn_core.reader import READ_COMMITTED
 from txn_core.subscriptions import trim as trimming
 from txn_core.subscriptions.acklog import AckLog
 from txn_core.subscriptions.dispatcher import Dispatcher
@@ -79,8 +81,11 @@ def open_meta(
     if not create:
         stored = read_meta(log.storage, ref)
     else:
-        plog = log.partition_log(paths.partition_log_path(topic, partition))
-        initial = plog.log_start(refresh=True).offset if initial_position == "earliest" else plog.readable_end()
+        path = paths.partition_log_path(topic, partition)
+        if initial_position == "earliest":
+            initial = log.partition_log(path).log_start(refresh=True).offset
+        else:  # the last stable offset: a transaction open at the log end is delivered once it commits
+            initial = available_end(log.partition_state(path), READ_COMMITTED)
         stored = create_meta(log.storage, SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, log.clock()))
     if range_size is not None and stored.range_size != range_size:
         raise ConfigurationError(
