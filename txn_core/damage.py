@@ -159,7 +159,7 @@ def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False
 
     plog = log.partition_log(paths.partition_log_path(topic, partition))
     start = plog.log_start(refresh=True)
-    end = plog.entries.find_tail(start.slot)
+    end = plog.free_slot(start.slot)
     found: dict[int, DamagedEntry] = {}
     for lost in list_lost(log.storage, plog.path):
         if lost.slot >= start.slot:
@@ -173,7 +173,10 @@ def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False
         except DamagedEntryError as exc:
             found[slot] = _inspect(plog, topic, partition, slot, exc.check or str(exc), None, None)
         except ObjectNotFoundError:
-            break  # retention ran meanwhile
+            if not plog.is_hole(slot):
+                break  # retention ran meanwhile
+            hole = plog.missing_check(slot)
+            found[slot] = _inspect(plog, topic, partition, slot, hole.check or str(hole), None, None)
     if payloads:
         entries = ReadAhead(plog, start.slot, max_depth=8)
         for slot in range(start.slot, end):
@@ -185,6 +188,8 @@ def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False
                     found[slot] = _inspect(plog, topic, partition, slot, exc.check or str(exc), exc.header, None)
                 continue
             except ObjectNotFoundError:
+                if slot in found:
+                    continue  # a hole, found above
                 break
             if entry.lost is not None or slot in found or entry.header.is_control:
                 continue
@@ -206,6 +211,9 @@ def inspect(log: Log, topic: str, partition: int, slot: int) -> DamagedEntry | N
     except DamagedEntryError as exc:
         return _inspect(plog, topic, partition, slot, exc.check or str(exc), exc.header, None)
     except ObjectNotFoundError:
+        if plog.is_hole(slot):
+            hole = plog.missing_check(slot)
+            return _inspect(plog, topic, partition, slot, hole.check or str(hole), None, None)
         return None
     return None
 
@@ -319,7 +327,7 @@ def mark_lost(
     path = paths.partition_log_path(topic, partition)
     plog = log.partition_log(path)
     start = plog.log_start(refresh=True)
-    end = plog.entries.find_tail(start.slot)
+    end = plog.free_slot(start.slot)
     where = f"{topic}-{partition}"
     if not start.slot <= slot < end:
         raise ConfigurationError(f"{where} has no entry at slot {slot} (its entries are slots {start.slot}..{end - 1})")
@@ -375,6 +383,11 @@ def _damage_of(log: Log, plog: PartitionLog, slot: int, where: str) -> tuple[Ent
         entry = plog.fetch_entry(slot)
     except DamagedEntryError as exc:
         return exc.header, exc.check or str(exc)
+    except ObjectNotFoundError:
+        if not plog.is_hole(slot):
+            raise
+        hole = plog.missing_check(slot)
+        return None, hole.check or str(hole)
     if not entry.header.is_control:  # a control entry's payload is never needed to read the log
         try:
             entry_table(log.storage, entry)

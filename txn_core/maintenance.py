@@ -216,7 +216,7 @@ def sweep_staging(log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: in
         for p in range(meta.partitions):
             plog = log.partition_log(paths.partition_log_path(topic, p))
             start = plog.log_start(refresh=True)
-            tail_slot = plog.entries.find_tail(start.slot)
+            tail_slot = plog.free_slot(start.slot)
             for slot in range(start.slot, tail_slot):
                 key = plog.entries.key(slot)
                 try:
@@ -225,6 +225,9 @@ def sweep_staging(log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: in
                     if header.kind == EntryKind.DATA_REF:
                         referenced.add(str(json.loads(bytes(verify_payload(header, data, key)))["key"]))
                 except ObjectNotFoundError:
+                    if plog.is_hole(slot):  # deleted by hand or lost: it may have referenced any of them
+                        unknown.add(f"{topic}-{p:05d}-")
+                        logger.warning("%s is missing: the staged objects of %s-%d are all kept", key, topic, p)
                     continue
                 except (CorruptDataError, ValueError, KeyError) as exc:
                     unknown.add(f"{topic}-{p:05d}-")

@@ -18,7 +18,9 @@ lists).
 Damage (PROTOCOL.md "Damage"): an entry that fails its checks on two reads in a row is damaged. Reading it
 gives the header made up from its lost-entry record when an operator marked it lost, else raises
 :class:`DamagedEntryError`; a damaged entry inside the log does not hide the entries after it from the tail
-search, and a damaged *last* entry makes the log end unknown, so appends fail until it is marked lost.
+search, and a damaged *last* entry makes the log end unknown, so appends fail until it is marked lost. A
+*hole* (a loose slot missing while the next one exists) is damage too, never the log end: the tail search
+goes on past it, and a read that misses it with a later entry known raises as for any damaged entry.
 
 Slots rolled into segments (PROTOCOL.md "Segments") are read from them: :attr:`PartitionLog.segments`
 answers for the slots a segment holds, and a missing loose slot is re-checked against a fresh segment
@@ -48,6 +50,7 @@ from txn_core.errors import (
 )
 from txn_core.ids import TxnId
 from txn_core.lost import LostEntry, damaged_entry_error, read_lost
+from txn_core.parallel import parallel_map, submit
 from txn_core.segment import Inlined
 from txn_core.segments import SegmentCatalog, SegmentEntry
 from txn_core.slotlog import SlotLog
@@ -214,11 +217,19 @@ class PartitionLog:
                 return self._tail
             # The cached tail's predecessor vanished (retention ran, or it was rolled): rediscover.
         start, lower = self._loose_floor(refresh=self._tail is not None)
-        slot = self.entries.find_tail(lower)
-        if slot == start.slot:
-            self._tail = (slot, start.offset)
-        else:
-            self._tail = self._after_last_readable(slot, start)
+        seen: dict[int, bool] = {}
+        slot = self.entries.find_tail(lower, seen=seen)
+        while True:
+            # The first free slot is the tail only if the next one is free too: a slot missing below a present
+            # one is a hole (PROTOCOL.md "Damage"), and an append there would reuse the offsets of the entries
+            # after it. Where the search did not answer for the next slot, its probe overlaps the header read.
+            later = None if (slot + 1) in seen else submit(self.entries.exists, slot + 1, leaf=True)
+            tail = (slot, start.offset) if slot == start.slot else self._after_last_readable(slot, start)
+            if not (seen[slot + 1] if later is None else later.result()):
+                break
+            seen.clear()
+            slot = self.entries.find_tail(slot, seen=seen)  # past the hole (or past a racing append)
+        self._tail = tail
         self._tail_checked = now
         return self._tail
 
@@ -399,7 +410,7 @@ class PartitionLog:
         entry marked lost; :class:`DamagedEntryError` for a damaged entry not marked lost. Damage is
         confirmed by a second read (a read can be corrupted on its way). No effect on this object's caches
         but the lost-entry records it reads, so it may run on any thread (:mod:`txn_core.readahead`)."""
-        return self._rolled_or_loose(slot, self.segments.header, self._fetch_loose_header)
+        return self._rolled_or_loose(slot, self.segments.header, self._fetch_loose_header, LostEntry.header)
 
     def _fetch_loose_header(self, slot: int) -> EntryHeader:
         key = self.entries.key(slot)
@@ -436,37 +447,98 @@ class PartitionLog:
         got = self.segments.read(slot, 1, 0)
         return _segment_entry(got[0]) if got else None
 
-    def _rolled_or_loose(self, slot: int, rolled: Callable[[int], T | None], loose: Callable[[int], T]) -> T:
+    def _rolled_or_loose(
+        self,
+        slot: int,
+        rolled: Callable[[int], T | None],
+        loose: Callable[[int], T],
+        marked: Callable[[LostEntry], T],
+    ) -> T:
         """``rolled(slot)`` if a listed segment holds ``slot``, else ``loose(slot)``; a loose slot found
         missing is looked up once more in the segments after :meth:`_relist_after_miss` (it may have been
-        rolled and deleted since the listing was taken) before the miss is raised."""
+        rolled and deleted since the listing was taken) before the miss is raised. A miss that is a hole
+        (:meth:`_hole`) is damage: ``marked(record)`` when the slot was marked lost, else
+        :class:`DamagedEntryError`."""
         got = rolled(slot)
         if got is not None:
             return got
         try:
             return loose(slot)
         except ObjectNotFoundError:
-            self._relist_after_miss(slot)
+            later = self._relist_after_miss(slot)
             got = rolled(slot)
             if got is not None:
                 return got
-            raise
+            if not later:
+                raise
+        self._recheck_for_hole()
+        got = rolled(slot)
+        if got is not None:
+            return got
+        if not self._hole(slot):
+            raise ObjectNotFoundError(f"{self.entries.key(slot)} not found", self.entries.key(slot))
+        return marked(self._lost_or_raise(slot, self.missing_check(slot)))
 
-    def _relist_after_miss(self, slot: int) -> None:
+    def missing_check(self, slot: int) -> CorruptDataError:
+        """The check a hole at ``slot`` fails (see :meth:`is_hole`)."""
+        key = self.entries.key(slot)
+        check = f"missing: the object is gone although entry slot {slot + 1} exists"
+        return CorruptDataError(f"{key}: {check}", key, check)
+
+    def is_hole(self, slot: int) -> bool:
+        """Whether ``slot``, found missing, is a hole (:meth:`_hole`), asked with a fresh segment listing and
+        log start (a few requests: for callers that already know the slot lies inside the log)."""
+        self._recheck_for_hole()
+        return self.segments.header(slot) is None and self._hole(slot)
+
+    def free_slot(self, lower: int) -> int:
+        """The first free slot at or above ``lower`` that no entry follows: :meth:`SlotLog.find_tail`, on past
+        a hole it may have stopped at (see :meth:`_tail_locked`)."""
+        seen: dict[int, bool] = {}
+        slot = self.entries.find_tail(lower, seen=seen)
+        while seen[slot + 1] if (slot + 1) in seen else self.entries.exists(slot + 1):
+            seen.clear()
+            slot = self.entries.find_tail(slot, seen=seen)
+        return slot
+
+    def _relist_after_miss(self, slot: int) -> bool:
         """After ``slot`` was missing as a loose object: re-list the segments if there is no listing yet, it
         is older than LOG_START_RECHECK_S, or ``slot`` lies below a slot known to exist. A log start as old
         is re-read at the same time (the caller's next question is whether retention removed the slot), so
-        a reader polling the log end pays one round trip per LOG_START_RECHECK_S for both."""
+        a reader polling the log end pays one round trip per LOG_START_RECHECK_S for both. Returns whether
+        an entry after ``slot`` is known to exist: the cached tail lies past it, or, when the listing was
+        stale, a probe of ``slot + 1`` made beside the listing found it (so a reader stopped at a hole
+        learns of it within LOG_START_RECHECK_S, at one more request, not one more round trip)."""
         tail = self._tail
+        known = tail is not None and slot + 1 < tail[0]
         stale = not self.segments.listed_within(LOG_START_RECHECK_S)
+        probe = submit(self.entries.exists, slot + 1, leaf=True) if stale and not known else None
         if stale or (tail is not None and slot < tail[0]):
             self.segments.refresh(self.recent_log_start)
+        return known or (probe is not None and probe.result())
+
+    def _recheck_for_hole(self) -> None:
+        """Re-list the segments and re-read the log start with a listing started after a miss (a listing
+        shared with a reader whose listing began earlier could predate a roll), before a miss is called a
+        hole (one round trip, on that rare path only)."""
+        self.segments.refresh()
+        self.segments.refresh(lambda: self.log_start(refresh=True))
+
+    def _hole(self, slot: int) -> bool:
+        """Whether the missing loose ``slot`` is a hole: missing still, with the entry after it present, and
+        neither removed by retention (the log start lies at or below it) nor rolled (the caller asked the
+        fresh segment listing). A hole arises only when an object is deleted by hand or lost by the store:
+        slot ``n + 1`` is created only by a writer that read slot ``n`` (PROTOCOL.md "Damage")."""
+        if slot < self.log_start().slot:
+            return False
+        here, after = parallel_map(self.entries.exists, [slot, slot + 1], leaf=True)
+        return after and not here
 
     def fetch_entry(self, slot: int) -> Entry:
         """The whole entry at ``slot`` in one request (from a segment if one holds it), header verified and
         length checked (see :meth:`fetch_header` for damage). An entry marked lost comes with its record as
         ``lost`` and no data, with its real header when only its payload is damaged."""
-        return self._rolled_or_loose(slot, self._segment_entry, self._fetch_loose_entry)
+        return self._rolled_or_loose(slot, self._segment_entry, self._fetch_loose_entry, entry_of_lost)
 
     def _fetch_loose_entry(self, slot: int) -> Entry:
         try:
@@ -568,6 +640,11 @@ class PartitionLog:
             else:
                 hi = mid - 1
         return lo
+
+
+def entry_of_lost(lost: LostEntry) -> Entry:
+    """The entry readers see in place of one marked lost: its LOST header and no data."""
+    return Entry(lost.slot, lost.header(), b"", lost.key, lost)
 
 
 def _segment_entry(item: SegmentEntry) -> Entry:

@@ -56,7 +56,7 @@ from txn_core.errors import (
 )
 from txn_core.logs import get_logger
 from txn_core.parallel import inline_leaves
-from txn_core.partition import Entry, PartitionLog
+from txn_core.partition import Entry, PartitionLog, entry_of_lost
 from txn_core.readahead import ReadAhead
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED, PartitionState
 from txn_core.records import METADATA_FIELDS, MetadataColumns, StagedDataMissingError, entry_table
@@ -218,14 +218,15 @@ def read_range(
             with inline_leaves(inline):
                 entry = ahead.next()
         except ObjectNotFoundError:
-            slot, pos = _after_missing_entry(plog, slot, pos, end, fail_on_data_loss)
-            expected = None
-            continue
+            hole = _after_missing_entry(plog, slot, pos, end, fail_on_data_loss)
+            if isinstance(hole, tuple):
+                slot, pos = hole
+                expected = None
+                continue
+            marked = plog.lost_entry(slot)
+            entry = _damaged(plog, slot, hole, fail_on_data_loss) if marked is None else entry_of_lost(marked)
         except DamagedEntryError as exc:
-            lost = None if fail_on_data_loss else skipped_lost(plog, exc)
-            if lost is None:
-                raise
-            entry = Entry(slot, exc.header or lost.header(), b"", lost.key, lost)
+            entry = _damaged(plog, slot, exc, fail_on_data_loss)
         header = entry.header
         if (
             expected is not None and header.base_offset != expected
@@ -282,10 +283,24 @@ def _slices(
         first += n
 
 
-def _after_missing_entry(plog: PartitionLog, slot: int, pos: int, end: int, fail_on_data_loss: bool) -> tuple[int, int]:
-    """Where to continue after the entry at ``slot`` (containing ``pos``) was not found."""
+def _damaged(plog: PartitionLog, slot: int, exc: DamagedEntryError, fail_on_data_loss: bool) -> Entry:
+    """The entry a planned read passes in place of the damaged one ``exc`` names, accepting loss (what its
+    neighbours give); raises ``exc`` when it may not pass."""
+    lost = None if fail_on_data_loss else skipped_lost(plog, exc)
+    if lost is None:
+        raise exc
+    return Entry(slot, exc.header or lost.header(), b"", lost.key, lost)
+
+
+def _after_missing_entry(
+    plog: PartitionLog, slot: int, pos: int, end: int, fail_on_data_loss: bool
+) -> tuple[int, int] | DamagedEntryError:
+    """Where to continue after the entry at ``slot`` (containing ``pos``) was not found: past offsets removed
+    by retention; or, for a hole (the plan's end lies past ``pos``, so entries follow it), the damage."""
     start = plog.log_start(refresh=True)
     if start.slot <= slot:
+        if plog.is_hole(slot):
+            return plog.damaged(slot, plog.missing_check(slot))
         raise CorruptDataError(
             f"{plog.path}: entry slot {slot} (offset {pos}) is missing although the log starts at slot "
             f"{start.slot}; the partition log is damaged",

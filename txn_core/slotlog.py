@@ -38,7 +38,7 @@ class SlotLog:
     def exists(self, slot: int) -> bool:
         return self.storage.exists(self.key(slot))
 
-    def find_tail(self, lower: int, *, near: bool = False) -> int:
+    def find_tail(self, lower: int, *, near: bool = False, seen: dict[int, bool] | None = None) -> int:
         """The first absent slot at or above ``lower``, given that slots ``[lower, tail)`` all exist.
 
         Existence checks overlapped in rounds: the first round probes ``lower`` and ``lower + 2**i`` for
@@ -53,6 +53,9 @@ class SlotLog:
 
         ``near``: the caller expects the tail at ``lower`` or just above (a known version or a hint), so
         the first round probes only ``lower`` and ``lower + 1``.
+
+        ``seen``: filled with every slot probed and whether it existed (a caller checking for a hole, a
+        missing slot with a later one present, needs no second probe of a slot already answered).
         """
         present, absent = lower - 1, None
         reach = 1 if near else GALLOP
@@ -65,6 +68,8 @@ class SlotLog:
                 step = max(1, span // (SPLIT + 1))
                 probes = list(range(present + step, absent, step))[:SPLIT]
             results = list(zip(probes, parallel_map(self.exists, probes, leaf=True), strict=True))
+            if seen is not None:
+                seen.update(results)
             present = max([present] + [slot for slot, found in results if found])
             above = [slot for slot, found in results if not found and slot > present]
             if above:

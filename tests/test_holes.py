@@ -1,0 +1,123 @@
+"""A hole: an entry object deleted by hand (or lost by the store) with later entries present.
+
+Slot ``n + 1`` is only created by a writer that read slot ``n``, so a missing slot below a present one is
+damage (PROTOCOL.md "Damage"), never the log end: an appender must not write into it (its offsets would
+collide with the entries after it), and readers must stop at it naming it and the way out, as for any
+damaged entry, instead of waiting there for ever as at the log end.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from test_damage import ENTRIES, PATH, SCHEMA, build, consume, lost_warnings, ranged
+
+import txn_core
+from conftest import make_location
+from txn_core import partition
+from txn_core.errors import DamagedEntryError
+from txn_core.ranges import available_end, plan_range, read_range
+from txn_core.reader import READ_COMMITTED
+from txn_core.slotlog import SlotLog
+
+HOLE = 2  # of the ENTRIES entries test_damage.build writes: entry n holds offsets (and values) 2n, 2n + 1
+
+
+def punch(log: txn_core.Log, slot: int) -> str:
+    """Delete the entry object at ``slot`` (through the storage interface: any backend)."""
+    key = log.partition_log(PATH).entries.key(slot)
+    log.storage.delete(key)
+    return key
+
+
+@pytest.fixture(autouse=True)
+def _prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readers that know no entry past the slot they miss look again every LOG_START_RECHECK_S: at once here."""
+    monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 0.0)
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_an_appender_never_writes_into_a_hole(request: pytest.FixtureRequest, tmp_path: Path, backend: str) -> None:
+    location = make_location(backend, request, tmp_path)
+    log = location.open()
+    log.create_topic("t", 1, SCHEMA)
+    with log.producer() as producer:
+        for n in range(10):
+            producer.send("t", pa.table({"x": [2 * n, 2 * n + 1]}, schema=SCHEMA), partition=0)
+            producer.flush()
+    # The slot the tail search stops at when it is missing: the search alone would take it for the tail.
+    hole = 8
+    slots = log.partition_log(PATH).entries
+    assert SlotLog(slots.storage, slots.prefix).find_tail(0) == 10
+    punch(log, hole)
+    assert SlotLog(slots.storage, slots.prefix).find_tail(0) == hole, "the case this test is about"
+
+    fresh = location.open()
+    with fresh.producer() as producer:
+        producer.send("t", pa.table({"x": [100]}, schema=SCHEMA), partition=0)
+    plog = location.open().partition_log(PATH)
+    assert not plog.entries.exists(hole), "the hole is left as it is"
+    appended = plog.read_header(10)
+    assert appended.base_offset == plog.read_header(9).next_offset == 20, "offsets go on after the last entry"
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_readers_stop_at_a_hole_naming_it_and_the_way_out(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    location = make_location(backend, request, tmp_path)
+    build(location.open())
+    planner = location.open().partition_state(PATH, shared=False)
+    planned = plan_range(planner, "t", 0, 0, available_end(planner, READ_COMMITTED), READ_COMMITTED)
+    key = punch(location.open(), HOLE)
+    before = list(range(2 * HOLE))
+    after = [x for x in range(2 * ENTRIES) if not 2 * HOLE <= x < 2 * HOLE + 2]
+
+    got, error, _ = consume(location.open())
+    assert got == before, "what precedes the hole is delivered"
+    assert isinstance(error, DamagedEntryError) and error.key == key, error
+    assert "missing" in str(error) and "mark-lost" in str(error) and f"--slot {HOLE}" in str(error)
+
+    log = location.open()
+    part = log.describe_topic("t").partitions[0]
+    (reported,) = part.damaged_entries
+    assert (reported.slot, reported.first_offset, reported.next_offset) == (HOLE, 2 * HOLE, 2 * HOLE + 2)
+    assert part.last_stable_offset == 2 * HOLE and part.log_end_offset == 2 * ENTRIES
+    assert ranged(log) == before, "planning works up to it"
+
+    def read(fail_on_data_loss: bool) -> list[int]:  # a task of a range planned before the entry went
+        worker = txn_core.Log(location.open().storage).partition_log(PATH)
+        batches = read_range(worker, planned, fail_on_data_loss=fail_on_data_loss)
+        return [x for b in batches for x in b.column("x").to_pylist()]
+
+    with pytest.raises(DamagedEntryError, match="missing") as raised:
+        read(True)
+    assert raised.value.key == key and "mark-lost" in str(raised.value)
+    assert read(False) == after, "accepting loss skips it alone"
+
+    (found,) = location.open().damaged_entries("t", 0)
+    assert (found.slot, found.size, found.first_offset, found.next_offset) == (HOLE, None, 2 * HOLE, 2 * HOLE + 2)
+    assert found.check.startswith("missing")
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_a_hole_marked_lost_is_passed_by_every_reader(
+    request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture, backend: str
+) -> None:
+    location = make_location(backend, request, tmp_path)
+    build(location.open())
+    key = punch(location.open(), HOLE)
+    lost = location.open().mark_lost("t", 0, HOLE, reason="deleted by hand")
+    assert (lost.first_offset, lost.next_offset, lost.sealed) == (2 * HOLE, 2 * HOLE + 2, False)
+
+    caplog.set_level(logging.WARNING, logger="txnlog")
+    expected = [x for x in range(2 * ENTRIES) if not 2 * HOLE <= x < 2 * HOLE + 2]
+    got, error, _ = consume(location.open())
+    assert error is None and got == expected
+    assert lost_warnings(caplog, key), "never a silent skip"
+    assert ranged(location.open()) == expected
+    (found,) = location.open().damaged_entries("t", 0)
+    assert found.lost is not None and found.lost.reason == "deleted by hand"
