@@ -121,3 +121,15 @@ def test_a_hole_marked_lost_is_passed_by_every_reader(
     assert ranged(location.open()) == expected
     (found,) = location.open().damaged_entries("t", 0)
     assert found.lost is not None and found.lost.reason == "deleted by hand"
+
+
+def test_describe_in_a_fresh_process_reports_a_hole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``describe`` finds the tail first: its scan knows entries follow the hole without waiting for a recheck."""
+    monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 3600.0)
+    location = make_location("local", None, tmp_path)  # type: ignore[arg-type]  # local needs no fixture
+    build(location.open())
+    key = punch(location.open(), HOLE)
+    part = location.open().describe_topic("t").partitions[0]
+    (reported,) = part.damaged_entries
+    assert (reported.key, reported.first_offset, reported.next_offset) == (key, 2 * HOLE, 2 * HOLE + 2)
+    assert (part.last_stable_offset, part.log_end_offset) == (2 * HOLE, 2 * ENTRIES)

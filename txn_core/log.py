@@ -258,6 +258,7 @@ class Log:
 
     def describe_path(self, path: str, partition: int = 0) -> PartitionDescription:
         state = self.partition_state(path)
+        state.log.readable_tail(refresh=True)  # a fresh tail: the scan then tells a hole from the log end
         for _ in range(3):
             state.scan_to_end()
             before = state.buffer.position
