@@ -7,6 +7,7 @@ issued one after another never overlap). The figures in RTT units come from ``te
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -254,6 +255,68 @@ def test_the_slot_of_a_remembered_entry_costs_no_request() -> None:
     storage.keys.clear()
     assert plog.slot_for_offset(header.base_offset) == 20
     assert storage.keys == []
+
+
+def _entries(storage: Storage, counts: list[int]) -> list[int]:
+    """Topic ``t`` (1 partition) holding one entry per count, of that many records; returns the base offsets."""
+    log = txn_core.Log(storage)
+    log.create_topic("t", 1, SCHEMA)
+    with log.producer() as p:
+        for n in counts:
+            p.send("t", pa.table({"id": list(range(n))}), partition=0)
+            p.flush()  # one entry each
+    bases = list(itertools.accumulate(counts, initial=0))[:-1]
+    plog = log.partition_log(paths.partition_log_path("t", 0))
+    assert [plog.read_header(slot).base_offset for slot in (0, len(counts) - 1)] == [bases[0], bases[-1]]
+    return bases
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 500), min_size=1, max_size=120), picks=st.lists(st.integers(0, 10**6), max_size=6)
+)
+def test_the_slot_of_any_offset_is_found_whatever_the_entry_sizes(counts: list[int], picks: list[int]) -> None:
+    storage = MemoryStorage(uuid.uuid4().hex)
+    bases = _entries(storage, counts)
+    end = bases[-1] + counts[-1]
+    for pick in [0, end - 1, end, *picks]:
+        offset = pick % (end + 1)
+        plog = txn_core.Log(storage).partition_log(paths.partition_log_path("t", 0))  # remembers nothing
+        want = len(counts) if offset == end else max(i for i, b in enumerate(bases) if b <= offset)
+        assert plog.slot_for_offset(offset) == want, (offset, bases)
+
+
+def test_the_slot_of_an_offset_costs_one_round_of_header_reads_for_entries_of_like_size() -> None:
+    """A consumer starting at a committed offset, a batch query at given offsets, a task's cut of a
+    partition: the offsets interpolate to the slot, read together with a spread of others."""
+    inner = MemoryStorage(uuid.uuid4().hex)
+    bases = _entries(inner, [3] * 1000)
+    storage = InFlight(inner, rtt_s=0.01)
+    plog = txn_core.Log(storage).partition_log(paths.partition_log_path("t", 0))
+    plog.tail()
+    storage.keys.clear()
+    storage.peak = 0
+    assert plog.slot_for_offset(bases[637] + 2) == 637
+    tail = plog.entries.key(1000)  # the log end is looked at too, as before any search
+    reads = [k for kind, k in storage.keys if kind == "read" and "/log/" in k and k != tail]
+    assert 2 <= len(reads) <= 8 and storage.peak >= 2, (reads, storage.peak)  # bisection: 10, one at a time
+
+
+def test_a_read_committed_seek_past_the_buffer_reads_the_headers_ahead() -> None:
+    """A consumer starting at a committed offset deep into a partition with no snapshot there scans the
+    headers up to it with reads in flight together, as the buffer's own scans do (it read them one by one:
+    a round trip per entry)."""
+    inner = MemoryStorage(uuid.uuid4().hex)
+    bases = _entries(inner, [2] * 300)
+    storage = InFlight(inner, rtt_s=0.002)
+    c = txn_core.Log(storage).consumer()
+    c.assign([("t", 0)])
+    storage.keys.clear()
+    storage.peak = 0
+    c.seek(("t", 0), bases[250])
+    headers = [k for kind, k in storage.keys if kind == "read" and "/log/" in k]
+    assert len(headers) >= 250 and storage.peak >= 32, (len(headers), storage.peak)  # up to 64 in flight
+    assert c.poll().column("id").to_pylist()[:2] == [0, 1]  # the records of entry 250 come first
 
 
 def test_read_ahead_returns_slots_in_order_and_raises_at_the_damaged_one() -> None:

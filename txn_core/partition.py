@@ -58,6 +58,8 @@ from txn_core.storage.base import Storage, create_resolving
 
 T = TypeVar("T")
 
+#: Header reads in flight together in each round of the search for an offset's slot.
+SEARCH_PROBES = 8
 #: A cached tail older than this is re-checked before appending (see PROTOCOL.md "Retention").
 TAIL_RECHECK_S = 60.0
 #: Entries whose slot a process remembers per partition (a cache: a lookup it misses bisects headers).
@@ -609,7 +611,9 @@ class PartitionLog:
         Costs no request when the answer is known: the log start's offset, where every read from the
         earliest offset begins, is at the log start's slot, and remembered entries and opened segments
         know theirs (their offsets lie below the end, so the tail is not needed to check them). Otherwise
-        the tail bounds ``offset`` and slots are bisected by header reads: O(log n) small reads.
+        the tail bounds ``offset`` and the slots are searched in rounds of :data:`SEARCH_PROBES` header reads
+        in flight together, interpolated and spread: one round for entries of like size, at most about
+        ``log8(n)`` rounds whatever their sizes (a bisection read ``log2(n)`` headers one after another).
         """
         start = self.log_start()
         if offset == start.offset:
@@ -628,18 +632,40 @@ class PartitionLog:
             raise OffsetOutOfRangeError(f"offset {offset} is outside {self.path}'s range [{start.offset}, {end}]")
         if offset == end:
             return tail_slot
-        lo, hi = start.slot, tail_slot - 1  # invariant: base(lo) <= offset < next(hi)
+        # Invariant: base(lo) = lo_base <= offset < hi_next = next(hi). Each round reads SEARCH_PROBES headers
+        # at once: two at the slot the offsets interpolate to (entries of like size: found in one round), the
+        # rest spread evenly over the bracket, which each round narrows at least SEARCH_PROBES-fold.
+        lo, hi, lo_base, hi_next = start.slot, tail_slot - 1, start.offset, end
         while lo < hi:
-            mid = (lo + hi + 1) // 2
-            try:
-                base = self.read_header(mid).base_offset
-            except DamagedEntryError:
-                base = self.read_header(mid - 1).next_offset  # mid > lo >= the log start slot
-            if base <= offset:
-                lo = mid
-            else:
-                hi = mid - 1
+            probes = _search_probes(lo, hi, lo_base, hi_next, offset)
+            for slot, (base, header) in zip(probes, parallel_map(self._base_at, probes, leaf=True), strict=True):
+                if header is not None:
+                    self._remember(slot, header)
+                if base <= offset:
+                    if slot > lo:
+                        lo, lo_base = slot, base
+                elif slot - 1 < hi:
+                    hi, hi_next = slot - 1, base
         return lo
+
+    def _base_at(self, slot: int) -> tuple[int, EntryHeader | None]:
+        """Where the entry at ``slot`` begins, with its header to remember; the previous entry's end and None
+        when it is damaged. Runs on any thread (it only fetches)."""
+        try:
+            header = self.fetch_header(slot)
+        except DamagedEntryError:
+            return self.fetch_header(slot - 1).next_offset, None  # slot > the log start's: probes lie above it
+        return header.base_offset, header
+
+
+def _search_probes(lo: int, hi: int, lo_base: int, hi_next: int, offset: int) -> list[int]:
+    """Slots in ``(lo, hi]`` whose headers one round of :meth:`PartitionLog.slot_for_offset` reads (sorted)."""
+    if hi - lo <= SEARCH_PROBES:
+        return list(range(lo + 1, hi + 1))
+    guess = lo + (offset - lo_base) * (hi - lo + 1) // max(1, hi_next - lo_base)
+    step = (hi - lo) / (SEARCH_PROBES - 1)
+    spread = {lo + round(step * i) for i in range(1, SEARCH_PROBES - 1)}
+    return sorted({min(max(slot, lo + 1), hi) for slot in (guess, guess + 1, *spread)})
 
 
 def entry_of_lost(lost: LostEntry) -> Entry:
