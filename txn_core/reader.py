@@ -267,7 +267,7 @@ class PartitionState:
         while txn in buffer.by_txn and (max_entries is None or n < max_entries):
             n += 1
             try:
-                step = self.next_entry(self.log.read_header)
+                step = self.next_entry(self.headers.next)
             except ObjectNotFoundError:
                 return False
             if step is None:
@@ -403,9 +403,9 @@ class PartitionReader:
         self._prefilled = self._at_end = False
         self.position = offset
         if offset >= buffer.position:
-            # Scan (headers only) up to the entry containing offset.
+            # Scan (headers only, read ahead) up to the entry containing offset.
             while buffer.position <= offset and buffer.position < end:
-                step = self.state.next_entry(self.log.read_header)
+                step = self.state.next_entry(self.state.headers.next)
                 if step is None:
                     damage = self.state.damage
                     if damage is not None and buffer.position < offset:
