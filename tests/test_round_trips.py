@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from fakeclock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from latency_storage import DelayedStorage
@@ -33,6 +34,7 @@ from txn_core.snapshots import SNAPSHOT_EVERY_ENTRIES
 from txn_core.storage import MemoryStorage, ObjectStoreStorage, open_storage
 from txn_core.storage.base import Storage
 from txn_core.storage.obstore_s3 import ObstoreS3Storage, obstore_config
+from txn_core.timeindex import offset_for_timestamp
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -317,6 +319,29 @@ def test_a_read_committed_seek_past_the_buffer_reads_the_headers_ahead() -> None
     headers = [k for kind, k in storage.keys if kind == "read" and "/log/" in k]
     assert len(headers) >= 250 and storage.peak >= 32, (len(headers), storage.peak)  # up to 64 in flight
     assert c.poll().column("id").to_pylist()[:2] == [0, 1]  # the records of entry 250 come first
+
+
+def test_the_offset_of_a_timestamp_reads_its_headers_in_rounds_and_ahead() -> None:
+    """``startingTimestamp`` and ``offsets_for_times``: the search for the floor ``T - max_skew`` reads its
+    headers in rounds, and the scan on from there (every entry of the last ``max_skew``) reads ahead; both
+    read one header after another before."""
+    clock = FakeClock()
+    inner = MemoryStorage(uuid.uuid4().hex)
+    log = txn_core.Log(inner, clock=clock)
+    log.create_topic("t", 1, SCHEMA)
+    stamps = []
+    with log.producer() as p:
+        for i in range(400):
+            clock.now += 1000  # an entry a second
+            stamps.append(clock.now)
+            p.send("t", pa.table({"id": [i]}), partition=0)
+            p.flush()
+    storage = InFlight(inner, rtt_s=0.002)
+    plog = txn_core.Log(storage, clock=clock).partition_log(paths.partition_log_path("t", 0))
+    plog.tail()
+    storage.peak = 0
+    assert offset_for_timestamp(plog, stamps[300], max_skew_ms=60_000) == 300
+    assert storage.peak >= 16, storage.peak  # the scan of the 60 entries before 300 is read ahead
 
 
 def test_read_ahead_returns_slots_in_order_and_raises_at_the_damaged_one() -> None:
