@@ -48,6 +48,8 @@ class TxnLogBatchReader(DataSourceReader):
         tps = [tp for tp in view.topic_partitions() if pushed.keeps(tp)]
         starts = view.starting_positions()
         ends = self._ending(view, tps, starts)
+        if self.opts.starting == "offsets":
+            self._check_starts(view, tps, starts, ends)
         lo: dict[TopicPartition, int | None] = {}
         hi: dict[TopicPartition, int] = {}
         for tp in tps:
@@ -104,6 +106,31 @@ class TxnLogBatchReader(DataSourceReader):
                     available[tp],
                 )
         return out
+
+    def _check_starts(
+        self,
+        view: LogView,
+        tps: list[TopicPartition],
+        starts: dict[TopicPartition, int],
+        ends: dict[TopicPartition, int],
+    ) -> None:
+        """A ``startingOffsets`` offset past its partition's available end is refused, as Spark's Kafka source
+        refuses a range that begins after it ends (a typo, not an empty read). The message tells an offset
+        past the log end from one that an open transaction holds back (read_committed)."""
+        past = []
+        for tp in tps:
+            if starts[tp] <= ends[tp]:
+                continue
+            log_end = view.plog(tp).readable_end()
+            held = (
+                f" (the log end is {log_end}; an open transaction holds the rest back)" if starts[tp] <= log_end else ""
+            )
+            past.append(f"{tp}: {starts[tp]} > {ends[tp]}{held}")
+        if past:
+            raise ConfigurationError(
+                "option 'startingOffsets' starts partitions past what can be read now (its offset > the available "
+                f"end): {', '.join(past)}. Give each partition a start at or before its end"
+            )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, self.schema, partition)

@@ -422,3 +422,20 @@ def test_a_batch_read_whose_ending_offsets_come_before_its_start_is_refused(url:
     equal = {**opts, "startingOffsets": '{"t": {"0": 3, "1": 2}}'}  # an empty range is fine
     reader = make_batch_reader(equal, source_schema(equal))
     assert read_ids(reader, reader.partitions()) == [2, 3, 4]
+
+
+def test_a_batch_read_whose_starting_offsets_lie_past_the_end_is_refused(url: str) -> None:
+    """As Spark's Kafka source (a range beginning after its end fails the task): a start past what can be
+    read is a mistyped option, not an empty read; one inside an open transaction is named as such."""
+    write(url, 0, list(range(10)))
+    write(url, 1, list(range(10)))
+    open_txn = write(url, 1, [100, 101], commit=False, tid="holder")
+    opts = {"path": url, "topic": "t", "startingOffsets": '{"t": {"0": 12, "1": 11}}'}
+    with pytest.raises(txn_core.ConfigurationError, match="startingOffsets") as raised:
+        make_batch_reader(opts, source_schema(opts)).partitions()
+    assert "t-0: 12 > 10," in str(raised.value)
+    assert "t-1: 11 > 10 (the log end is 12; an open transaction" in str(raised.value)
+    at_end = {**opts, "startingOffsets": '{"t": {"0": 10, "1": 10}}'}  # at the end: an empty read, fine
+    reader = make_batch_reader(at_end, source_schema(at_end))
+    assert read_ids(reader, reader.partitions()) == []
+    open_txn.abort_transaction()
