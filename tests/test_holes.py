@@ -9,6 +9,7 @@ damaged entry, instead of waiting there for ever as at the log end.
 from __future__ import annotations
 
 import logging
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,8 +18,8 @@ from test_damage import ENTRIES, PATH, SCHEMA, build, consume, lost_warnings, ra
 
 import txn_core
 from conftest import make_location
-from txn_core import partition
-from txn_core.errors import DamagedEntryError
+from txn_core import partition, paths
+from txn_core.errors import CorruptDataError, DamagedEntryError
 from txn_core.ranges import available_end, plan_range, read_range
 from txn_core.reader import READ_COMMITTED
 from txn_core.slotlog import SlotLog
@@ -133,3 +134,32 @@ def test_describe_in_a_fresh_process_reports_a_hole(tmp_path: Path, monkeypatch:
     (reported,) = part.damaged_entries
     assert (reported.key, reported.first_offset, reported.next_offset) == (key, 2 * HOLE, 2 * HOLE + 2)
     assert (part.last_stable_offset, part.log_end_offset) == (2 * HOLE, 2 * ENTRIES)
+
+
+@pytest.mark.parametrize("where", ["below a snapshot", "no snapshot"])
+def test_another_entry_copied_over_a_slot_stops_readers_naming_it(where: str) -> None:
+    """An object copied over a slot from elsewhere (another partition, another slot): a reader whose buffer
+    snapshot lies past it compared nothing, passed its records over and went on at offsets that skip some."""
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    log.create_topic("t", 1, SCHEMA)
+    log.create_topic("u", 1, SCHEMA)
+    with log.producer() as producer:
+        for n in range(ENTRIES):
+            producer.send("t", pa.table({"x": [2 * n, 2 * n + 1]}, schema=SCHEMA), partition=0)
+            producer.flush()
+        producer.send("u", pa.table({"x": [7]}, schema=SCHEMA), partition=0)  # one record: offset 0
+        producer.flush()
+    if where == "below a snapshot":
+        state = log.partition_state(PATH, shared=False)
+        state.scan_to_end()
+        state.snapshots.write(state.buffer.copy(), 0)  # at the end, past every entry
+    plog = log.partition_log(PATH)
+    foreign = log.storage.read(log.partition_log(paths.partition_log_path("u", 0)).entries.key(0))
+    log.storage.delete(plog.entries.key(HOLE))
+    log.storage.create(plog.entries.key(HOLE), [foreign])
+
+    got, error, _ = consume(txn_core.open_log(url))
+    assert got == list(range(2 * HOLE)), "what precedes it is delivered, nothing after it"
+    assert isinstance(error, CorruptDataError) and plog.entries.key(HOLE) in str(error), error
+    assert "holds offsets [0, 1)" in str(error) and f"starting at offset {2 * HOLE}" in str(error)

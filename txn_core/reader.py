@@ -367,6 +367,7 @@ class PartitionReader:
         self.window_bytes = window_bytes
         self.position = 0
         self._cursor = 0  # next slot to read into the window
+        self._expected: int | None = None  # base offset of the entry at _cursor (None: the one holding position)
         self._window: deque[_Slot] = deque()
         self._window_size = 0
         self._error: CorruptDataError | DataLossError | None = None
@@ -398,6 +399,7 @@ class PartitionReader:
         if offset > end:
             raise OffsetOutOfRangeError(f"{self.log.path}: offset {offset} is beyond the log end {end}")
         self._window.clear()
+        self._expected = None
         self._window_size = 0
         self._error = None
         self._prefilled = self._at_end = False
@@ -419,6 +421,27 @@ class PartitionReader:
         else:
             # the log start needs no tail search (a fresh reader of a partition's history)
             self._cursor = start.slot if offset == start.offset else self.log.slot_for_offset(offset)
+
+    def _misplaced(self, entry: Entry) -> CorruptDataError | None:
+        """The error for an entry whose offsets do not continue the previous entry's (or, first after a seek,
+        do not hold the position): another object copied over this slot's. Entries below the buffer's
+        snapshot are not checked against the buffer, so without this its records would be passed over or
+        delivered at offsets that are not theirs."""
+        header, expected = entry.header, self._expected
+        if expected is None:
+            if header.base_offset <= self.position < header.next_offset or header.base_offset == self.position:
+                return None
+            want = f"the entry holding offset {self.position}"
+        elif header.base_offset == expected:
+            return None
+        else:
+            want = f"the entry starting at offset {expected}"
+        return CorruptDataError(
+            f"{entry.key} holds offsets [{header.base_offset}, {header.next_offset}), not {want} as its slot "
+            "should: the object is another entry's (copied over it?). Restore this slot's own object from a copy",
+            entry.key,
+            "offsets do not continue the previous entry's",
+        )
 
     def wants_data(self) -> bool:
         """Whether the window is empty and no error is pending (a :meth:`fill` would read)."""
@@ -469,6 +492,11 @@ class PartitionReader:
                 self._error = exc
                 break
             header = entry.header
+            misplaced = self._misplaced(entry)
+            if misplaced is not None:
+                self._error = misplaced
+                break
+            self._expected = header.next_offset
             if header.base_offset >= buffer.position:
                 if header.base_offset != buffer.position:
                     raise CorruptDataError(
