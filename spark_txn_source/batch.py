@@ -122,9 +122,13 @@ class TxnLogBatchReader(DataSourceReader):
             if starts[tp] <= ends[tp]:
                 continue
             log_end = view.plog(tp).readable_end()
-            held = (
-                f" (the log end is {log_end}; an open transaction holds the rest back)" if starts[tp] <= log_end else ""
-            )
+            damage = view.state(tp).damage
+            if damage is not None:
+                held = f" (reads stop before the damaged entry at slot {damage.slot})"
+            elif starts[tp] <= log_end:
+                held = f" (the log end is {log_end}; an open transaction holds the rest back)"
+            else:
+                held = ""
             past.append(f"{tp}: {starts[tp]} > {ends[tp]}{held}")
         if past:
             raise ConfigurationError(

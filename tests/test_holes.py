@@ -19,10 +19,13 @@ from test_damage import ENTRIES, PATH, SCHEMA, build, consume, lost_warnings, ra
 import txn_core
 from conftest import make_location
 from txn_core import partition, paths
+from txn_core.entry import EntryKind
 from txn_core.errors import CorruptDataError, DamagedEntryError
+from txn_core.partition import PartitionLog
 from txn_core.ranges import available_end, plan_range, read_range
 from txn_core.reader import READ_COMMITTED
 from txn_core.slotlog import SlotLog
+from txn_core.storage import MemoryStorage
 
 HOLE = 2  # of the ENTRIES entries test_damage.build writes: entry n holds offsets (and values) 2n, 2n + 1
 
@@ -36,8 +39,10 @@ def punch(log: txn_core.Log, slot: int) -> str:
 
 @pytest.fixture(autouse=True)
 def _prompt(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Readers that know no entry past the slot they miss look again every LOG_START_RECHECK_S: at once here."""
+    """Readers that know no entry past the slot they miss look again every LOG_START_RECHECK_S (a wide hole:
+    TAIL_RECHECK_S): at once here."""
     monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 0.0)
+    monkeypatch.setattr(partition, "TAIL_RECHECK_S", 0.0)  # and a run of several missing slots as soon
 
 
 @pytest.mark.parametrize("backend", ["local", "memory"])
@@ -163,3 +168,69 @@ def test_another_entry_copied_over_a_slot_stops_readers_naming_it(where: str) ->
     assert got == list(range(2 * HOLE)), "what precedes it is delivered, nothing after it"
     assert isinstance(error, CorruptDataError) and plog.entries.key(HOLE) in str(error), error
     assert "holds offsets [0, 1)" in str(error) and f"starting at offset {2 * HOLE}" in str(error)
+
+
+def test_an_appender_whose_cached_tail_is_behind_steps_over_a_hole() -> None:
+    """It lost the race for its cached slot: stepping on, it must not take the missing slot after the winner."""
+    storage = MemoryStorage(uuid.uuid4().hex)
+    a = PartitionLog(storage, "p")
+    for _ in range(2):
+        a.append(EntryKind.DATA, [b"x"], 1, 0, 2)  # a's tail: slot 2, offset 4
+    b = PartitionLog(storage, "p")
+    for _ in range(4):
+        b.append(EntryKind.DATA, [b"x"], 1, 0, 2)  # slots 2..5, offsets 4..11
+    storage.delete(a.entries.key(3))
+    got = a.append(EntryKind.DATA, [b"y"], 1, 0, 5)
+    assert (got.slot, got.base_offset) == (6, 12)
+    assert not storage.exists(a.entries.key(3))
+
+
+@pytest.mark.parametrize("width", [2, 3, 5])
+def test_several_adjacent_missing_slots_are_one_hole_per_slot(width: int) -> None:
+    storage = MemoryStorage(uuid.uuid4().hex)
+    log = txn_core.Log(storage)
+    log.create_topic("t", 1, SCHEMA)
+    with log.producer() as producer:
+        for n in range(12):
+            producer.send("t", pa.table({"x": [2 * n, 2 * n + 1]}, schema=SCHEMA), partition=0)
+            producer.flush()
+    first = 12 - 2 - width  # two entries follow the hole
+    for slot in range(first, first + width):
+        punch(log, slot)
+    fresh = txn_core.Log(storage)
+    assert fresh.partition_log(PATH).tail(refresh=True) == (12, 24)
+    with fresh.producer() as producer:
+        producer.send("t", pa.table({"x": [100]}, schema=SCHEMA), partition=0)
+    assert txn_core.Log(storage).partition_log(PATH).read_header(12).base_offset == 24
+    listed = txn_core.Log(storage).damaged_entries("t", 0)
+    assert [(d.slot, d.first_offset, d.next_offset) for d in listed] == [
+        (slot, 2 * first if slot == first else None, 2 * (first + width) if slot == first + width - 1 else None)
+        for slot in range(first, first + width)
+    ], "each missing slot, with the offsets its neighbours give"
+    got, error, _ = consume(txn_core.Log(storage))
+    assert got == list(range(2 * first)) and isinstance(error, DamagedEntryError)
+
+    # Marked lost in slot order: the record counts are the operator's (only the run's total is known).
+    with pytest.raises(txn_core.ConfigurationError, match="--records"):
+        txn_core.Log(storage).mark_lost("t", 0, first, reason="deleted by hand")
+    for slot in range(first, first + width - 1):
+        txn_core.Log(storage).mark_lost("t", 0, slot, reason="deleted by hand", records=2)
+    last = txn_core.Log(storage).mark_lost("t", 0, first + width - 1, reason="deleted by hand")
+    assert (last.first_offset, last.next_offset, last.sealed) == (2 * (first + width) - 2, 2 * (first + width), False)
+    got, error, _ = consume(txn_core.Log(storage))
+    assert error is None and got == [x for x in range(24) if not 2 * first <= x < 2 * (first + width)] + [100]
+
+
+def test_a_seek_that_fails_leaves_the_consumer_where_it_was() -> None:
+    url = f"memory://{uuid.uuid4().hex}"
+    build(txn_core.open_log(url))
+    punch(txn_core.open_log(url), HOLE)
+    consumer = txn_core.open_log(url).consumer()
+    consumer.assign([("t", 0)])
+    assert consumer.poll().column("x").to_pylist()[:1] == [0]
+    consumer.seek(("t", 0), 1)
+    with pytest.raises(DamagedEntryError):
+        consumer.seek(("t", 0), 2 * HOLE + 2)  # past the hole: the buffer cannot get there
+    assert consumer.position(("t", 0)) == 1
+    rows = consumer.poll().column("x").to_pylist()
+    assert rows == list(range(1, 2 * HOLE)), "it reads on from where it was, then stops at the hole"

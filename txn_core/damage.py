@@ -328,6 +328,7 @@ def mark_lost(
     plog = log.partition_log(path)
     start = plog.log_start(refresh=True)
     end = plog.free_slot(start.slot)
+    plog.readable_tail(refresh=True)  # known, it tells a missing slot inside the log (a hole) from the end
     where = f"{topic}-{partition}"
     if not start.slot <= slot < end:
         raise ConfigurationError(f"{where} has no entry at slot {slot} (its entries are slots {start.slot}..{end - 1})")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -58,6 +59,13 @@ from txn_core.storage.base import Storage, create_resolving
 
 T = TypeVar("T")
 
+#: Distances past a free slot probed, all at once, before it is taken for the tail: an entry present at any
+#: of them makes the free slot a hole, not the tail. Every distance up to 8 (a run of up to 7 missing slots
+#: with any entry after it), then sparser (a wider run, in a log that goes on past it).
+HOLE_PROBES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
+#: The same for a reader polling at what it takes for the log end (beside its periodic listing) and for an
+#: appender that lost a create race (beside the winner's header read): few, as they are paid often.
+HOLE_PROBES_CHEAP = (1, 2)
 #: Header reads in flight together in each round of the search for an offset's slot.
 SEARCH_PROBES = 8
 #: A cached tail older than this is re-checked before appending (see PROTOCOL.md "Retention").
@@ -138,6 +146,7 @@ class PartitionLog:
         self._start_checked = 0.0
         self._index: SortedDict = SortedDict()  # base_offset -> (slot, record_count); see _note
         self._lost: dict[int, LostEntry] = {}  # lost-entry records read (immutable once they exist)
+        self._missing_since: tuple[int, float] | None = None  # (slot, when): a reader kept missing it since
 
     def __getstate__(self) -> dict[str, object]:
         return {"storage": self.storage, "path": self.path}
@@ -222,15 +231,16 @@ class PartitionLog:
         seen: dict[int, bool] = {}
         slot = self.entries.find_tail(lower, seen=seen)
         while True:
-            # The first free slot is the tail only if the next one is free too: a slot missing below a present
-            # one is a hole (PROTOCOL.md "Damage"), and an append there would reuse the offsets of the entries
-            # after it. Where the search did not answer for the next slot, its probe overlaps the header read.
-            later = None if (slot + 1) in seen else submit(self.entries.exists, slot + 1, leaf=True)
+            # The first free slot is the tail only if no slot shortly after it is present: a missing slot below
+            # a present one is a hole (PROTOCOL.md "Damage"), and an append there would reuse the offsets of the
+            # entries after it. The probes the search did not answer overlap the header read.
+            later = self._probe_after(slot, HOLE_PROBES, seen)
             tail = (slot, start.offset) if slot == start.slot else self._after_last_readable(slot, start)
-            if not (seen[slot + 1] if later is None else later.result()):
+            found = [p for p, f in later if f.result()]
+            if not found:
                 break
             seen.clear()
-            slot = self.entries.find_tail(slot, seen=seen)  # past the hole (or past a racing append)
+            slot = self.entries.find_tail(max(found), seen=seen)  # past the hole (or past racing appends)
         self._tail = tail
         self._tail_checked = now
         return self._tail
@@ -352,6 +362,8 @@ class PartitionLog:
                     create_resolving(self.storage, self.entries.key(slot), [header, *chunks], header, gate=gate)
                 except ObjectExistsError:
                     gate = None  # it opened: the data may be visible from now on
+                    # Beside the winner's header: is the next slot free, and is anything present past it?
+                    nxt = self._probe_after(slot, (1, *(1 + d for d in HOLE_PROBES_CHEAP)), {})
                     winner = self.read_header(slot)
                     if winner.writer_id == wid:
                         # Our earlier attempt landed here (resolved on a later round).
@@ -360,6 +372,12 @@ class PartitionLog:
                         return AppendResult(slot - 1, winner.base_offset, record_count, ts)
                     self._remember(slot, winner)
                     slot, offset = slot + 1, winner.next_offset
+                    later = [p for p, f in nxt[1:] if f.result()]
+                    if later and not nxt[0][1].result() and not self.entries.exists(slot):
+                        # The next slot is missing while a later one is present (asked again after that one
+                        # was seen: no racing append explains it): a hole. Never fill it: go on past it.
+                        slot = self.free_slot(max(later))
+                        offset = self.read_header(slot - 1).next_offset
                     continue
                 self._tail = (slot + 1, offset + record_count)
                 self._tail_checked = self._monotonic()
@@ -484,7 +502,7 @@ class PartitionLog:
     def missing_check(self, slot: int) -> CorruptDataError:
         """The check a hole at ``slot`` fails (see :meth:`is_hole`)."""
         key = self.entries.key(slot)
-        check = f"missing: the object is gone although entry slot {slot + 1} exists"
+        check = "missing: the object is gone although later entries exist"
         return CorruptDataError(f"{key}: {check}", key, check)
 
     def is_hole(self, slot: int) -> bool:
@@ -498,10 +516,26 @@ class PartitionLog:
         a hole it may have stopped at (see :meth:`_tail_locked`)."""
         seen: dict[int, bool] = {}
         slot = self.entries.find_tail(lower, seen=seen)
-        while seen[slot + 1] if (slot + 1) in seen else self.entries.exists(slot + 1):
+        while found := [p for p, f in self._probe_after(slot, HOLE_PROBES, seen) if f.result()]:
             seen.clear()
-            slot = self.entries.find_tail(slot, seen=seen)
+            slot = self.entries.find_tail(max(found), seen=seen)
         return slot
+
+    def _probe_after(
+        self, slot: int, distances: Sequence[int], seen: dict[int, bool]
+    ) -> list[tuple[int, Future[bool]]]:
+        """Whether each slot ``slot + d`` exists, as futures running on the leaf pool (answered at once for the
+        slots in ``seen``)."""
+        out = []
+        for d in distances:
+            probe = slot + d
+            if probe in seen:
+                done: Future[bool] = Future()
+                done.set_result(seen[probe])
+                out.append((probe, done))
+            else:
+                out.append((probe, submit(self.entries.exists, probe, leaf=True)))
+        return out
 
     def _relist_after_miss(self, slot: int) -> bool:
         """After ``slot`` was missing as a loose object: re-list the segments if there is no listing yet, it
@@ -509,32 +543,48 @@ class PartitionLog:
         is re-read at the same time (the caller's next question is whether retention removed the slot), so
         a reader polling the log end pays one round trip per LOG_START_RECHECK_S for both. Returns whether
         an entry after ``slot`` is known to exist: the cached tail lies past it, or, when the listing was
-        stale, a probe of ``slot + 1`` made beside the listing found it (so a reader stopped at a hole
-        learns of it within LOG_START_RECHECK_S, at one more request, not one more round trip)."""
+        stale, probes of the next slots (:meth:`_hole_probes_at`) made beside the listing found one: a reader
+        stopped at a hole learns of it within LOG_START_RECHECK_S (two missing slots or fewer) or
+        TAIL_RECHECK_S (a longer run), at two more requests each time, not one more round trip."""
         tail = self._tail
         known = tail is not None and slot + 1 < tail[0]
         stale = not self.segments.listed_within(LOG_START_RECHECK_S)
-        probe = submit(self.entries.exists, slot + 1, leaf=True) if stale and not known else None
+        probes = self._probe_after(slot, self._hole_probes_at(slot), {}) if stale and not known else []
         if stale or (tail is not None and slot < tail[0]):
             self.segments.refresh(self.recent_log_start)
-        return known or (probe is not None and probe.result())
+        return known or any(f.result() for _, f in probes)
+
+    def _hole_probes_at(self, slot: int) -> Sequence[int]:
+        """The distances a reader missing ``slot`` probes past it: HOLE_PROBES_CHEAP, and all of HOLE_PROBES once
+        every TAIL_RECHECK_S while it keeps missing the same slot (a run of several missing slots)."""
+        now = self._monotonic()
+        since = self._missing_since
+        if since is None or since[0] != slot:
+            self._missing_since = (slot, now)
+            return HOLE_PROBES_CHEAP
+        if now - since[1] < TAIL_RECHECK_S:
+            return HOLE_PROBES_CHEAP
+        self._missing_since = (slot, now)
+        return HOLE_PROBES
 
     def _recheck_for_hole(self) -> None:
-        """Re-list the segments and re-read the log start with a listing started after a miss (a listing
-        shared with a reader whose listing began earlier could predate a roll), before a miss is called a
-        hole (one round trip, on that rare path only)."""
+        """Re-list the segments with a listing started after a miss (a listing shared with a reader whose
+        listing began earlier could predate a roll), then re-read the log start, before a miss is called a
+        hole (two round trips, on that rare path only)."""
         self.segments.refresh()
-        self.segments.refresh(lambda: self.log_start(refresh=True))
+        self.segments.refresh()
+        self.log_start(refresh=True)  # after the listing: a segment retention deleted is past this start
 
     def _hole(self, slot: int) -> bool:
-        """Whether the missing loose ``slot`` is a hole: missing still, with the entry after it present, and
-        neither removed by retention (the log start lies at or below it) nor rolled (the caller asked the
-        fresh segment listing). A hole arises only when an object is deleted by hand or lost by the store:
-        slot ``n + 1`` is created only by a writer that read slot ``n`` (PROTOCOL.md "Damage")."""
+        """Whether the missing loose ``slot`` is a hole: missing still, with a slot shortly after it present
+        (HOLE_PROBES), and neither removed by retention (the log start lies at or below it) nor rolled (the
+        caller asked the fresh segment listing). A hole arises only when an object is deleted by hand or lost
+        by the store: slot ``n + 1`` is created only by a writer that read slot ``n`` (PROTOCOL.md "Damage")."""
         if slot < self.log_start().slot:
             return False
-        here, after = parallel_map(self.entries.exists, [slot, slot + 1], leaf=True)
-        return after and not here
+        if not any(f.result() for _, f in self._probe_after(slot, HOLE_PROBES, {})):
+            return False
+        return not self.entries.exists(slot)  # asked after a later slot was seen: a racing append has landed
 
     def fetch_entry(self, slot: int) -> Entry:
         """The whole entry at ``slot`` in one request (from a segment if one holds it), header verified and

@@ -384,7 +384,7 @@ class PartitionReader:
 
     def seek(self, offset: int) -> None:
         """Deliver from ``offset`` on. Below the log start raises :class:`DataLossError`; past a damaged
-        entry the buffer cannot pass, its :class:`DamagedEntryError`."""
+        entry the buffer cannot pass, its :class:`DamagedEntryError`. A seek that raises changes nothing."""
         start = self.log.log_start_for(offset)
         if offset < start.offset:
             raise DataLossError(
@@ -398,12 +398,7 @@ class PartitionReader:
         end = self.log.readable_end() if offset > buffer.position else buffer.position
         if offset > end:
             raise OffsetOutOfRangeError(f"{self.log.path}: offset {offset} is beyond the log end {end}")
-        self._window.clear()
-        self._expected = None
-        self._window_size = 0
-        self._error = None
-        self._prefilled = self._at_end = False
-        self.position = offset
+        # Find the slot first: a seek that fails (damage, storage) leaves this reader as it was.
         if offset >= buffer.position:
             # Scan (headers only, read ahead) up to the entry containing offset.
             while buffer.position <= offset and buffer.position < end:
@@ -417,10 +412,17 @@ class PartitionReader:
                 if header.next_offset > offset:
                     break
                 self.state.apply(buffer.slot, header, HEADER_SIZE + header.payload_len, lost)
-            self._cursor = buffer.slot
+            cursor = buffer.slot
         else:
             # the log start needs no tail search (a fresh reader of a partition's history)
-            self._cursor = start.slot if offset == start.offset else self.log.slot_for_offset(offset)
+            cursor = start.slot if offset == start.offset else self.log.slot_for_offset(offset)
+        self._window.clear()
+        self._expected = None
+        self._window_size = 0
+        self._error = None
+        self._prefilled = self._at_end = False
+        self.position = offset
+        self._cursor = cursor
 
     def _misplaced(self, entry: Entry) -> CorruptDataError | None:
         """The error for an entry whose offsets do not continue the previous entry's (or, first after a seek,

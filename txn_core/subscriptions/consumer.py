@@ -85,7 +85,7 @@ def open_meta(
         if initial_position == "earliest":
             initial = log.partition_log(path).log_start(refresh=True).offset
         else:  # the last stable offset: a transaction open at the log end is delivered once it commits
-            initial = available_end(log.partition_state(path), READ_COMMITTED)
+            initial = available_end(log.partition_state(path, shared=False), READ_COMMITTED)  # its own: not thread-safe
         stored = create_meta(log.storage, SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, log.clock()))
     if range_size is not None and stored.range_size != range_size:
         raise ConfigurationError(
