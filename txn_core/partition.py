@@ -11,6 +11,10 @@ Append (any number of processes at once):
 3. Lost the race: read the winner's header, advance to ``(slot + 1, winner.next_offset)``, go to 2 with
    the same payload and writer id. An unknown outcome is resolved by reading the slot back.
 
+A second append of this process while one is in flight claims the slot after it and starts its create at
+once, visible only after the first landed (:mod:`txn_core.appendchain`); if the first did not land, it
+claims again at step 1.
+
 Crash windows: a crash before the create leaves nothing; the create is atomic, so a crash during it
 leaves either the whole entry or nothing (on local disk without ``O_TMPFILE``, possibly a ``.tmp-*`` file nobody
 lists).
@@ -39,6 +43,7 @@ from typing import Any, TypeVar
 from sortedcontainers import SortedDict
 
 from txn_core import envelope, paths
+from txn_core.appendchain import ChainGate, Claim
 from txn_core.clock import Clock, monotonic, system_clock
 from txn_core.entry import HEADER_SIZE, EntryHeader, EntryKind, Payload, decode_header, verify_payload
 from txn_core.errors import (
@@ -55,7 +60,7 @@ from txn_core.parallel import parallel_map, submit
 from txn_core.segment import Inlined
 from txn_core.segments import SegmentCatalog, SegmentEntry
 from txn_core.slotlog import SlotLog
-from txn_core.storage.base import Storage, create_resolving
+from txn_core.storage.base import GateClosedError, Storage, create_resolving
 
 T = TypeVar("T")
 
@@ -142,6 +147,7 @@ class PartitionLog:
         self._lock = threading.Lock()
         self._tail: tuple[int, int] | None = None  # (next slot, next offset)
         self._tail_checked = 0.0
+        self._chain: Claim | None = None  # this process's last append in flight (txn_core.appendchain)
         self._start: LogStart | None = None
         self._start_checked = 0.0
         self._index: SortedDict = SortedDict()  # base_offset -> (slot, record_count); see _note
@@ -354,35 +360,82 @@ class PartitionLog:
         template = EntryHeader(
             kind, 0, record_count, producer_id, producer_epoch, base_sequence, txn, ts, payload_len, payload_crc, wid
         )
-        with self._lock:
-            slot, offset = self._tail_locked(False)
-            while True:
-                header = template.with_base_offset(offset).encode()
-                try:
-                    create_resolving(self.storage, self.entries.key(slot), [header, *chunks], header, gate=gate)
-                except ObjectExistsError:
+        while True:
+            with self._lock:
+                # Behind this process's append in flight, if any (txn_core.appendchain), else at the tail.
+                prev = self._chain
+                slot, offset = (prev.slot + 1, prev.next_offset) if prev is not None else self._tail_locked(False)
+                claim = self._chain = Claim(slot, offset + record_count)
+            header = template.with_base_offset(offset).encode()
+            chain_gate = ChainGate(prev, gate)
+            try:
+                create_resolving(
+                    self.storage,
+                    self.entries.key(slot),
+                    [header, *chunks],
+                    header,
+                    gate=chain_gate if prev is not None or gate is not None else None,
+                )
+            except GateClosedError:
+                self._settle(claim, False)
+                if chain_gate.prev_failed:
+                    continue  # the append ahead did not land: claim again
+                raise
+            except ObjectExistsError:
+                if chain_gate.opened:
                     gate = None  # it opened: the data may be visible from now on
-                    # Beside the winner's header: is the next slot free, and is anything present past it?
-                    nxt = self._probe_after(slot, (1, *(1 + d for d in HOLE_PROBES_CHEAP)), {})
-                    winner = self.read_header(slot)
-                    if winner.writer_id == wid:
-                        # Our earlier attempt landed here (resolved on a later round).
-                        slot, offset = slot + 1, winner.next_offset
-                        self._tail = (slot, offset)
-                        return AppendResult(slot - 1, winner.base_offset, record_count, ts)
-                    self._remember(slot, winner)
-                    slot, offset = slot + 1, winner.next_offset
-                    later = [p for p, f in nxt[1:] if f.result()]
-                    if later and not nxt[0][1].result() and not self.entries.exists(slot):
-                        # The next slot is missing while a later one is present (asked again after that one
-                        # was seen: no racing append explains it): a hole. Never fill it: go on past it.
-                        slot = self.free_slot(max(later))
-                        offset = self.read_header(slot - 1).next_offset
-                    continue
-                self._tail = (slot + 1, offset + record_count)
+                with self._lock:
+                    self._settle_locked(claim, False)
+                    ours = self._after_lost_race_locked(slot, wid)
+                if ours is not None:
+                    return AppendResult(slot, ours.base_offset, record_count, ts)
+                continue
+            except BaseException:
+                self._settle(claim, False)
+                raise
+            with self._lock:
+                self._advance_to(slot + 1, offset + record_count)
                 self._tail_checked = self._monotonic()
                 self._note(offset, slot, record_count)
-                return AppendResult(slot, offset, record_count, ts)
+                self._settle_locked(claim, True)
+            return AppendResult(slot, offset, record_count, ts)
+
+    def _settle(self, claim: Claim, landed: bool) -> None:
+        with self._lock:
+            self._settle_locked(claim, landed)
+
+    def _settle_locked(self, claim: Claim, landed: bool) -> None:
+        """Settle ``claim``; the next append claims from the tail when it was the last of the chain (and when
+        it failed, whatever was claimed behind it fails too)."""
+        if self._chain is claim or not landed:
+            self._chain = None
+        claim.settle(landed)
+
+    def _after_lost_race_locked(self, slot: int, wid: bytes) -> EntryHeader | None:
+        """Another entry is at ``slot``: the winner's header when it is this append's own earlier attempt
+        (resolved on a later round); else None, with the tail moved past the winner (and past a hole after it,
+        which is never filled)."""
+        # Beside the winner's header: is the next slot free, and is anything present past it?
+        nxt = self._probe_after(slot, (1, *(1 + d for d in HOLE_PROBES_CHEAP)), {})
+        winner = self.read_header(slot)
+        if winner.writer_id == wid:
+            self._advance_to(slot + 1, winner.next_offset)
+            return winner
+        self._remember(slot, winner)
+        slot, offset = slot + 1, winner.next_offset
+        later = [p for p, f in nxt[1:] if f.result()]
+        if later and not nxt[0][1].result() and not self.entries.exists(slot):
+            # The next slot is missing while a later one is present (asked again after that one was seen: no
+            # racing append explains it): a hole. Never fill it: go on past it.
+            slot = self.free_slot(max(later))
+            offset = self.read_header(slot - 1).next_offset
+        self._advance_to(slot, offset)
+        return None
+
+    def _advance_to(self, slot: int, offset: int) -> None:
+        """Move the cached tail up to ``(slot, offset)``; a tail already past it (a reader saw more) stays."""
+        if self._tail is None or self._tail[0] < slot:
+            self._tail = (slot, offset)
 
     def append_payload(
         self,
