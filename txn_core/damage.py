@@ -44,7 +44,7 @@ from txn_core.errors import (
 )
 from txn_core.logs import get_logger
 from txn_core.lost import ABORT, COMMIT, ONGOING, UNKNOWN, LostEntry, damaged_entry_error, list_lost, record_key
-from txn_core.partition import Entry, PartitionLog
+from txn_core.partition import MISSING_CHECK, Entry, PartitionLog
 from txn_core.records import entry_table
 from txn_core.storage.base import create_resolving
 
@@ -175,8 +175,7 @@ def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False
         except ObjectNotFoundError:
             if not plog.is_hole(slot):
                 break  # retention ran meanwhile
-            hole = plog.missing_check(slot)
-            found[slot] = _inspect(plog, topic, partition, slot, hole.check or str(hole), None, None)
+            found[slot] = _inspect(plog, topic, partition, slot, MISSING_CHECK, None, None)
     if payloads:
         entries = ReadAhead(plog, start.slot, max_depth=8)
         for slot in range(start.slot, end):
@@ -212,8 +211,7 @@ def inspect(log: Log, topic: str, partition: int, slot: int) -> DamagedEntry | N
         return _inspect(plog, topic, partition, slot, exc.check or str(exc), exc.header, None)
     except ObjectNotFoundError:
         if plog.is_hole(slot):
-            hole = plog.missing_check(slot)
-            return _inspect(plog, topic, partition, slot, hole.check or str(hole), None, None)
+            return _inspect(plog, topic, partition, slot, MISSING_CHECK, None, None)
         return None
     return None
 
@@ -387,8 +385,7 @@ def _damage_of(log: Log, plog: PartitionLog, slot: int, where: str) -> tuple[Ent
     except ObjectNotFoundError:
         if not plog.is_hole(slot):
             raise
-        hole = plog.missing_check(slot)
-        return None, hole.check or str(hole)
+        return None, MISSING_CHECK
     if not entry.header.is_control:  # a control entry's payload is never needed to read the log
         try:
             entry_table(log.storage, entry)

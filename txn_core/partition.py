@@ -64,6 +64,9 @@ from txn_core.storage.base import GateClosedError, Storage, create_resolving
 
 T = TypeVar("T")
 
+#: The check a hole fails (PROTOCOL.md "Damage"): what readers, ``damaged`` and ``inspect`` report for it.
+MISSING_CHECK = "missing: the object is gone although later entries exist"
+
 #: Distances past a free slot probed, all at once, before it is taken for the tail: an entry present at any
 #: of them makes the free slot a hole, not the tail. Every distance up to 8 (a run of up to 7 missing slots
 #: with any entry after it), then sparser (a wider run, in a log that goes on past it).
@@ -234,22 +237,12 @@ class PartitionLog:
                 return self._tail
             # The cached tail's predecessor vanished (retention ran, or it was rolled): rediscover.
         start, lower = self._loose_floor(refresh=self._tail is not None)
-        seen: dict[int, bool] = {}
-        slot = self.entries.find_tail(lower, seen=seen)
-        while True:
-            # The first free slot is the tail only if no slot shortly after it is present: a missing slot below
-            # a present one is a hole (PROTOCOL.md "Damage"), and an append there would reuse the offsets of the
-            # entries after it. The probes the search did not answer overlap the header read.
-            later = self._probe_after(slot, HOLE_PROBES, seen)
-            tail = (slot, start.offset) if slot == start.slot else self._after_last_readable(slot, start)
-            found = [p for p, f in later if f.result()]
-            if not found:
-                break
-            seen.clear()
-            slot = self.entries.find_tail(max(found), seen=seen)  # past the hole (or past racing appends)
-        self._tail = tail
-        self._tail_checked = now
-        return self._tail
+        # The probes for holes past each candidate overlap the read of the header before it.
+        _, tail = self._free_slot_past_holes(
+            lower, lambda slot: (slot, start.offset) if slot == start.slot else self._after_last_readable(slot, start)
+        )
+        self._tail, self._tail_checked = tail, now
+        return tail
 
     def _loose_floor(self, refresh: bool) -> tuple[LogStart, int]:
         """The log start, and the slot from which loose entries form a gap-free run up to the tail: the log
@@ -555,8 +548,7 @@ class PartitionLog:
     def missing_check(self, slot: int) -> CorruptDataError:
         """The check a hole at ``slot`` fails (see :meth:`is_hole`)."""
         key = self.entries.key(slot)
-        check = "missing: the object is gone although later entries exist"
-        return CorruptDataError(f"{key}: {check}", key, check)
+        return CorruptDataError(f"{key}: {MISSING_CHECK}", key, MISSING_CHECK)
 
     def is_hole(self, slot: int) -> bool:
         """Whether ``slot``, found missing, is a hole (:meth:`_hole`), asked with a fresh segment listing and
@@ -565,14 +557,26 @@ class PartitionLog:
         return self.segments.header(slot) is None and self._hole(slot)
 
     def free_slot(self, lower: int) -> int:
-        """The first free slot at or above ``lower`` that no entry follows: :meth:`SlotLog.find_tail`, on past
-        a hole it may have stopped at (see :meth:`_tail_locked`)."""
+        """The first free slot at or above ``lower`` that no entry follows (see :meth:`_free_slot_past_holes`)."""
+        return self._free_slot_past_holes(lower, lambda slot: None)[0]
+
+    def _free_slot_past_holes(self, lower: int, beside: Callable[[int], T]) -> tuple[int, T]:
+        """The first free slot at or above ``lower`` that no entry follows, and ``beside`` of it.
+
+        :meth:`SlotLog.find_tail` gives the first free slot; it is the tail only if no slot shortly after it
+        (:data:`HOLE_PROBES`) is present: a missing slot below a present one is a hole (PROTOCOL.md "Damage"),
+        and an append there would reuse the offsets of the entries after it. Past a hole (or past racing
+        appends) the search goes on. ``beside(candidate)`` runs while the probes past it are in flight."""
         seen: dict[int, bool] = {}
         slot = self.entries.find_tail(lower, seen=seen)
-        while found := [p for p, f in self._probe_after(slot, HOLE_PROBES, seen) if f.result()]:
+        while True:
+            later = self._probe_after(slot, HOLE_PROBES, seen)
+            got = beside(slot)
+            found = [p for p, f in later if f.result()]
+            if not found:
+                return slot, got
             seen.clear()
             slot = self.entries.find_tail(max(found), seen=seen)
-        return slot
 
     def _probe_after(
         self, slot: int, distances: Sequence[int], seen: dict[int, bool]
@@ -655,7 +659,7 @@ class PartitionLog:
         except CorruptDataError as exc:
             header = exc.header if isinstance(exc, DamagedEntryError) else None
             lost = self._lost_or_raise(slot, exc)
-            return Entry(slot, header or lost.header(), b"", lost.key, lost)
+            return entry_of_lost(lost, header)
 
     def _read_entry(self, slot: int) -> Entry:
         key = self.entries.key(slot)
@@ -771,9 +775,10 @@ def _search_probes(lo: int, hi: int, lo_base: int, hi_next: int, offset: int) ->
     return sorted({min(max(slot, lo + 1), hi) for slot in (guess, guess + 1, *spread)})
 
 
-def entry_of_lost(lost: LostEntry) -> Entry:
-    """The entry readers see in place of one marked lost: its LOST header and no data."""
-    return Entry(lost.slot, lost.header(), b"", lost.key, lost)
+def entry_of_lost(lost: LostEntry, header: EntryHeader | None = None) -> Entry:
+    """The entry readers see in place of one marked lost: no data, and its LOST header, or ``header`` (the
+    entry's own, when only its payload is damaged)."""
+    return Entry(lost.slot, header or lost.header(), b"", lost.key, lost)
 
 
 def _segment_entry(item: SegmentEntry) -> Entry:

@@ -289,7 +289,7 @@ def _damaged(plog: PartitionLog, slot: int, exc: DamagedEntryError, fail_on_data
     lost = None if fail_on_data_loss else skipped_lost(plog, exc)
     if lost is None:
         raise exc
-    return Entry(slot, exc.header or lost.header(), b"", lost.key, lost)
+    return entry_of_lost(lost, exc.header)
 
 
 def _after_missing_entry(

@@ -42,7 +42,7 @@ from txn_core.errors import (
 from txn_core.ids import TxnId
 from txn_core.logs import get_logger
 from txn_core.lost import ABORT, COMMIT, ONGOING, UNKNOWN, LostEntry
-from txn_core.partition import Entry, PartitionLog
+from txn_core.partition import Entry, PartitionLog, entry_of_lost
 from txn_core.producer_state import gap_error
 from txn_core.readahead import HeaderReadAhead, ReadAhead
 from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
@@ -489,7 +489,7 @@ class PartitionReader:
                     # Deliver what precedes the damage first; then fail, and keep failing (never skip it).
                     self._error = exc
                     break
-                entry = Entry(self._cursor, exc.header or lost.header(), b"", lost.key, lost)
+                entry = entry_of_lost(lost, exc.header)
             except CorruptDataError as exc:
                 self._error = exc
                 break
