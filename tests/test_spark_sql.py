@@ -337,3 +337,27 @@ def test_progress_has_offsets_counts_and_observed_metrics_but_no_description_of_
     assert source["description"].startswith(python + "PythonMicroBatchStream")
     assert sink["description"].startswith(python + "PythonTable@")
     assert source["metrics"] == {} and sink["metrics"] == {}
+
+
+def test_starting_offsets_past_the_end_fail_the_read_and_the_query_naming_the_partition(
+    spark: Any, orders: str
+) -> None:
+    """A mistyped ``startingOffsets`` JSON is refused from ``spark.read`` and from SQL alike (as Spark's Kafka
+    source fails a range that begins after it ends), not read as an empty result; one within the log reads."""
+    past = '{"orders": {"0": 9}}'
+    with pytest.raises(Exception, match=r"startingOffsets.*orders-0: 9 > 5"):
+        spark.read.format("txnlog").option("path", orders).option("topic", "orders").option(
+            "startingOffsets", past
+        ).load().collect()
+    view = name()
+    spark.sql(
+        f"CREATE TEMPORARY VIEW {view} USING txnlog OPTIONS (path '{orders}', topic 'orders', startingOffsets '{past}')"
+    )
+    with pytest.raises(Exception, match=r"startingOffsets.*orders-0: 9 > 5"):
+        spark.sql(f"SELECT count(*) FROM {view}").collect()
+    inside = name()
+    spark.sql(
+        f"CREATE TEMPORARY VIEW {inside} USING txnlog OPTIONS (path '{orders}', topic 'orders', "
+        """startingOffsets '{"orders": {"0": 3}}')"""
+    )
+    assert sorted(r.id for r in spark.sql(f"SELECT id FROM {inside}").collect()) == [3, 4]
