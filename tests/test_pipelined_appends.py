@@ -5,6 +5,7 @@ a present one and offsets stay dense."""
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -185,3 +186,59 @@ def test_many_threads_and_another_process_append_at_once_without_holes_or_duplic
     entries = _check_dense(storage)
     assert len(entries) == 90
     assert dict(entries) == sizes
+
+
+class FlakyStorage(LocalStorage):
+    """Local disk refusing about one create in five (before writing anything), and slow on some."""
+
+    def __init__(self, root: Path, seed: int) -> None:
+        super().__init__(str(root))
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+
+    def _maybe_fail(self, key: str) -> None:
+        with self.lock:
+            roll = self.rng.random()
+        if roll < 0.2:
+            raise StorageError(f"injected: {key} refused")
+        if roll < 0.4:
+            threading.Event().wait(0.002)  # a slow create: others claim behind it
+
+    def create(self, key: str, chunks: Chunks) -> None:
+        self._maybe_fail(key)
+        super().create(key, chunks)
+
+    def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
+        self._maybe_fail(key)
+        super().create_gated(key, chunks, gate)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_failures_anywhere_in_a_chain_lose_no_landed_append_and_show_no_failed_one(tmp_path: Path, seed: int) -> None:
+    """Threads of one process append through a store that refuses creates at random while another process
+    appends too: every append that returned is in the log once, at the offsets it reported; every one that
+    raised is absent; no slot is missing below a present one."""
+    ours = PartitionLog(FlakyStorage(tmp_path, seed), PATH)
+    theirs = PartitionLog(LocalStorage(str(tmp_path)), PATH)
+    landed: dict[int, int] = {}
+    failed = 0
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        nonlocal failed
+        for j in range(12):
+            n = 1 + (i + j) % 4
+            try:
+                r = _append(theirs if i == 0 else ours, n)
+            except StorageError:
+                with lock:
+                    failed += 1
+                continue
+            with lock:
+                landed[r.base_offset] = n
+
+    with ThreadPoolExecutor(5) as pool:
+        list(pool.map(work, range(5)))
+    entries = _check_dense(LocalStorage(str(tmp_path)))
+    assert dict(entries) == landed
+    assert len(entries) + failed == 60 and failed > 0

@@ -398,8 +398,10 @@ class PartitionLog:
             self._settle_locked(claim, landed)
 
     def _settle_locked(self, claim: Claim, landed: bool) -> None:
-        """Settle ``claim``; the next append claims from the tail when it was the last of the chain (and when
-        it failed, whatever was claimed behind it fails too)."""
+        """Settle ``claim``. The next append claims from the tail when it was the last of the chain, or when it
+        failed: whatever was claimed behind it fails too and claims again. (A failure can so end the chain while
+        a newer claim is in flight; the next append then asks the tail, which does not include that claim, and
+        may try its slot: the create lets one of them win, as between processes, and the loser moves on.)"""
         if self._chain is claim or not landed:
             self._chain = None
         claim.settle(landed)
