@@ -252,3 +252,52 @@ def test_the_cli_produces_a_file_once_per_app_version(tmp_path: Path) -> None:
     assert bad.returncode == 1 and "txnlog: error:" in bad.stderr
     lone = subprocess.run([*cli], capture_output=True, text=True, timeout=120, check=False)
     assert lone.returncode == 1 and "--app-id and --version go together" in lone.stderr
+
+
+TEXT_SCHEMA = pa.schema(
+    [("id", pa.int64()), ("code", pa.string()), ("when", pa.string()), ("at", pa.timestamp("us", tz="UTC"))]
+)
+
+
+def test_csv_and_json_lines_are_read_as_the_topic_types_their_columns(tmp_path: Path) -> None:
+    """A code ``007`` and a date in a text column stay text (inference made them a number and a timestamp,
+    and the file was refused); a value that is not of its column's type names the file and the column types;
+    a zone-less time for a UTC column is taken as UTC, as before."""
+    from txn_core.cli.produce import read_rows
+
+    csv = tmp_path / "day.csv"
+    csv.write_text("id,code,when,at\n1,007,2026-01-02 03:04,2026-01-02 03:04:05\n2,010,soon,2026-01-02 03:04:05\n")
+    got = read_rows(str(csv), None, TEXT_SCHEMA)
+    assert got.column("code").to_pylist() == ["007", "010"]
+    assert got.column("when").to_pylist() == ["2026-01-02 03:04", "soon"]
+    assert got.column("id").type == pa.int64()
+    jsonl = tmp_path / "day.jsonl"
+    jsonl.write_text('{"id": 3, "code": "0042", "when": "2026-01-02 03:04:05", "at": "2026-01-02 03:04:05"}\n')
+    got = read_rows(str(jsonl), None, TEXT_SCHEMA)
+    assert got.column("when").to_pylist() == ["2026-01-02 03:04:05"] and got.column("code").to_pylist() == ["0042"]
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,code,when,at\nabc,1,x,2026-01-02 03:04:05\n")
+    with pytest.raises(txn_core.ConfigurationError, match=r"bad.csv.*invalid value 'abc'.*id int64, code string"):
+        read_rows(str(bad), None, TEXT_SCHEMA)
+
+    url = str(tmp_path / "log")
+    txn_core.open_log(url).create_topic("t", 1, TEXT_SCHEMA)
+    for f in (csv, jsonl):
+        done = subprocess.run(
+            [sys.executable, "-m", "txn_core.cli", "produce", url, "t", str(f)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+    c = txn_core.open_log(url).consumer()
+    c.assign([("t", 0)])
+    rows = c.poll().to_pylist()
+    assert [(r["id"], r["code"], r["when"]) for r in rows] == [
+        (1, "007", "2026-01-02 03:04"),
+        (2, "010", "soon"),
+        (3, "0042", "2026-01-02 03:04:05"),
+    ]
+    assert {r["at"].isoformat() for r in rows} == {"2026-01-02T03:04:05+00:00"}

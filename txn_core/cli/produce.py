@@ -69,8 +69,13 @@ def register(sub: SubParsers, common: Parser) -> None:
     p.set_defaults(func=produce)
 
 
-def read_rows(path: str, fmt: str | None) -> pa.Table:
-    """The file's rows as one table (a clear error for a missing file or an unknown format)."""
+def read_rows(path: str, fmt: str | None, schema: pa.Schema | None = None) -> pa.Table:
+    """The file's rows as one table (a clear error for a missing file, an unknown format or a value that is
+    not of its column's type).
+
+    CSV holds text and JSON strings hold text: with ``schema`` (the topic's), its columns are parsed as the
+    topic types them instead of by inference, which would make ``001`` a number and ``2026-01-02 03:04``
+    a timestamp in a column the topic keeps as text (and then refuse the file)."""
     file = Path(path)
     if not file.is_file():
         raise ConfigurationError(f"{path}: no such file")
@@ -79,6 +84,7 @@ def read_rows(path: str, fmt: str | None) -> pa.Table:
         raise ConfigurationError(
             f"{path}: cannot tell the format from the extension; pass --format {'|'.join(FORMATS)}"
         )
+    typed = {f.name: f.type for f in schema or () if _text_parses_to(f.type)}
     try:
         if fmt == "parquet":
             import pyarrow.parquet as pq
@@ -92,12 +98,44 @@ def read_rows(path: str, fmt: str | None) -> pa.Table:
         if fmt == "csv":
             import pyarrow.csv as pcsv
 
-            return pcsv.read_csv(file)
+            return pcsv.read_csv(file, convert_options=pcsv.ConvertOptions(column_types=typed))
         import pyarrow.json as pjson
 
-        return pjson.read_json(file)
+        present = _json_fields(file, typed)
+        explicit = pa.schema([(name, typed[name]) for name in present]) if present else None
+        return pjson.read_json(
+            file, parse_options=pjson.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
+        )
     except (pa.ArrowInvalid, OSError) as exc:
-        raise ConfigurationError(f"{path}: not a readable {fmt} file: {exc}") from exc
+        how = (
+            f" (columns are read as the topic types them: {', '.join(f'{n} {t}' for n, t in typed.items())})"
+            if typed and fmt in ("csv", "jsonl")
+            else ""
+        )
+        raise ConfigurationError(f"{path}: not a readable {fmt} file: {exc}{how}") from exc
+
+
+def _text_parses_to(t: pa.DataType) -> bool:
+    """Whether the file's text is parsed straight into ``t``: flat types. Nested ones are inferred and checked
+    against the topic afterwards; so are timestamps with a time zone, whose values without an offset the
+    schema check takes as UTC (pyarrow's CSV reader would refuse them)."""
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        return False
+    return not (pa.types.is_nested(t) or pa.types.is_dictionary(t) or pa.types.is_null(t))
+
+
+def _json_fields(file: Path, typed: dict[str, pa.DataType]) -> list[str]:
+    """The topic's columns present in the JSON-lines file's first line (an explicit schema would otherwise
+    add a column of nulls for each one the file lacks, hiding a missing column from the schema check)."""
+    import json
+
+    with file.open("rb") as f:
+        first = f.readline()
+    try:
+        row = json.loads(first) if first.strip() else {}
+    except ValueError:
+        return []  # pyarrow's reader reports the malformed line
+    return [name for name in typed if isinstance(row, dict) and name in row]
 
 
 def produce(args: argparse.Namespace) -> int:
@@ -105,8 +143,9 @@ def produce(args: argparse.Namespace) -> int:
         raise ConfigurationError("--app-id and --version go together: both make the write idempotent, or neither")
     storage = open_storage(args.url, storage_options(args.storage_options))  # the self-test before the first write
     log = Log(storage, create=False)
-    topic = get_topic(log, args.topic).name
-    table = read_rows(args.file, args.format)
+    meta = get_topic(log, args.topic)
+    topic = meta.name
+    table = read_rows(args.file, args.format, meta.schema)
     if args.app_id is not None:
         unit = AppVersion(args.app_id, APP_MARK, args.run, args.version)
     else:
