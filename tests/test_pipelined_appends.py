@@ -6,6 +6,7 @@ a present one and offsets stay dense."""
 from __future__ import annotations
 
 import random
+import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,7 +17,7 @@ import pytest
 from faults import FaultyStorage, SimulatedCrash
 
 from txn_core.entry import EntryKind, crc32, encode_arrow
-from txn_core.errors import StorageError
+from txn_core.errors import RetryableStorageError, StorageError
 from txn_core.partition import AppendResult, PartitionLog
 from txn_core.storage.base import Chunks, Storage
 from txn_core.storage.local import LocalStorage
@@ -73,6 +74,10 @@ def _second_behind_first(
     return first, second
 
 
+def _refuse() -> None:
+    raise StorageError("injected: the disk refused the write")
+
+
 def _slot_name(slot: int) -> str:
     return f"/log/{slot:020d}"
 
@@ -112,10 +117,7 @@ def test_a_second_append_is_written_while_the_first_is_in_flight_and_shows_after
 def test_when_the_first_append_fails_the_second_never_shows_at_its_slot_and_lands_at_the_tail(
     tmp_path: Path,
 ) -> None:
-    def fail() -> None:
-        raise StorageError("injected: the disk refused the write")
-
-    storage = HeldStorage(tmp_path, _slot_name(0), then=fail)
+    storage = HeldStorage(tmp_path, _slot_name(0), then=_refuse)
     plog = PartitionLog(storage, PATH)
     with ThreadPoolExecutor(2) as pool:
         first, second = _second_behind_first(pool, storage, plog)
@@ -242,3 +244,48 @@ def test_failures_anywhere_in_a_chain_lose_no_landed_append_and_show_no_failed_o
     entries = _check_dense(LocalStorage(str(tmp_path)))
     assert dict(entries) == landed
     assert len(entries) + failed == 60 and failed > 0
+
+
+class RetryFirstStorage(HeldStorage):
+    """:class:`HeldStorage` whose first create of slot 1 is refused with "retry" before anything is sent and
+    before its gate is asked (as a store's 503, or the first write's self-test, can)."""
+
+    refused = False
+
+    def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
+        if key.endswith(_slot_name(1)) and not self.refused:
+            self.refused = True
+            self.staged.set()
+            raise RetryableStorageError("injected: retry (nothing was sent)")
+        super().create_gated(key, chunks, gate)
+
+
+def test_an_append_refused_before_its_gate_was_asked_still_waits_for_the_one_ahead(tmp_path: Path) -> None:
+    """The retry of a pipelined create is gated too: it was not (only the first attempt was), so it linked at
+    once, and the append ahead then failed: a hole below a landed append."""
+
+    storage = RetryFirstStorage(tmp_path, _slot_name(0), then=_refuse)
+    plog = PartitionLog(storage, PATH)
+    with ThreadPoolExecutor(2) as pool:
+        first, second = _second_behind_first(pool, storage, plog)
+        threading.Event().wait(0.2)  # the retry's backoff is over
+        assert not storage.exists(f"{PATH}/log/{1:020d}"), "published before the append ahead landed"
+        storage.release.set()
+        with pytest.raises(StorageError, match="injected"):
+            first.result(5)
+        b = second.result(5)
+    assert storage.refused and (b.slot, b.base_offset) == (0, 0)
+    assert _check_dense(storage) == [(0, 2)]
+
+
+def test_an_append_that_fails_before_its_create_holds_up_no_later_append(tmp_path: Path) -> None:
+    """A header that cannot be encoded (a sequence past the 32-bit field) fails its append; it used to leave
+    its claim unsettled, and every later append of the process waited for it for ever."""
+    plog = PartitionLog(LocalStorage(str(tmp_path)), PATH)
+    view = memoryview(encode_arrow([pa.record_batch({"id": [1]})], pa.schema([("id", pa.int64())])))
+    with pytest.raises(struct.error):
+        plog.append(EntryKind.DATA, [view], len(view), crc32(view), 1, producer_id=1, base_sequence=2**31)
+    with ThreadPoolExecutor(1) as pool:
+        later = pool.submit(_append, plog, 2)
+        assert later.result(5).slot == 0
+    assert _check_dense(storage=plog.storage) == [(0, 2)]

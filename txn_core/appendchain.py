@@ -36,6 +36,11 @@ class Claim:
         self._landed = landed
         self._done.set()
 
+    @property
+    def settled(self) -> bool:
+        """Whether the outcome is recorded."""
+        return self._done.is_set()
+
     def wait_landed(self) -> bool:
         """Block until settled; whether the entry landed."""
         self._done.wait()

@@ -358,40 +358,43 @@ class PartitionLog:
                 # Behind this process's append in flight, if any (txn_core.appendchain), else at the tail.
                 prev = self._chain
                 slot, offset = (prev.slot + 1, prev.next_offset) if prev is not None else self._tail_locked(False)
+                header = template.with_base_offset(offset).encode()  # may raise: before anything is claimed
                 claim = self._chain = Claim(slot, offset + record_count)
-            header = template.with_base_offset(offset).encode()
-            chain_gate = ChainGate(prev, gate)
             try:
-                create_resolving(
-                    self.storage,
-                    self.entries.key(slot),
-                    [header, *chunks],
-                    header,
-                    gate=chain_gate if prev is not None or gate is not None else None,
-                )
-            except GateClosedError:
-                self._settle(claim, False)
-                if chain_gate.prev_failed:
-                    continue  # the append ahead did not land: claim again
-                raise
-            except ObjectExistsError:
-                if chain_gate.opened:
-                    gate = None  # it opened: the data may be visible from now on
+                chain_gate = ChainGate(prev, gate)
+                try:
+                    create_resolving(
+                        self.storage,
+                        self.entries.key(slot),
+                        [header, *chunks],
+                        header,
+                        gate=chain_gate if prev is not None or gate is not None else None,
+                    )
+                except GateClosedError:
+                    self._settle(claim, False)
+                    if chain_gate.prev_failed:
+                        continue  # the append ahead did not land: claim again
+                    raise
+                except ObjectExistsError:
+                    if chain_gate.opened:
+                        gate = None  # it opened: the data may be visible from now on
+                    with self._lock:
+                        self._settle_locked(claim, False)
+                        ours = self._after_lost_race_locked(slot, wid)
+                    if ours is not None:
+                        return AppendResult(slot, ours.base_offset, record_count, ts)
+                    continue
                 with self._lock:
-                    self._settle_locked(claim, False)
-                    ours = self._after_lost_race_locked(slot, wid)
-                if ours is not None:
-                    return AppendResult(slot, ours.base_offset, record_count, ts)
-                continue
-            except BaseException:
-                self._settle(claim, False)
-                raise
-            with self._lock:
-                self._advance_to(slot + 1, offset + record_count)
-                self._tail_checked = self._monotonic()
-                self._note(offset, slot, record_count)
-                self._settle_locked(claim, True)
-            return AppendResult(slot, offset, record_count, ts)
+                    self._advance_to(slot + 1, offset + record_count)
+                    self._tail_checked = self._monotonic()
+                    self._note(offset, slot, record_count)
+                    self._settle_locked(claim, True)
+                return AppendResult(slot, offset, record_count, ts)
+            finally:
+                if not claim.settled:
+                    # An error or an interrupt anywhere above (a crash, a failed create, Ctrl-C): appends claimed
+                    # behind this one must not wait for ever; they claim again.
+                    self._settle(claim, False)
 
     def _settle(self, claim: Claim, landed: bool) -> None:
         with self._lock:

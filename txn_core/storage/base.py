@@ -175,8 +175,10 @@ def create_resolving(
     if another writer's object is there, :class:`ObjectExistsError` is raised; if nothing is there,
     the create is retried. Retryable errors are retried with backoff. Never deletes anything.
 
-    With ``gate``, the first attempt is :meth:`Storage.create_gated` (a closed gate raises
-    :class:`GateClosedError`, nothing created); later attempts follow a gate that already opened.
+    With ``gate``, attempts are :meth:`Storage.create_gated` until the gate has opened (a closed gate raises
+    :class:`GateClosedError`, nothing created); only later attempts are plain creates. An attempt that failed
+    before asking the gate (a store's "retry" before anything was sent) asks it again: an entry gated on
+    another's landing is never published unasked.
 
     After ``attempts`` (a bound: this never loops forever) it raises what is known:
     :class:`RetryableStorageError` if every attempt was refused by the store (the object certainly did
@@ -184,10 +186,11 @@ def create_resolving(
     """
     last: BaseException | None = None
     unknown = False  # whether some attempt may have landed without our learning it
+    asked = _OpenedGate(gate) if gate is not None else None
     for attempt in range(attempts):
         try:
-            if gate is not None and attempt == 0:
-                storage.create_gated(key, chunks, gate)
+            if asked is not None and not asked.opened:
+                storage.create_gated(key, chunks, asked)
             else:
                 storage.create(key, chunks)
             return
@@ -231,6 +234,20 @@ def create_resolving(
         "the storage is unreachable or failing. Retry the operation once storage is healthy "
         "(it is safe: the retry resolves the earlier attempt)."
     ) from last
+
+
+class _OpenedGate:
+    """A gate that remembers whether it opened (:func:`create_resolving` asks it until it did)."""
+
+    __slots__ = ("gate", "opened")
+
+    def __init__(self, gate: Callable[[], bool]) -> None:
+        self.gate = gate
+        self.opened = False
+
+    def __call__(self) -> bool:
+        self.opened = self.gate()
+        return self.opened
 
 
 def _is_mine(storage: Storage, key: str, identity: bytes) -> bool:
