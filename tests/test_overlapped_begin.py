@@ -4,6 +4,8 @@ begin record is created, and linked only once the begin is durable under the tra
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 import txn_core
+from txn_core.errors import StorageError
 from txn_core.ids import TxnId
 from txn_core.storage import open_storage
 
@@ -33,11 +36,9 @@ def _ids(log: txn_core.Log, isolation: str = "read_committed") -> list[int]:
     return sorted(out)
 
 
-def test_the_first_writes_overlap_the_begin_and_commit_as_usual(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    log = _log(tmp_path)
-    overlapped: list[Any] = []
+def _record_overlaps(monkeypatch: pytest.MonkeyPatch) -> list[TxnId]:
+    """The transaction ids under which producers write their first entries while the begin is created."""
+    overlapped: list[TxnId] = []
     original = txn_core.Producer._write_with_begin
 
     def spy(self: txn_core.Producer, todo: Any, predicted: TxnId) -> None:
@@ -45,6 +46,14 @@ def test_the_first_writes_overlap_the_begin_and_commit_as_usual(
         original(self, todo, predicted)
 
     monkeypatch.setattr(txn_core.Producer, "_write_with_begin", spy)
+    return overlapped
+
+
+def test_the_first_writes_overlap_the_begin_and_commit_as_usual(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _log(tmp_path)
+    overlapped = _record_overlaps(monkeypatch)
     p = log.producer("overlap")
     p.init_transactions()
     for i in range(3):
@@ -91,3 +100,57 @@ def test_a_fenced_begin_leaves_the_staged_entries_unseen(tmp_path: Path) -> None
     assert zombie.state == txn_core.ClientState.FATAL_ERROR
     assert _ids(txn_core.open_log(str(tmp_path / "log")), "read_uncommitted") == []
     successor.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_marker_write_does_not_deadlock_the_next_overlapped_begin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The markers of a transaction fail to be written in the background; the next transaction's first
+    entry is staged behind its begin. The begin must not write those markers itself: they would queue
+    behind that entry in the same partition, which waits for the begin. The markers are written at the
+    next commit instead, and both transactions are readable."""
+    log = _log(tmp_path)
+    original = log.coordinator.write_markers
+    calls: list[TxnId | None] = []
+
+    def fail_once(prepared: Any) -> None:
+        calls.append(prepared.txn)
+        if len(calls) == 1:
+            raise StorageError("injected: marker write failed")
+        original(prepared)
+
+    monkeypatch.setattr(log.coordinator, "write_markers", fail_once)
+    overlapped = _record_overlaps(monkeypatch)
+    p = log.producer("failed-markers")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [1]}), partition=0)
+    p.commit_transaction()
+    first = calls[0] if calls else None
+    deadline = time.monotonic() + 30
+    while not (calls and p._completions._pending and p._completions._failed(p._completions._pending[0])):
+        assert time.monotonic() < deadline, "the background marker write never failed"
+        time.sleep(0.01)
+
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            p.begin_transaction()
+            p.send("t", pa.table({"id": [2]}), partition=0)
+            p.commit_transaction()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=second, daemon=True).start()
+    assert done.wait(30), "the second transaction deadlocked on the first one's markers"
+    assert errors == []
+    assert len(overlapped) == 2, "the second transaction's first entry did not overlap its begin"
+    p.wait_for_completion()
+    assert first is not None and calls.count(first) == 2  # failed once, written again before the next prepare
+    p.close()
+    assert _ids(txn_core.open_log(str(tmp_path / "log"))) == [1, 2]

@@ -410,10 +410,13 @@ class Producer:
                 current_epoch=state.epoch,
             )
 
-    def _with_completions(self, record: Callable[[list[TxnId]], TidState], *, for_begin: bool = False) -> TidState:
+    def _with_completions(
+        self, record: Callable[[list[TxnId]], TidState], *, for_begin: bool = False, overlapped: bool = False
+    ) -> TidState:
         """Create a coordinator record of this producer, carrying the Complete of every decided transaction
-        whose markers are durable (:mod:`txn_core.producer.completion`)."""
-        claimed: list[PendingCompletion] = self._completions.claim(for_begin=for_begin)
+        whose markers are durable (:mod:`txn_core.producer.completion`). ``overlapped``: entries of the
+        producer wait for this record (the overlapped begin), so it writes no markers itself."""
+        claimed: list[PendingCompletion] = self._completions.claim(for_begin=for_begin, finish_failed=not overlapped)
         try:
             state = record([c.txn for c in claimed])
         except BaseException:
@@ -443,7 +446,7 @@ class Producer:
             self.epoch = self._next_epoch = done.epoch
             self._sequences.clear()
 
-    def _begin_remote(self, participants: list[str]) -> None:
+    def _begin_remote(self, participants: list[str], *, overlapped: bool = False) -> None:
         """Persist the ``begin`` of the current transaction with its first participants, at the epoch that
         follows the last decided transaction (whose Complete this record carries if its markers landed)."""
         epoch = self._next_epoch
@@ -457,6 +460,7 @@ class Producer:
                 completed=done,
             ),
             for_begin=True,
+            overlapped=overlapped,
         )
         if state.epoch != self.epoch:
             self._sequences.clear()
@@ -464,8 +468,9 @@ class Producer:
         self._txn = state.txn
         self._participants.update(participants)
 
-    def _ensure_registered(self, logs: list[str]) -> None:
-        """Persist participants with the coordinator before the first write to each (AddPartitionsToTxn)."""
+    def _ensure_registered(self, logs: list[str], *, overlapped: bool = False) -> None:
+        """Persist participants with the coordinator before the first write to each (AddPartitionsToTxn).
+        ``overlapped``: the transaction's first entries are in flight behind this begin (``_write_with_begin``)."""
         if self.transactional_id is None:
             return
         new = [p for p in dict.fromkeys(logs) if p not in self._participants]
@@ -473,7 +478,7 @@ class Producer:
             return
         try:
             if self._txn is None:
-                self._begin_remote(new)
+                self._begin_remote(new, overlapped=overlapped)
             else:
                 txn = self._txn
                 self._with_completions(
@@ -625,6 +630,9 @@ class Producer:
     def _write_buffers(self, todo: dict[str, PartitionBuffer]) -> None:
         if self._txn is None and self.transactional_id is not None and self.log.storage.stages_creates:
             predicted = self.log.coordinator.predict_txn(self.transactional_id)
+            # Overlap only a begin that waits for no older markers (at most one completion pending, which it
+            # leaves completing); it writes none either (``overlapped``): either would queue marker writes
+            # behind the gated entries, which wait for the begin.
             if predicted is not None and not self._completions.begin_waits():
                 self._write_with_begin(todo, predicted)
                 return
@@ -642,7 +650,7 @@ class Producer:
             self._sequences.clear()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txnlog-producer")
-        begun = self._pool.submit(self._ensure_registered, list(todo))
+        begun = self._pool.submit(functools.partial(self._ensure_registered, list(todo), overlapped=True))
 
         def gate() -> bool:
             begun.result()
