@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import uuid
 
@@ -12,7 +13,14 @@ from faults import FaultyStorage
 import txn_core
 from txn_core import paths
 from txn_core.entry import EntryKind, crc32, encode_arrow
-from txn_core.errors import ConfigurationError, OutOfOrderSequenceError, SchemaMismatchError, UnknownOutcomeError
+from txn_core.errors import (
+    ConfigurationError,
+    OutOfOrderSequenceError,
+    SchemaMismatchError,
+    TransactionTooLargeError,
+    UnknownOutcomeError,
+)
+from txn_core.producer.client import SEQUENCE_LIMIT
 from txn_core.routing import partition_for
 from txn_core.storage import MemoryStorage
 
@@ -128,30 +136,45 @@ def test_ambiguous_append_is_retried_without_a_duplicate() -> None:
     assert seen == [1, 2, 3, 4]
 
 
-def test_unresolvable_failure_keeps_the_batch_for_a_retry_that_lands_once() -> None:
-    class Down(MemoryStorage):
-        down = False
+class _Down(MemoryStorage):
+    """While ``down``: creates in partition logs whose key starts with ``prefix`` report an unknown outcome
+    (after landing if ``lands``), and reads of them fail, so the producer cannot learn what happened."""
 
-        def create(self, key: str, chunks: object) -> None:  # type: ignore[override]
-            if self.down and "/log/" in key and key.startswith("topics/"):
+    def __init__(self, prefix: str = "topics/", *, lands: bool = True) -> None:
+        super().__init__(uuid.uuid4().hex)
+        self.prefix, self.lands, self.down = prefix, lands, False
+
+    def _cut(self, key: str) -> bool:
+        return self.down and "/log/" in key and key.startswith(self.prefix)
+
+    def create(self, key: str, chunks: object) -> None:  # type: ignore[override]
+        if self._cut(key):
+            if self.lands:
                 super().create(key, chunks)  # type: ignore[arg-type]
-                raise UnknownOutcomeError("timeout")
-            super().create(key, chunks)  # type: ignore[arg-type]
+            raise UnknownOutcomeError("timeout")
+        super().create(key, chunks)  # type: ignore[arg-type]
 
-        def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-            if self.down and "/log/" in key and key.startswith("topics/"):
-                raise txn_core.StorageError("unreachable")
-            return super().read(key, start, end)
+    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        if self._cut(key):
+            raise txn_core.StorageError("unreachable")
+        return super().read(key, start, end)
 
-    storage = Down(uuid.uuid4().hex)
-    log = _log(storage)
-    p = log.producer()
-    p.send("t", pa.table({"id": [1], "key": ["a"]}), partition=0)
+
+def _unknown_second_append(storage: _Down, partition: int) -> txn_core.Producer:
+    """A producer that wrote id 1 to ``partition``, then id 2 while ``storage`` was down: in flight."""
+    p = _log(storage).producer()
+    p.send("t", pa.table({"id": [1], "key": ["a"]}), partition=partition)
     p.flush()
     storage.down = True
-    p.send("t", pa.table({"id": [2], "key": ["b"]}), partition=0)
+    p.send("t", pa.table({"id": [2], "key": ["b"]}), partition=partition)
     with pytest.raises(UnknownOutcomeError, match="could not learn whether"):
         p.flush()
+    return p
+
+
+def test_unresolvable_failure_keeps_the_batch_for_a_retry_that_lands_once() -> None:
+    storage = _Down()
+    p = _unknown_second_append(storage, 0)
     storage.down = False
     p.flush()  # the same append, same writer id: resolves to the copy that had landed
     assert _all(txn_core.Log(storage)).column("id").to_pylist() == [1, 2]
@@ -197,3 +220,74 @@ def test_producer_ids_are_unique_across_logs_and_blocks() -> None:
     a, b = txn_core.Log(storage), txn_core.Log(storage)
     ids = {a.producer().producer_id for _ in range(300)} | {b.producer().producer_id for _ in range(10)}
     assert len(ids) == 310
+
+
+def _headers(log: txn_core.Log, partition: int) -> list[tuple[int, int, int]]:
+    """(epoch, base sequence, records) of every data entry in ``partition`` of topic t."""
+    plog = log.partition_log(paths.partition_log_path("t", partition))
+    out = []
+    for slot in itertools.count():
+        try:
+            h = plog.read_header(slot)
+        except txn_core.ObjectNotFoundError:
+            return out
+        out.append((h.producer_epoch, h.base_sequence, h.record_count))
+    raise AssertionError("unreachable")
+
+
+def test_an_idempotent_producer_past_the_sequence_limit_moves_to_the_next_epoch() -> None:
+    """A sequence is a signed 32-bit number. A producer about to pass it in one partition moves to the next
+    epoch, where every partition's sequence restarts at 0; readers accept the new epoch's first entry."""
+    log = _log()
+    p = log.producer()
+    p.send("t", pa.table({"id": [1, 2], "key": ["a", "b"]}), partition=1)
+    p.flush()
+    p._sequences[paths.partition_log_path("t", 0)] = SEQUENCE_LIMIT - 3  # as after 2**31 - 4 records
+    p.send("t", pa.table({"id": [3, 4, 5, 6, 7], "key": list("cdefg")}), partition=0)
+    p.flush()
+    assert p.epoch == 1
+    p.send("t", pa.table({"id": [8], "key": ["h"]}), partition=1)
+    p.send("t", pa.table({"id": [9], "key": ["i"]}), partition=0)
+    p.flush()
+    p.close()
+    fresh = txn_core.Log(log.storage)
+    assert _headers(fresh, 0) == [(1, 0, 5), (1, 5, 1)]
+    assert _headers(fresh, 1) == [(0, 0, 2), (1, 0, 1)]
+    assert sorted(_all(fresh).column("id").to_pylist()) == list(range(1, 10))
+
+
+def test_at_the_sequence_limit_an_append_in_flight_is_written_at_its_own_epoch() -> None:
+    """An append whose outcome is unknown when the producer moves to the next epoch is written first, at the
+    epoch it was built for: sent at the new epoch with its old sequence, it would make the new epoch's
+    entries with lower sequences look like duplicates, and readers would skip them."""
+    storage = _Down("topics/t/00001/", lands=False)  # it did not land, and nobody can tell
+    p = _unknown_second_append(storage, 1)
+    storage.down = False
+    p._sequences[paths.partition_log_path("t", 0)] = SEQUENCE_LIMIT - 1
+    p.send("t", pa.table({"id": [3], "key": ["c"]}), partition=1)
+    p.send("t", pa.table({"id": [4, 5], "key": ["d", "e"]}), partition=0)
+    p.flush()
+    p.close()
+    fresh = txn_core.Log(storage)
+    assert _headers(fresh, 1) == [(0, 0, 1), (0, 1, 1), (1, 0, 1)]
+    assert sorted(_all(fresh).column("id").to_pylist()) == [1, 2, 3, 4, 5]
+
+
+def test_a_transaction_past_the_sequence_limit_is_refused_before_writing() -> None:
+    log = _log()
+    p = log.producer("too-large")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [1], "key": ["a"]}), partition=0)
+    p.flush()
+    p._sequences[paths.partition_log_path("t", 0)] = SEQUENCE_LIMIT - 1  # as after 2**31 - 2 records
+    p.send("t", pa.table({"id": [2, 3], "key": ["b", "c"]}), partition=0)
+    with pytest.raises(TransactionTooLargeError, match="commit in smaller ones"):
+        p.commit_transaction()
+    assert len(_headers(log, 0)) == 1
+    p.abort_transaction()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [4], "key": ["d"]}), partition=0)
+    p.commit_transaction()
+    p.close()
+    assert _all(txn_core.Log(log.storage)).column("id").to_pylist() == [4]

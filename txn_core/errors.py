@@ -219,6 +219,11 @@ class InvalidTxnStateError(TxnLogError):
         self.target = target
 
 
+class TransactionTooLargeError(TxnLogError):
+    """A transaction would write more records to one partition than one epoch's sequence numbers count
+    (2**31 - 1). Nothing of the write was sent; abort the transaction and commit in smaller ones."""
+
+
 class OutOfOrderSequenceError(TxnLogError):
     """A gap in a producer's per-partition sequence numbers: a batch is missing. The attributes give the
     producer, its epoch, the expected and received sequence and the offset of the entry after the gap."""

@@ -49,6 +49,7 @@ from txn_core.errors import (
     ProducerClosedError,
     ProducerFencedError,
     StorageError,
+    TransactionTooLargeError,
     TxnLogError,
     UnknownOutcomeError,
 )
@@ -70,6 +71,8 @@ if TYPE_CHECKING:
 _S = ClientState
 DEFAULT_BATCH_BYTES = 4 << 20
 MAX_ENTRY_BYTES = 64 << 20
+#: Records one epoch can write to one partition: the header's base sequence is a signed 32-bit number.
+SEQUENCE_LIMIT = 2**31 - 1
 logger = get_logger("txnlog.producer")
 
 Offsets = dict[tuple[str, int] | TopicPartition, int]
@@ -628,6 +631,7 @@ class Producer:
             self._write_buffers(todo)
 
     def _write_buffers(self, todo: dict[str, PartitionBuffer]) -> None:
+        self._check_sequence_room(todo)
         if self._txn is None and self.transactional_id is not None and self.log.storage.stages_creates:
             predicted = self.log.coordinator.predict_txn(self.transactional_id)
             # Overlap only a begin that waits for no older markers (at most one completion pending, which it
@@ -638,6 +642,31 @@ class Producer:
                 return
         self._ensure_registered(list(todo))
         self._run_all([functools.partial(self._write_one, path, buffer) for path, buffer in todo.items()])
+
+    def _check_sequence_room(self, todo: dict[str, PartitionBuffer]) -> None:
+        """Make sure ``todo`` fits in the current epoch's sequences (PROTOCOL.md "Idempotence"). An idempotent
+        producer that would pass :data:`SEQUENCE_LIMIT` in a partition first writes every append in flight
+        (their outcome unknown: they are resolved at the epoch they were written with; sent again at a new
+        epoch, one that had landed would be accepted twice), then moves to the next epoch, where every
+        partition's sequence restarts at 0. A transaction runs at one epoch: it is refused, nothing written."""
+        over = [
+            path
+            for path, b in todo.items()
+            if self._sequences.get(path, 0) + b.rows + (b.inflight.rows if b.inflight else 0) > SEQUENCE_LIMIT
+        ]
+        if not over:
+            return
+        if self.transactional_id is not None:
+            raise TransactionTooLargeError(
+                f"transactional id {self.transactional_id!r}: this write would take {over[0]} past "
+                f"{SEQUENCE_LIMIT:,} records in one transaction (the sequence numbers of one epoch); nothing "
+                "of it was written. Abort the transaction and commit in smaller ones"
+            )
+        inflight = [(path, b) for path, b in self._buffers.items() if b.inflight is not None]
+        self._run_all([functools.partial(self._write_one, path, b, only_inflight=True) for path, b in inflight])
+        logger.info("producer %d: epoch %d has no sequences left in %s", self.producer_id, self.epoch, over[0])
+        self.epoch = self._next_epoch = self.epoch + 1
+        self._sequences.clear()
 
     def _write_with_begin(self, todo: dict[str, PartitionBuffer], predicted: TxnId) -> None:
         """The transaction's first writes overlap its ``begin`` record, on a store that stages creates
@@ -667,13 +696,19 @@ class Producer:
             wait([begun])  # the begin's own error, if any, was raised through the gate
 
     def _write_one(
-        self, path: str, buffer: PartitionBuffer, txn: TxnId | None = None, gate: Callable[[], bool] | None = None
+        self,
+        path: str,
+        buffer: PartitionBuffer,
+        txn: TxnId | None = None,
+        gate: Callable[[], bool] | None = None,
+        *,
+        only_inflight: bool = False,
     ) -> list[RecordMetadata]:
-        """Append ``buffer``'s in-flight entry (if any), then its buffered tables as entries (the first one
-        behind ``gate``, under ``txn`` instead of the current transaction id when given)."""
+        """Append ``buffer``'s in-flight entry (if any), then (unless ``only_inflight``) its buffered tables as
+        entries (the first one behind ``gate``, under ``txn`` instead of the current transaction id when given)."""
         while True:
             if buffer.inflight is None:
-                if not buffer.tables:
+                if only_inflight or not buffer.tables:
                     return []
                 buffer.next_entry(MAX_ENTRY_BYTES, self._sequences.get(path, 0))
             inflight = buffer.inflight
@@ -702,6 +737,12 @@ class Producer:
         gate: Callable[[], bool] | None = None,
     ) -> AppendResult:
         """One entry of this producer (its id, epoch and current transaction, or ``txn``) into ``path``."""
+        if sequence + record_count > SEQUENCE_LIMIT:  # only a transaction gets here (_check_sequence_room)
+            raise TransactionTooLargeError(
+                f"transactional id {self.transactional_id!r}: an entry of {record_count:,} records would take "
+                f"{path} past {SEQUENCE_LIMIT:,} records in one transaction (the sequence numbers of one "
+                "epoch); nothing of it was written. Abort the transaction and commit in smaller ones"
+            )
         return self.log.partition_log(path).append_payload(
             kind,
             payload,
