@@ -449,7 +449,7 @@ def _open_outcomes(log: Log, path: str, slot: int, first: int, where: str) -> tu
     the entry was damaged, holds the buffer as it stood after it."""
     state = log.partition_state(path, shared=False)
     state.write_snapshots = False
-    state.rewind(first)
+    state.reload(at_most=first)
     state.scan_to_end()
     if state.buffer.slot != slot:
         damage = state.damage

@@ -97,17 +97,12 @@ class PartitionState:
         self.snapshot_position = buffer.position
         return buffer
 
-    def reload(self) -> TxnBuffer:
-        """Rebuild the buffer from the newest snapshot (after retention removed what it had not seen)."""
-        self._buffer = self._load()
-        self.decisions.clear()
-        return self._buffer
-
-    def rewind(self, position: int) -> TxnBuffer:
-        """Rebuild the buffer from the newest snapshot at or before ``position`` (else from the log start), to
-        scan the log as it stood there: marking a damaged entry lost needs the transactions open just before
-        it, though a snapshot taken before the damage happened may lie past it."""
-        self._buffer = self._load(at_most=position)
+    def reload(self, at_most: int | None = None) -> TxnBuffer:
+        """Rebuild the buffer from the newest snapshot (after retention removed what it had not seen), or with
+        ``at_most`` from the newest at or before that position (else from the log start), to scan the log as
+        it stood there: marking a damaged entry lost needs the transactions open just before it, though a
+        snapshot taken before the damage happened may lie past it."""
+        self._buffer = self._load(at_most=at_most)
         self.decisions.clear()
         return self._buffer
 
