@@ -17,6 +17,7 @@ import txn_core
 from conftest import make_location
 from txn_core import maintenance, paths, staging
 from txn_core.errors import ConfigurationError, DataLossError
+from txn_core.rolling import RollPolicy
 from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -164,6 +165,38 @@ def test_staged_objects_nobody_references_are_swept(storage: Storage) -> None:
     assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 1
     assert log.storage.exists(kept.key) and not log.storage.exists(orphan.key)
     assert _read(log) == [1, 2]
+
+
+def test_the_sweep_keeps_what_entries_past_the_segments_reference(storage: Storage) -> None:
+    """A rolled partition has no loose entries below its segments' chain end. The sweep looks for references
+    from there on: looking from the log start, it took the first rolled slot for the end of the log and
+    deleted the staged objects of every committed entry after the segments."""
+    clock = FakeClock(2_000_000_000_000)
+    log = txn_core.Log(storage, clock=clock)
+    log.create_topic("t", 1, SCHEMA)
+    p = log.producer("st")
+    p.init_transactions()
+
+    def commit(i: int) -> None:
+        ref = staging.write_staged(
+            log.storage, staging.staging_prefix("w", i), "t", 0, [pa.record_batch({"id": [i]})], SCHEMA
+        )
+        assert ref is not None
+        p.begin_transaction()
+        p.send_staged([ref])
+        p.commit_transaction()
+
+    for i in range(40):  # 80 slots (a reference and a marker each): past every probe beyond slot 0
+        commit(i)
+    p.wait_for_completion()
+    clock.now += 10_000
+    (rolled,) = maintenance.roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    assert rolled.chain_end == 80 and rolled.deleted_entries == 80
+    for i in range(40, 43):
+        commit(i)
+    p.close()
+    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 0
+    assert _read(txn_core.Log(log.storage, clock=clock)) == list(range(43))
 
 
 def test_a_fresh_process_sees_counts_and_sizes_after_retention(storage: Storage) -> None:

@@ -153,13 +153,13 @@ def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False
     """Every damaged entry of one partition, marked lost or not, in slot order.
 
     Reads every header (one ranged read each, read ahead), and with ``payloads`` every whole entry and
-    staged object (checksums and record counts): a task for quiet hours on a large partition.
+    staged object (checksums and record counts; a control entry's payload checksum too, though readers act
+    on its header alone): a task for quiet hours on a large partition.
     """
     from txn_core.readahead import HeaderReadAhead, ReadAhead
 
     plog = log.partition_log(paths.partition_log_path(topic, partition))
-    start = plog.log_start(refresh=True)
-    end = plog.free_slot(start.slot)
+    start, _, end = plog.scan_bounds()
     found: dict[int, DamagedEntry] = {}
     for lost in list_lost(log.storage, plog.path):
         if lost.slot >= start.slot:
@@ -190,10 +190,13 @@ def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False
                 if slot in found:
                     continue  # a hole, found above
                 break
-            if entry.lost is not None or slot in found or entry.header.is_control:
+            if entry.lost is not None or slot in found:
                 continue
             try:
-                entry_table(log.storage, entry)
+                if entry.header.is_control:
+                    entry.payload()  # readers act on a marker's header alone; its payload is checked here
+                else:
+                    entry_table(log.storage, entry)
             except CorruptDataError as exc:  # the payload or the staged object it names
                 found[slot] = _inspect(plog, topic, partition, slot, exc.check or str(exc), entry.header, None)
     return [found[s] for s in sorted(found)]
@@ -324,8 +327,7 @@ def mark_lost(
         raise ConfigurationError(f"records must be at least 1, got {records}")
     path = paths.partition_log_path(topic, partition)
     plog = log.partition_log(path)
-    start = plog.log_start(refresh=True)
-    end = plog.free_slot(start.slot)
+    start, _, end = plog.scan_bounds()
     plog.readable_tail(refresh=True)  # known, it tells a missing slot inside the log (a hole) from the end
     where = f"{topic}-{partition}"
     if not start.slot <= slot < end:

@@ -215,9 +215,10 @@ def sweep_staging(log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: in
         meta = log.topics.get(topic)
         for p in range(meta.partitions):
             plog = log.partition_log(paths.partition_log_path(topic, p))
-            start = plog.log_start(refresh=True)
-            tail_slot = plog.free_slot(start.slot)
-            for slot in range(start.slot, tail_slot):
+            # Rolled entries hold their references' rows inlined (PROTOCOL.md "Segments"): only loose
+            # entries from the segments' chain end on can still need a staged object.
+            _, floor, end = plog.scan_bounds()
+            for slot in range(floor, end):
                 key = plog.entries.key(slot)
                 try:
                     data = log.storage.read(key)

@@ -561,6 +561,16 @@ class PartitionLog:
         self._recheck_for_hole()
         return self.segments.header(slot) is None and self._hole(slot)
 
+    def scan_bounds(self) -> tuple[LogStart, int, int]:
+        """``(log start, loose floor, end)`` for a scan of the whole partition, from a fresh log start and
+        segment listing: entries are slots ``[start.slot, end)``; below the loose floor (the segments' chain
+        end) they are read from segments, from it on as loose objects; ``end`` is the first free slot past
+        every entry and hole. A scan that looked for loose objects from the log start of a rolled partition
+        would take the first rolled slot for the end, and miss every entry after it."""
+        with self._lock:
+            start, floor = self._loose_floor(refresh=True)
+        return start, floor, self.free_slot(floor)
+
     def free_slot(self, lower: int) -> int:
         """The first free slot at or above ``lower`` that no entry follows (see :meth:`_free_slot_past_holes`)."""
         return self._free_slot_past_holes(lower, lambda slot: None)[0]
