@@ -11,19 +11,19 @@ and appends go on. A reader that chose to skip damage passes it without the mark
 from __future__ import annotations
 
 import logging
-import struct
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from damaging import damage_segment_payload, flip_bit, segment_rows
 
 import txn_core
 from conftest import make_location
 from txn_core import paths
 from txn_core.coordinator.txnlog import TxnStatus
-from txn_core.entry import HEADER_SIZE, EntryKind, decode_header
+from txn_core.entry import HEADER_SIZE, EntryKind
 from txn_core.errors import ConfigurationError, DamagedEntryError, TxnLogError
 from txn_core.lost import ABORT, COMMIT, UNKNOWN
 from txn_core.maintenance import roll_segments
@@ -337,13 +337,6 @@ def test_marking_lost_refuses_what_it_cannot_stand_behind() -> None:
     assert log.storage.list(paths.lost_entries(PATH)) == [], "nothing was marked"
 
 
-def _flip_in_object(log: txn_core.Log, key: str, position: int) -> None:
-    data = bytearray(log.storage.read(key))
-    data[position] ^= 0x01
-    log.storage.delete(key)
-    log.storage.create(key, [bytes(data)])
-
-
 def test_damage_inside_a_segment_and_in_a_marker_is_found_and_marked_lost(caplog: pytest.LogCaptureFixture) -> None:
     """A rolled partition has no loose entries from its log start on: the damage scan and ``mark_lost`` take
     the log's extent from its segments too (they took the first rolled slot for the end, so nothing in a
@@ -354,40 +347,33 @@ def test_damage_inside_a_segment_and_in_a_marker_is_found_and_marked_lost(caplog
     log.create_topic("t", 1, SCHEMA)
     p = log.producer("rolled")
     p.init_transactions()
-    for n in range(20):  # slot 2n: records at offsets [4n, 4n + 3), holding them; slot 2n + 1: its marker
+    for n in range(20):  # transaction n: records 3n, 3n + 1, 3n + 2 (a marker may land after the next data)
         p.begin_transaction()
-        p.send("t", pa.table({"x": [4 * n, 4 * n + 1, 4 * n + 2]}, schema=SCHEMA), partition=0)
+        p.send("t", pa.table({"x": [3 * n, 3 * n + 1, 3 * n + 2]}, schema=SCHEMA), partition=0)
         p.commit_transaction()
     p.wait_for_completion()
     (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1, max_entries=64), min_age_ms=0)
     assert rolled.chain_end == 40 and rolled.deleted_entries == 40
     p.begin_transaction()
-    p.send("t", pa.table({"x": [80]}, schema=SCHEMA), partition=0)
+    p.send("t", pa.table({"x": [60]}, schema=SCHEMA), partition=0)
     p.commit_transaction()
     p.close()
     segment = log.partition_log(PATH).segments.key(0)
-    # Index row i (at 80 + 160 i) holds slot i's header and where its bytes start (PROTOCOL.md "Segments").
-    blob = log.storage.read(segment)
-    rows = [(decode_header(blob[80 + 160 * i : 80 + 160 * i + 128], segment), 80 + 160 * i + 128) for i in range(40)]
-    ((slot, (position,)),) = [
-        (i, struct.unpack_from("<q", blob, at))
-        for i, (h, at) in enumerate(rows)
-        if h.base_offset == 20 and h.kind is EntryKind.DATA
-    ]
-    _flip_in_object(log, segment, position + HEADER_SIZE + 2)  # the records of transaction 5
+    # Every transaction runs at a fresh epoch: the sixth data entry by epoch holds transaction 5's records.
+    data = sorted(h.producer_epoch for _, h, _ in segment_rows(log, segment) if h.kind is EntryKind.DATA)
+    slot = damage_segment_payload(log, segment, lambda h: h.kind is EntryKind.DATA and h.producer_epoch == data[5])
     marker = log.partition_log(PATH).entries.key(41)
-    _flip_in_object(log, marker, len(log.storage.read(marker)) - 1)
+    flip_bit(log, marker, len(log.storage.read(marker)) - 1)
     fresh = txn_core.open_log(url)
     found = fresh.damaged_entries("t", 0, payloads=True)
     assert [(d.slot, d.kind) for d in found] == [(slot, "DATA"), (41, "COMMIT")]
     assert all("payload checksum" in d.check for d in found)
     got, error, _ = consume(fresh)
-    assert got == [x for n in range(5) for x in (4 * n, 4 * n + 1, 4 * n + 2)] and error is not None
-    assert segment in str(error)
+    assert got == list(range(15)) and error is not None and segment in str(error)
     lost = fresh.mark_lost("t", 0, slot, reason="bit rot")
-    assert (lost.first_offset, lost.next_offset) == (20, 23)
+    assert lost.next_offset - lost.first_offset == 3
     caplog.set_level(logging.WARNING, logger="txnlog")
     got, error, _ = consume(txn_core.open_log(url))
-    expected = [x for n in range(20) if n != 5 for x in (4 * n, 4 * n + 1, 4 * n + 2)] + [80]
+    expected = [x for x in range(61) if not 15 <= x < 18]
     assert error is None and got == expected
     assert ranged(txn_core.open_log(url)) == expected

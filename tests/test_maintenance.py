@@ -7,16 +7,20 @@ and deletes objects, and judges staged objects' age by the store's own modificat
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from damaging import damage_segment_payload
 from fakeclock import FakeClock
 
 import txn_core
 from conftest import make_location
 from txn_core import maintenance, paths, staging
+from txn_core.entry import EntryKind
 from txn_core.errors import ConfigurationError, DataLossError
+from txn_core.partition import PartitionLog
 from txn_core.rolling import RollPolicy
 from txn_core.storage import MemoryStorage, Storage, open_storage
 
@@ -167,36 +171,98 @@ def test_staged_objects_nobody_references_are_swept(storage: Storage) -> None:
     assert _read(log) == [1, 2]
 
 
-def test_the_sweep_keeps_what_entries_past_the_segments_reference(storage: Storage) -> None:
-    """A rolled partition has no loose entries below its segments' chain end. The sweep looks for references
-    from there on: looking from the log start, it took the first rolled slot for the end of the log and
-    deleted the staged objects of every committed entry after the segments."""
-    clock = FakeClock(2_000_000_000_000)
-    log = txn_core.Log(storage, clock=clock)
-    log.create_topic("t", 1, SCHEMA)
+def _staged_committer(log: txn_core.Log) -> tuple[txn_core.Producer, Callable[[int], None]]:
+    """A transactional producer, and ``commit(i)``: one transaction referencing a staged object of id ``i``."""
     p = log.producer("st")
     p.init_transactions()
 
     def commit(i: int) -> None:
-        ref = staging.write_staged(
-            log.storage, staging.staging_prefix("w", i), "t", 0, [pa.record_batch({"id": [i]})], SCHEMA
-        )
+        batch = pa.record_batch({"id": [i]})
+        ref = staging.write_staged(log.storage, staging.staging_prefix("w", i), "t", 0, [batch], SCHEMA)
         assert ref is not None
         p.begin_transaction()
         p.send_staged([ref])
         p.commit_transaction()
 
-    for i in range(40):  # 80 slots (a reference and a marker each): past every probe beyond slot 0
+    return p, commit
+
+
+def _rolled_with_references(
+    storage: Storage, clock: FakeClock
+) -> tuple[txn_core.Log, txn_core.Producer, Callable[[int], None]]:
+    """Topic ``t``: 40 committed references (80 slots, past every probe beyond slot 0), rolled."""
+    log = txn_core.Log(storage, clock=clock)
+    log.create_topic("t", 1, SCHEMA)
+    p, commit = _staged_committer(log)
+    for i in range(40):
         commit(i)
     p.wait_for_completion()
     clock.now += 10_000
     (rolled,) = maintenance.roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
     assert rolled.chain_end == 80 and rolled.deleted_entries == 80
+    return log, p, commit
+
+
+def test_the_sweep_keeps_what_entries_past_the_segments_reference(storage: Storage) -> None:
+    """A rolled partition has no loose entries below its segments' chain end. The sweep looks for references
+    from there on: looking from the log start, it took the first rolled slot for the end of the log and
+    deleted the staged objects of every committed entry after the segments."""
+    clock = FakeClock(2_000_000_000_000)
+    log, p, commit = _rolled_with_references(storage, clock)
     for i in range(40, 43):
         commit(i)
     p.close()
     assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 0
     assert _read(txn_core.Log(log.storage, clock=clock)) == list(range(43))
+
+
+def test_the_sweep_scans_again_when_retention_moves_the_log_start_under_it(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention deletes the loose entries from the sweep's floor on between the sweep reading that floor
+    and probing past it: the first deleted slot passes for the end of the log. The sweep sees the floor
+    moved past that end and scans again from the new one."""
+    clock = FakeClock(2_000_000_000_000)
+    log = txn_core.Log(storage, clock=clock)
+    log.create_topic("t", 1, SCHEMA)
+    p, commit = _staged_committer(log)
+    for i in range(40):  # slots 0..79: old
+        commit(i)
+    clock.now += 10**9
+    for i in range(40, 45):  # slots 80..89: young, kept by retention
+        commit(i)
+    p.close()
+    free_slot = PartitionLog.free_slot
+    raced: list[object] = []
+
+    def retention_first(plog: PartitionLog, lower: int) -> int:
+        if not raced:
+            raced.append(maintenance.apply_retention(log, "t", retention_ms=10**8, min_age_ms=0))
+        return free_slot(plog, lower)
+
+    monkeypatch.setattr(PartitionLog, "free_slot", retention_first)
+    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 0
+    monkeypatch.undo()
+    assert raced and _read(txn_core.Log(log.storage, clock=clock)) == list(range(40, 45))
+
+
+def test_the_sweep_keeps_the_staged_objects_of_a_partition_with_an_entry_marked_lost(storage: Storage) -> None:
+    """A lost entry may have been a reference nobody can read now, also inside a segment, below the loose
+    entries the sweep reads: every staged object of its partition stays."""
+    clock = FakeClock(2_000_000_000_000)
+    log, p, _ = _rolled_with_references(storage, clock)
+    p.close()
+    plog = log.partition_log(paths.partition_log_path("t", 0))
+    slot = damage_segment_payload(
+        log, plog.segments.key(0), lambda h: h.kind is EntryKind.DATA_REF and h.base_offset == 0
+    )
+    txn_core.Log(log.storage, clock=clock).mark_lost("t", 0, slot, reason="bit rot")
+    orphan = staging.write_staged(
+        log.storage, staging.staging_prefix("w", "x"), "t", 0, [pa.record_batch({"id": [9]})], SCHEMA
+    )
+    assert orphan is not None
+    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 0
+    assert log.storage.exists(orphan.key)
 
 
 def test_a_fresh_process_sees_counts_and_sizes_after_retention(storage: Storage) -> None:

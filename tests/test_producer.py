@@ -11,7 +11,7 @@ import pytest
 from faults import FaultyStorage
 
 import txn_core
-from txn_core import paths
+from txn_core import paths, staging
 from txn_core.entry import EntryKind, crc32, encode_arrow
 from txn_core.errors import (
     ConfigurationError,
@@ -291,3 +291,53 @@ def test_a_transaction_past_the_sequence_limit_is_refused_before_writing() -> No
     p.commit_transaction()
     p.close()
     assert _all(txn_core.Log(log.storage)).column("id").to_pylist() == [4]
+
+
+def _staged(log: txn_core.Log, ids: list[int], partition: int) -> staging.StagedRef:
+    ref = staging.write_staged(
+        log.storage,
+        staging.staging_prefix("test", uuid.uuid4().hex),
+        "t",
+        partition,
+        [pa.record_batch({"id": ids, "key": ["s"] * len(ids)}, schema=SCHEMA)],
+        SCHEMA,
+    )
+    assert ref is not None
+    return ref
+
+
+def test_send_staged_past_the_sequence_limit_moves_to_the_next_epoch() -> None:
+    log = _log()
+    p = log.producer()
+    p._sequences[paths.partition_log_path("t", 0)] = SEQUENCE_LIMIT - 1
+    p.send_staged([_staged(log, [1, 2], 0)])
+    assert p.epoch == 1
+    p.send_staged([_staged(log, [3], 0)])
+    p.close()
+    fresh = txn_core.Log(log.storage)
+    assert _headers(fresh, 0) == [(1, 0, 2), (1, 2, 1)]
+    assert _all(fresh).column("id").to_pylist() == [1, 2, 3]
+
+
+def test_no_new_epoch_while_a_staged_append_has_an_unknown_outcome() -> None:
+    """A send_staged append that may have landed is resolved only by its retry at the same epoch (its sequence
+    makes a second copy a duplicate). Moving to the next epoch first would let the retry land as new rows."""
+    storage = _Down("topics/t/00001/")
+    log = _log(storage)
+    p = log.producer()
+    ref = _staged(log, [100, 101], 1)
+    storage.down = True
+    with pytest.raises(UnknownOutcomeError):
+        p.send_staged([ref])
+    storage.down = False
+    p._sequences[paths.partition_log_path("t", 0)] = SEQUENCE_LIMIT - 1
+    p.send("t", pa.table({"id": [1, 2], "key": ["a", "b"]}), partition=0)
+    with pytest.raises(txn_core.InvalidTxnStateError, match="retry that send_staged"):
+        p.flush()
+    p.send_staged([ref])  # lands as a duplicate of the first copy, at epoch 0
+    p.flush()
+    assert p.epoch == 1
+    p.close()
+    fresh = txn_core.Log(storage)
+    assert _headers(fresh, 1) == [(0, 0, 2), (0, 0, 2)]
+    assert sorted(_all(fresh).column("id").to_pylist()) == [1, 2, 100, 101]

@@ -30,6 +30,7 @@ from txn_core import envelope, paths
 from txn_core.entry import HEADER_SIZE, EntryKind, decode_header, verify_payload
 from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
 from txn_core.logs import get_logger
+from txn_core.lost import list_lost
 from txn_core.rolling import MIN_AGE_MS, Roller, RollPolicy, RollResult
 from txn_core.snapshots import SnapshotStore
 
@@ -199,6 +200,38 @@ def compact_transaction_log(log: Log, *, min_age_ms: int | None = None) -> int:
     return deleted
 
 
+#: How many times the staging sweep scans a partition whose loose floor moved past its scan's end meanwhile,
+#: before it keeps all of that partition's staged objects instead.
+SWEEP_BOUND_CHECKS = 4
+
+
+def _collect_references(log: Log, topic: str, p: int, slots: range, referenced: set[str], unknown: set[str]) -> None:
+    """Add the staged objects the loose DATA_REF entries of partition ``p`` of ``topic`` in ``slots`` reference
+    to ``referenced``; a hole or a damaged entry there adds the partition's staged-object prefix to ``unknown``."""
+    plog = log.partition_log(paths.partition_log_path(topic, p))
+    for slot in slots:
+        key = plog.entries.key(slot)
+        try:
+            data = log.storage.read(key)
+            header = decode_header(data, key)
+            if header.kind == EntryKind.DATA_REF:
+                referenced.add(str(json.loads(bytes(verify_payload(header, data, key)))["key"]))
+        except ObjectNotFoundError:
+            if plog.is_hole(slot):  # deleted by hand or lost: it may have referenced any of them
+                unknown.add(f"{topic}-{p:05d}-")
+                logger.warning("%s is missing: the staged objects of %s-%d are all kept", key, topic, p)
+            continue
+        except (CorruptDataError, ValueError, KeyError) as exc:
+            unknown.add(f"{topic}-{p:05d}-")
+            logger.warning(
+                "%s is damaged (%s): the staged objects of %s-%d are all kept, since it may reference any",
+                key,
+                getattr(exc, "check", None) or exc,
+                topic,
+                p,
+            )
+
+
 def sweep_staging(log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: int | None = None) -> int:
     """Delete staged objects older than ``older_than_ms`` that no DATA_REF entry references.
 
@@ -215,30 +248,24 @@ def sweep_staging(log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: in
         meta = log.topics.get(topic)
         for p in range(meta.partitions):
             plog = log.partition_log(paths.partition_log_path(topic, p))
-            # Rolled entries hold their references' rows inlined (PROTOCOL.md "Segments"): only loose
-            # entries from the segments' chain end on can still need a staged object.
-            _, floor, end = plog.scan_bounds()
-            for slot in range(floor, end):
-                key = plog.entries.key(slot)
-                try:
-                    data = log.storage.read(key)
-                    header = decode_header(data, key)
-                    if header.kind == EntryKind.DATA_REF:
-                        referenced.add(str(json.loads(bytes(verify_payload(header, data, key)))["key"]))
-                except ObjectNotFoundError:
-                    if plog.is_hole(slot):  # deleted by hand or lost: it may have referenced any of them
-                        unknown.add(f"{topic}-{p:05d}-")
-                        logger.warning("%s is missing: the staged objects of %s-%d are all kept", key, topic, p)
-                    continue
-                except (CorruptDataError, ValueError, KeyError) as exc:
-                    unknown.add(f"{topic}-{p:05d}-")
-                    logger.warning(
-                        "%s is damaged (%s): the staged objects of %s-%d are all kept, since it may reference any",
-                        key,
-                        getattr(exc, "check", None) or exc,
-                        topic,
-                        p,
-                    )
+            prefix = f"{topic}-{p:05d}-"
+            start, floor, end = plog.scan_bounds()
+            if any(lost.slot >= start.slot for lost in list_lost(log.storage, plog.path)):
+                unknown.add(prefix)  # a lost entry may have been a reference nobody can read now
+                continue
+            # Rolled entries hold their references' rows inlined (PROTOCOL.md "Segments"): only loose entries
+            # from the segments' chain end on can still need a staged object. The floor is read again after
+            # each scan: if retention or a roll's cleanup deleted loose entries from the floor on between
+            # reading it and probing past it, a deleted slot passed for the end of the log, and the floor has
+            # since moved past that end. Entries appended after the scan name young staged objects (kept by age).
+            for _ in range(SWEEP_BOUND_CHECKS):
+                _collect_references(log, topic, p, range(floor, end), referenced, unknown)
+                _, fresh_floor, fresh_end = plog.scan_bounds()
+                if fresh_floor <= end:
+                    break
+                floor, end = fresh_floor, fresh_end
+            else:
+                unknown.add(prefix)  # its history kept moving under the scan: keep all its staged objects
     deleted = 0
     for owner in log.storage.list(paths.STAGING):
         for batch in log.storage.list(paths.STAGING + owner):

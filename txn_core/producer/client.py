@@ -116,6 +116,8 @@ class Producer:
         self._buffers: dict[str, PartitionBuffer] = {}
         self._schemas: dict[str, pa.Schema] = {}
         self._sequences: dict[str, int] = {}
+        #: partition logs where a send_staged append of this idempotent producer failed, not retried since
+        self._unsure: set[str] = set()
         self._rr = itertools.count()
         self._pool: ThreadPoolExecutor | None = None
         self._completions = Completions(lambda: self.log.coordinator)
@@ -574,13 +576,20 @@ class Producer:
             group_path = paths.group_log_path(group_id) if offsets_table is not None and group_id else None
             if not by_path and group_path is None:
                 return []
+            self._make_sequence_room({path: sum(ref.rows for ref in items) for path, items in by_path.items()})
             self._ensure_registered(list(by_path) + ([group_path] if group_path else []))
 
             def one(path: str, items: list[StagedRef]) -> list[RecordMetadata]:
                 out = []
                 for ref in items:
                     seq = self._sequences.get(path, 0)
-                    r = self._append(path, Payload.of(reference_payload(ref)), ref.rows, EntryKind.DATA_REF, seq)
+                    try:
+                        r = self._append(path, Payload.of(reference_payload(ref)), ref.rows, EntryKind.DATA_REF, seq)
+                    except BaseException:
+                        if self.transactional_id is None:
+                            self._unsure.add(path)  # it may have landed with ``seq``; see _make_sequence_room
+                        raise
+                    self._unsure.discard(path)  # an append at ``seq`` is in the log now: the failed one's retry
                     self._sequences[path] = seq + ref.rows
                     out.append(RecordMetadata(ref.topic, ref.partition, r.base_offset, ref.rows, r.timestamp_ms))
                 return out
@@ -631,7 +640,7 @@ class Producer:
             self._write_buffers(todo)
 
     def _write_buffers(self, todo: dict[str, PartitionBuffer]) -> None:
-        self._check_sequence_room(todo)
+        self._make_sequence_room({path: b.rows + (b.inflight.rows if b.inflight else 0) for path, b in todo.items()})
         if self._txn is None and self.transactional_id is not None and self.log.storage.stages_creates:
             predicted = self.log.coordinator.predict_txn(self.transactional_id)
             # Overlap only a begin that waits for no older markers (at most one completion pending, which it
@@ -643,17 +652,15 @@ class Producer:
         self._ensure_registered(list(todo))
         self._run_all([functools.partial(self._write_one, path, buffer) for path, buffer in todo.items()])
 
-    def _check_sequence_room(self, todo: dict[str, PartitionBuffer]) -> None:
-        """Make sure ``todo`` fits in the current epoch's sequences (PROTOCOL.md "Idempotence"). An idempotent
-        producer that would pass :data:`SEQUENCE_LIMIT` in a partition first writes every append in flight
-        (their outcome unknown: they are resolved at the epoch they were written with; sent again at a new
-        epoch, one that had landed would be accepted twice), then moves to the next epoch, where every
-        partition's sequence restarts at 0. A transaction runs at one epoch: it is refused, nothing written."""
-        over = [
-            path
-            for path, b in todo.items()
-            if self._sequences.get(path, 0) + b.rows + (b.inflight.rows if b.inflight else 0) > SEQUENCE_LIMIT
-        ]
+    def _make_sequence_room(self, rows: dict[str, int]) -> None:
+        """Make sure ``rows`` more records per partition log fit in the current epoch's sequences (PROTOCOL.md
+        "Idempotence"). An idempotent producer that would pass :data:`SEQUENCE_LIMIT` in a partition first
+        writes every append in flight (their outcome unknown: they are resolved at the epoch they were written
+        with; sent again at a new epoch, one that had landed would be accepted twice), then moves to the next
+        epoch, where every partition's sequence restarts at 0. It refuses while a ``send_staged`` append has an
+        unknown outcome (:attr:`_unsure`): only its retry, at this epoch, resolves it. A transaction runs at one
+        epoch: it is refused. Nothing is written when it refuses."""
+        over = [path for path, n in rows.items() if self._sequences.get(path, 0) + n > SEQUENCE_LIMIT]
         if not over:
             return
         if self.transactional_id is not None:
@@ -661,6 +668,13 @@ class Producer:
                 f"transactional id {self.transactional_id!r}: this write would take {over[0]} past "
                 f"{SEQUENCE_LIMIT:,} records in one transaction (the sequence numbers of one epoch); nothing "
                 "of it was written. Abort the transaction and commit in smaller ones"
+            )
+        if self._unsure:
+            raise InvalidTxnStateError(
+                f"producer id {self.producer_id}: {over[0]} has no sequence numbers left in epoch {self.epoch}, "
+                f"and an earlier send_staged to {sorted(self._unsure)[0]} failed with an unknown outcome; retry "
+                "that send_staged (the same references) first, so that it resolves at the epoch it was sent in. "
+                "Nothing of this write was written"
             )
         inflight = [(path, b) for path, b in self._buffers.items() if b.inflight is not None]
         self._run_all([functools.partial(self._write_one, path, b, only_inflight=True) for path, b in inflight])
@@ -737,11 +751,11 @@ class Producer:
         gate: Callable[[], bool] | None = None,
     ) -> AppendResult:
         """One entry of this producer (its id, epoch and current transaction, or ``txn``) into ``path``."""
-        if sequence + record_count > SEQUENCE_LIMIT:  # only a transaction gets here (_check_sequence_room)
+        if sequence + record_count > SEQUENCE_LIMIT:  # _make_sequence_room is asked first where it can help
             raise TransactionTooLargeError(
                 f"transactional id {self.transactional_id!r}: an entry of {record_count:,} records would take "
                 f"{path} past {SEQUENCE_LIMIT:,} records in one transaction (the sequence numbers of one "
-                "epoch); nothing of it was written. Abort the transaction and commit in smaller ones"
+                "epoch); this entry was not written. Abort the transaction and commit in smaller ones"
             )
         return self.log.partition_log(path).append_payload(
             kind,
