@@ -33,6 +33,7 @@ from txn_core.logs import get_logger
 from txn_core.lost import list_lost
 from txn_core.rolling import MIN_AGE_MS, Roller, RollPolicy, RollResult
 from txn_core.snapshots import SnapshotStore
+from txn_core.staging import name_prefix
 
 if TYPE_CHECKING:
     from txn_core.log import Log
@@ -209,6 +210,7 @@ def _collect_references(log: Log, topic: str, p: int, slots: range, referenced: 
     """Add the staged objects the loose DATA_REF entries of partition ``p`` of ``topic`` in ``slots`` reference
     to ``referenced``; a hole or a damaged entry there adds the partition's staged-object prefix to ``unknown``."""
     plog = log.partition_log(paths.partition_log_path(topic, p))
+    prefix = name_prefix(topic, p)
     for slot in slots:
         key = plog.entries.key(slot)
         try:
@@ -218,11 +220,11 @@ def _collect_references(log: Log, topic: str, p: int, slots: range, referenced: 
                 referenced.add(str(json.loads(bytes(verify_payload(header, data, key)))["key"]))
         except ObjectNotFoundError:
             if plog.is_hole(slot):  # deleted by hand or lost: it may have referenced any of them
-                unknown.add(f"{topic}-{p:05d}-")
+                unknown.add(prefix)
                 logger.warning("%s is missing: the staged objects of %s-%d are all kept", key, topic, p)
             continue
         except (CorruptDataError, ValueError, KeyError) as exc:
-            unknown.add(f"{topic}-{p:05d}-")
+            unknown.add(prefix)
             logger.warning(
                 "%s is damaged (%s): the staged objects of %s-%d are all kept, since it may reference any",
                 key,
@@ -248,7 +250,7 @@ def sweep_staging(log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: in
         meta = log.topics.get(topic)
         for p in range(meta.partitions):
             plog = log.partition_log(paths.partition_log_path(topic, p))
-            prefix = f"{topic}-{p:05d}-"
+            prefix = name_prefix(topic, p)
             start, floor, end = plog.scan_bounds()
             if any(lost.slot >= start.slot for lost in list_lost(log.storage, plog.path)):
                 unknown.add(prefix)  # a lost entry may have been a reference nobody can read now

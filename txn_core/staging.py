@@ -74,6 +74,11 @@ def staging_prefix(owner: str, batch: str | int) -> str:
     return f"{paths.STAGING}{_SAFE.sub('_', owner)}/{_SAFE.sub('_', str(batch))}/"
 
 
+def name_prefix(topic: str, partition: int) -> str:
+    """How the names of a partition's staged objects begin (the staging sweep keeps a partition's by it)."""
+    return f"{topic}-{partition:05d}-"
+
+
 def write_staged(
     storage: Storage,
     prefix: str,
@@ -95,7 +100,7 @@ def write_staged(
     header = EntryHeader(
         EntryKind.DATA, 0, rows, -1, 0, -1, None, clock(), payload.length, payload.crc, uuid.uuid4().bytes
     ).encode()
-    name = f"{topic}-{partition:05d}-{_SAFE.sub('_', tag)}-{uuid.uuid4().hex}"
+    name = f"{name_prefix(topic, partition)}{_SAFE.sub('_', tag)}-{uuid.uuid4().hex}"
     key = prefix + name
     try:
         create_resolving(storage, key, [header, *payload.chunks], header)

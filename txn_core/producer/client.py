@@ -664,11 +664,7 @@ class Producer:
         if not over:
             return
         if self.transactional_id is not None:
-            raise TransactionTooLargeError(
-                f"transactional id {self.transactional_id!r}: this write would take {over[0]} past "
-                f"{SEQUENCE_LIMIT:,} records in one transaction (the sequence numbers of one epoch); nothing "
-                "of it was written. Abort the transaction and commit in smaller ones"
-            )
+            raise self._too_large(f"this write would take {over[0]}", "nothing of it was written")
         if self._unsure:
             raise InvalidTxnStateError(
                 f"producer id {self.producer_id}: {over[0]} has no sequence numbers left in epoch {self.epoch}, "
@@ -681,6 +677,13 @@ class Producer:
         logger.info("producer %d: epoch %d has no sequences left in %s", self.producer_id, self.epoch, over[0])
         self.epoch = self._next_epoch = self.epoch + 1
         self._sequences.clear()
+
+    def _too_large(self, what: str, written: str) -> TransactionTooLargeError:
+        return TransactionTooLargeError(
+            f"transactional id {self.transactional_id!r}: {what} past {SEQUENCE_LIMIT:,} records in one "
+            f"transaction (the sequence numbers of one epoch); {written}. Abort the transaction and commit in "
+            "smaller ones"
+        )
 
     def _write_with_begin(self, todo: dict[str, PartitionBuffer], predicted: TxnId) -> None:
         """The transaction's first writes overlap its ``begin`` record, on a store that stages creates
@@ -752,10 +755,8 @@ class Producer:
     ) -> AppendResult:
         """One entry of this producer (its id, epoch and current transaction, or ``txn``) into ``path``."""
         if sequence + record_count > SEQUENCE_LIMIT:  # _make_sequence_room is asked first where it can help
-            raise TransactionTooLargeError(
-                f"transactional id {self.transactional_id!r}: an entry of {record_count:,} records would take "
-                f"{path} past {SEQUENCE_LIMIT:,} records in one transaction (the sequence numbers of one "
-                "epoch); this entry was not written. Abort the transaction and commit in smaller ones"
+            raise self._too_large(
+                f"an entry of {record_count:,} records would take {path}", "this entry was not written"
             )
         return self.log.partition_log(path).append_payload(
             kind,
