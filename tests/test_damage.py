@@ -21,7 +21,7 @@ from damaging import damage_segment_payload, flip_bit, segment_rows
 
 import txn_core
 from conftest import make_location
-from txn_core import paths
+from txn_core import paths, staging
 from txn_core.coordinator.txnlog import TxnStatus
 from txn_core.entry import HEADER_SIZE, EntryKind
 from txn_core.errors import ConfigurationError, DamagedEntryError, TxnLogError
@@ -266,6 +266,69 @@ def test_a_transaction_whose_outcome_was_unknown_when_marked_delivers_nothing(
     assert error is None and got == [99], "A cannot be shown committed: nothing of it; B aborted"
     assert any("outcome is no longer known" in r.getMessage() for r in caplog.records)
     assert ranged(txn_core.open_log(url)) == [99]
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["outcomes-recorded", "outcome-unknown"])
+def test_a_partition_whose_markers_are_lost_still_rolls(monkeypatch: pytest.MonkeyPatch, known: bool) -> None:
+    """A transaction whose marker was marked lost stays open in the buffer: the stable slot stopped at its
+    data, and no segment was ever rolled in that partition again (its loose entries piled up). The roll now
+    passes a transaction that a lost entry's record decided, as readers do; they read the same afterwards."""
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    _two_transactions(log)  # A data, A COMMIT, B data, B ABORT, 99
+    damage(log, 1), damage(log, 3)
+    if not known:  # the transaction log no longer keeps A's and B's outcomes when the operator marks them
+        monkeypatch.setattr(log.coordinator, "resolve", lambda txn: TxnStatus(txn, None))
+    log.mark_lost("t", 0, 1, reason="bit rot")
+    log.mark_lost("t", 0, 3, reason="bit rot")
+    monkeypatch.undo()
+    with log.producer() as plain:
+        plain.send("t", pa.table({"x": [100]}, schema=SCHEMA), partition=0)
+    expected = [1, 2, 99, 100] if known else [99, 100]  # an outcome nobody knows delivers nothing
+    assert consume(txn_core.open_log(url))[0] == expected
+
+    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    assert rolled.stable_slot == 6 and rolled.chain_end == 6, "the roll passes the transactions the records decided"
+    assert (rolled.segments, rolled.entries, rolled.deleted_entries) == (3, 4, 4), "segments end before lost entries"
+    assert sorted(log.partition_log(PATH).entries.list_slots()) == [1, 3], "only the lost entries stay loose"
+    fresh = txn_core.open_log(url)
+    got, error, _ = consume(fresh)
+    assert error is None and got == expected
+    assert ranged(fresh) == expected
+    assert consume(fresh, isolation_level=READ_UNCOMMITTED)[0] == [1, 2, 10, 11, 99, 100]
+
+
+def test_a_roll_past_a_lost_abort_marker_keeps_the_aborted_references_staged_objects() -> None:
+    """An aborted transaction's references are rolled as aborted rows even when its abort marker is lost
+    (the transaction is still open in the buffer): their staged objects stay, because a later transaction
+    may reference the same objects (the Spark sink commits a batch's objects again after its first attempt
+    aborted). Rolled as delivered rows, the cleanup deleted them under the later reference: its rows lost."""
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    log.create_topic("t", 1, SCHEMA)
+    batch = pa.record_batch({"x": [7, 8]})
+    ref = staging.write_staged(log.storage, staging.staging_prefix("w", 1), "t", 0, [batch], SCHEMA)
+    assert ref is not None
+    producer = log.producer("sink")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send_staged([ref])
+    producer.abort_transaction()  # the first attempt: slots 0 (reference), 1 (ABORT)
+    producer.wait_for_completion()
+    producer.begin_transaction()
+    producer.send_staged([ref])  # the second attempt references the same object (slot 2), still open
+    damage(log, 1)
+    assert [o for _, o in log.mark_lost("t", 0, 1, reason="bit rot").outcomes] == [ABORT]
+
+    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    assert (rolled.stable_slot, rolled.chain_end, rolled.deleted_entries) == (2, 2, 1)
+    assert log.storage.exists(ref.key), "the aborted reference's staged object is kept"
+    producer.commit_transaction()
+    producer.close()
+    fresh = txn_core.open_log(url)
+    got, error, _ = consume(fresh)
+    assert error is None and got == [7, 8], "the committed attempt's rows, once; the aborted one's never"
+    assert ranged(fresh) == [7, 8]
 
 
 @pytest.mark.parametrize("how", ["flip", "truncate"])

@@ -222,6 +222,17 @@ class TxnBuffer:
             return int(self.ongoing.keys()[0])
         return self.position
 
+    @property
+    def decided_read_position(self) -> int:
+        """:attr:`max_read_position`, passing transactions that a lost entry's record decided (commit, abort
+        or unknown: PROTOCOL.md "Damage"). Such a transaction stays open here, since its marker may have
+        been that entry or may still follow, but every reader decides it the same way from this log
+        prefix alone (the marker if one follows, else the record), never from the transaction log."""
+        for first, txn in self.ongoing.items():
+            if self.lost_outcomes.get(txn.txn) in (None, ONGOING):
+                return int(first)
+        return self.position
+
     def is_aborted(self, txn: TxnId) -> bool:
         return txn in self.aborted
 

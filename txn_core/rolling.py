@@ -5,7 +5,8 @@
 
 1. brings its transaction buffer to the end and computes the read bound (aborting transactions past their
    timeout, resolving zombie writes); the **stable slot** is the first slot whose entry starts at or after
-   the buffer's max read position, so every transaction with data below it has its marker here;
+   the buffer's max read position, so every transaction with data below it has its marker here (or was
+   decided by a lost entry's record: :attr:`~txn_core.buffer.TxnBuffer.decided_read_position`);
 2. re-reads the segment listing and the log start; the **chain end** (the end of the last segment, or the
    log start) is where the next segment starts;
 3. while the entries between the chain end and the stable slot reach the policy (:class:`RollPolicy`),
@@ -39,7 +40,7 @@ from txn_core.buffer import Disposition
 from txn_core.entry import HEADER_SIZE, EntryHeader, EntryKind, decode_header, decode_json, verify_payload
 from txn_core.errors import ConfigurationError, CorruptDataError, ObjectExistsError, ObjectNotFoundError
 from txn_core.logs import get_logger
-from txn_core.lost import LostEntry
+from txn_core.lost import COMMIT, ONGOING, LostEntry
 from txn_core.parallel import parallel_map
 from txn_core.partition import Entry, PartitionLog
 from txn_core.readahead import HeaderReadAhead, ReadAhead
@@ -136,7 +137,7 @@ class Roller:
         state.read_bound()  # decides timed-out and zombie transactions (markers may land)
         state.scan_to_end()
         buffer = state.buffer
-        stable = buffer.max_read_position
+        stable = buffer.decided_read_position  # a lost marker's transaction is decided by its record
         stable_slot = buffer.slot if stable == buffer.position else plog.slot_for_offset(stable)
         catalog.refresh(lambda: plog.log_start(refresh=True))  # the two listings at once
         start = plog.log_start()
@@ -211,6 +212,8 @@ class Roller:
                 # Rows readers deliver MUST be inlined; aborted or skipped rows are kept while their staged
                 # object exists (read_uncommitted readers see them), else dropped (as they see them now).
                 visible = state.classify(header) in (Disposition.DATA, Disposition.TXN_DATA)
+                if visible and header.txn is not None:  # still open here: its lost marker's record decides it
+                    visible = state.buffer.lost_outcomes.get(header.txn) in (None, ONGOING, COMMIT)
                 form = Form.INLINED if visible else Form.HIDDEN
             if rows and total + size > policy.max_bytes:
                 break
