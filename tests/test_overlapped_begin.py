@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import txn_core
-from txn_core.errors import StorageError
+from txn_core.errors import CommitFailedError, CompletionFailedError, StorageError
 from txn_core.ids import TxnId
 from txn_core.storage import open_storage
 
@@ -154,3 +154,46 @@ def test_a_failed_marker_write_does_not_deadlock_the_next_overlapped_begin(
     assert first is not None and calls.count(first) == 2  # failed once, written again before the next prepare
     p.close()
     assert _ids(txn_core.open_log(str(tmp_path / "log"))) == [1, 2]
+
+
+@pytest.mark.parametrize("store", ["local", "memory"])
+def test_a_commit_refused_because_an_earlier_transaction_could_not_complete_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str
+) -> None:
+    """The previous transaction's markers fail in the background and again when the next commit tries
+    them first: that commit fails naming the earlier transaction (its markers), not its own writes or the
+    store refusing its decision, and it resumes once the store is back. On local disk the earlier
+    transaction is completed before the prepare (the begin overlapped the data), elsewhere before the begin."""
+    if store == "local":
+        log = _log(tmp_path)
+    else:
+        log = txn_core.open_log(f"memory://{tmp_path.name}")
+        log.create_topic("t", 2, SCHEMA)
+    original = log.coordinator.write_markers
+    healthy = threading.Event()
+
+    def failing(prepared: Any) -> None:
+        if not healthy.is_set():
+            raise StorageError("injected: marker write failed")
+        original(prepared)
+
+    monkeypatch.setattr(log.coordinator, "write_markers", failing)
+    p = log.producer("earlier-fails")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [1]}), partition=0)
+    p.commit_transaction()  # decided; its markers fail in the background
+    first = p._completions._pending[0].txn
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [2]}), partition=0)
+    with pytest.raises(CommitFailedError) as failed:
+        p.commit_transaction()
+    message = str(failed.value)
+    assert f"completing the earlier transaction {first}" in message and "injected" in message
+    assert "did not all complete" not in message and "refused its decision" not in message
+    cause = failed.value.__cause__
+    assert isinstance(cause, CompletionFailedError) and cause.txn == first
+    healthy.set()
+    p.commit_transaction()  # resumes: the earlier transaction completes, then this one commits
+    p.close()
+    assert _ids(txn_core.open_log(log.url)) == [1, 2]

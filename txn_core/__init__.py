@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from txn_core.errors import (
         CommitFailedError,
         CommitStateUnknownError,
+        CompletionFailedError,
         ConcurrentTransactionsError,
         ConfigurationError,
         CorruptDataError,
@@ -86,6 +87,7 @@ _EXPORTS: dict[str, str] = {
     "CommitFailedError": "txn_core.errors",
     "CommitResult": "txn_core.apptxn",
     "CommitStateUnknownError": "txn_core.errors",
+    "CompletionFailedError": "txn_core.errors",
     "ConcurrentTransactionsError": "txn_core.errors",
     "ConfigurationError": "txn_core.errors",
     "Consumer": "txn_core.consumer",
@@ -169,6 +171,7 @@ __all__ = [
     "CommitFailedError",
     "CommitResult",
     "CommitStateUnknownError",
+    "CompletionFailedError",
     "ConcurrentTransactionsError",
     "ConfigurationError",
     "Consumer",

@@ -99,6 +99,17 @@ class CommitFailedError(StorageError):
         self.transactional_id = transactional_id
 
 
+class CompletionFailedError(StorageError):
+    """Completing an earlier transaction of the producer, already decided, failed: writing its markers or its
+    Complete record (the cause is chained). The producer's request that needed it first was **not made**.
+    The earlier transaction keeps its decision; the producer's next call, ``close()`` or, after the
+    transaction timeout, anyone completes it."""
+
+    def __init__(self, message: str, *, txn: object) -> None:
+        super().__init__(message)
+        self.txn = txn
+
+
 class CommitStateUnknownError(UnknownOutcomeError):
     """The decision on a transaction may or may not be durable (pyiceberg's CommitStateUnknownException).
     Call ``commit_transaction()`` again to learn it: it is idempotent. Never treat the transaction as

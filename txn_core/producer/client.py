@@ -43,6 +43,7 @@ from txn_core.entry import EntryKind, Payload
 from txn_core.errors import (
     CommitFailedError,
     CommitStateUnknownError,
+    CompletionFailedError,
     ConfigurationError,
     InvalidTxnStateError,
     ObjectExistsError,
@@ -327,9 +328,9 @@ class Producer:
                     raise
                 except (UnknownOutcomeError, StorageError) as exc:
                     raise CommitFailedError(
-                        f"transactional id {self.transactional_id!r}: the transaction was not committed: its "
-                        f"writes did not all complete ({exc}). Call commit_transaction() again (it resumes the "
-                        "writes) or abort_transaction().",
+                        f"transactional id {self.transactional_id!r}: the transaction was not committed: "
+                        f"{_why(exc, 'its writes did not all complete')}. Call commit_transaction() again (it "
+                        "resumes the writes) or abort_transaction().",
                         transactional_id=self.transactional_id,
                     ) from exc
                 if self._txn is not None:
@@ -389,8 +390,9 @@ class Producer:
         except StorageError as exc:
             if commit and not isinstance(exc, ObjectExistsError):
                 raise CommitFailedError(
-                    f"transactional id {self.transactional_id!r}: transaction {txn} was not committed: the "
-                    f"store refused its decision ({exc}). Call commit_transaction() again or abort_transaction().",
+                    f"transactional id {self.transactional_id!r}: transaction {txn} was not committed: "
+                    f"{_why(exc, 'the store refused its decision')}. Call commit_transaction() again or "
+                    "abort_transaction().",
                     transactional_id=self.transactional_id,
                 ) from exc
             raise
@@ -795,6 +797,12 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close(flush=exc[0] is None)
+
+
+def _why(exc: StorageError, reason: str) -> str:
+    """Why a commit did not happen: ``reason`` and the store's error, or, when completing an earlier
+    transaction failed first, that (nothing of this one was written past it)."""
+    return str(exc) if isinstance(exc, CompletionFailedError) else f"{reason} ({exc})"
 
 
 def _split_path(path: str) -> tuple[str, int]:

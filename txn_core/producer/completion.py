@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from txn_core.coordinator.txnlog import TidState
-from txn_core.errors import TxnLogError
+from txn_core.errors import CompletionFailedError, StorageError, TxnLogError
 from txn_core.ids import TxnId
 
 if TYPE_CHECKING:
@@ -174,7 +174,19 @@ class Completions:
         return last
 
     def _finish_one(self, pending: PendingCompletion) -> TidState | None:
-        """Complete ``pending`` now (markers first if they are not durable); its state after."""
+        """Complete ``pending`` now (markers first if they are not durable); its state after. A storage
+        failure is raised as :class:`CompletionFailedError`: whatever the caller was about to write for a
+        later transaction was not written (an unknown outcome here is this transaction's, not the caller's)."""
+        try:
+            return self._complete_now(pending)
+        except StorageError as exc:
+            raise CompletionFailedError(
+                f"completing the earlier transaction {pending.txn} (decided; its markers or its Complete record "
+                f"could not be written) failed: {exc}",
+                txn=pending.txn,
+            ) from exc
+
+    def _complete_now(self, pending: PendingCompletion) -> TidState | None:
         coordinator = self._coordinator()
         pending.claimed.set()
         try:
