@@ -21,7 +21,7 @@ from damaging import damage_segment_payload, flip_bit, segment_rows
 
 import txn_core
 from conftest import make_location
-from txn_core import paths, staging
+from txn_core import partition, paths, staging
 from txn_core.coordinator.txnlog import TxnStatus
 from txn_core.entry import HEADER_SIZE, EntryKind
 from txn_core.errors import ConfigurationError, DamagedEntryError, TxnLogError
@@ -329,6 +329,95 @@ def test_a_roll_past_a_lost_abort_marker_keeps_the_aborted_references_staged_obj
     got, error, _ = consume(fresh)
     assert error is None and got == [7, 8], "the committed attempt's rows, once; the aborted one's never"
     assert ranged(fresh) == [7, 8]
+
+
+@pytest.mark.parametrize("which", ["marker", "plain"])
+def test_a_missing_entry_marked_lost_is_still_a_hole_once_everything_after_it_is_rolled(
+    monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    """An entry object lost by the store (a hole) and marked lost: a roll puts the entries after it in
+    segments and deletes their loose objects. A reader missing the slot must still see that entries follow
+    (a segment starts after it), not take it for the log's end: it stopped there and delivered nothing more
+    (for a lost marker, not even the transaction's records before it)."""
+    monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 0.0)  # before the roll, a reader probes past a miss
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    if which == "marker":
+        _two_transactions(log)  # A data, A COMMIT, B data, B ABORT, 99
+        expected = [1, 2, 99]
+    else:
+        build(log)  # four plain entries: 0 1 | 2 3 | 4 5 | 6 7
+        expected = [0, 1, 4, 5, 6, 7]
+    log.storage.delete(log.partition_log(PATH).entries.key(1))
+    log.mark_lost("t", 0, 1, reason="object lost")
+    assert consume(txn_core.open_log(url))[0] == expected
+    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    assert rolled.chain_end == len(log.partition_log(PATH).entries.list_slots()) + rolled.deleted_entries + 1
+    assert log.partition_log(PATH).entries.list_slots() == [], "every entry after the hole is rolled and deleted"
+    fresh = txn_core.open_log(url)
+    got, error, _ = consume(fresh)
+    assert error is None and got == expected
+    assert ranged(fresh) == expected
+
+
+def test_a_roll_past_a_lost_abort_marker_drops_rows_whose_staged_object_is_gone() -> None:
+    """The aborted attempt's staged object was deleted (as ``abort_staged`` does) and its abort marker is
+    lost: the roll drops those rows (form 2), as for any aborted reference, instead of failing the roll
+    with "committed references ... which does not exist" (readers never needed them)."""
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    log.create_topic("t", 1, SCHEMA)
+    prefix = staging.staging_prefix("w", 1)
+    aborted = staging.write_staged(log.storage, prefix, "t", 0, [pa.record_batch({"x": [7, 8]})], SCHEMA)
+    committed = staging.write_staged(log.storage, prefix, "t", 0, [pa.record_batch({"x": [9]})], SCHEMA)
+    assert aborted is not None and committed is not None
+    producer = log.producer("sink")
+    producer.init_transactions()
+    for ref, commit in ((aborted, False), (committed, True)):  # slots 0 and 1 (ABORT), 2 and 3 (COMMIT)
+        producer.begin_transaction()
+        producer.send_staged([ref])
+        producer.commit_transaction() if commit else producer.abort_transaction()
+        producer.wait_for_completion()
+    producer.close()
+    staging.delete_keys(log.storage, [aborted.key])
+    damage(log, 1)
+    assert [o for _, o in log.mark_lost("t", 0, 1, reason="bit rot").outcomes] == [ABORT]
+    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    assert rolled.chain_end == 4
+    fresh = txn_core.open_log(url)
+    assert consume(fresh)[0] == [9] and ranged(fresh) == [9]
+
+
+def test_an_unknown_outcome_does_not_let_a_roll_pass_damage_its_marker_may_lie_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transaction open across a lost entry whose record says "unknown", and its marker damaged and not
+    (yet) marked lost: readers wait at it, for the marker may be restored. The roll must not pass them."""
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    log.create_topic("t", 1, SCHEMA)
+    producer = log.producer("a")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("t", pa.table({"x": [7, 8]}, schema=SCHEMA), partition=0)
+    producer.flush()  # slot 0
+    with log.producer() as plain:
+        plain.send("t", pa.table({"x": [50]}, schema=SCHEMA), partition=0)  # slot 1
+    producer.commit_transaction()  # its marker: slot 2
+    producer.close()
+    with log.producer() as plain:
+        plain.send("t", pa.table({"x": [99]}, schema=SCHEMA), partition=0)  # slot 3
+    marker = log.partition_log(PATH).entries.key(2)
+    intact = log.storage.read(marker)
+    damage(log, 1), damage(log, 2)
+    monkeypatch.setattr(log.coordinator, "resolve", lambda txn: TxnStatus(txn, None))
+    assert [o for _, o in log.mark_lost("t", 0, 1, reason="bit rot", records=1).outcomes] == [UNKNOWN]
+    monkeypatch.undo()
+    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    assert (rolled.stable_slot, rolled.segments) == (0, 0), "the roll waits at the transaction, as readers do"
+    log.storage.delete(marker)
+    log.storage.create(marker, [intact])  # restored from a backup: the marker decides
+    assert consume(txn_core.open_log(url))[0] == [7, 8, 99]
 
 
 @pytest.mark.parametrize("how", ["flip", "truncate"])

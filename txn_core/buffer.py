@@ -31,7 +31,7 @@ from sortedcontainers import SortedDict
 from txn_core.aborted import AbortedIndex, SkipRanges
 from txn_core.entry import EntryHeader, EntryKind
 from txn_core.ids import TxnId
-from txn_core.lost import ONGOING, LostEntry
+from txn_core.lost import ONGOING, UNKNOWN, LostEntry
 from txn_core.producer_state import PRODUCER_EXPIRY_STEP_MS, ProducerStates, SequenceCheck
 
 ENDED_CACHE = 100_000
@@ -222,14 +222,16 @@ class TxnBuffer:
             return int(self.ongoing.keys()[0])
         return self.position
 
-    @property
-    def decided_read_position(self) -> int:
+    def decided_read_position(self, *, blocked: bool) -> int:
         """:attr:`max_read_position`, passing transactions that a lost entry's record decided (commit, abort
         or unknown: PROTOCOL.md "Damage"). Such a transaction stays open here, since its marker may have
         been that entry or may still follow, but every reader decides it the same way from this log
-        prefix alone (the marker if one follows, else the record), never from the transaction log."""
+        prefix alone (the marker if one follows, else the record), never from the transaction log.
+        ``blocked``: the buffer stopped at damage nobody marked lost, behind which a marker may lie; readers
+        wait for that marker rather than take an unknown outcome, so an unknown one decides nothing."""
+        undecided = (None, ONGOING, UNKNOWN) if blocked else (None, ONGOING)
         for first, txn in self.ongoing.items():
-            if self.lost_outcomes.get(txn.txn) in (None, ONGOING):
+            if self.lost_outcomes.get(txn.txn) in undecided:
                 return int(first)
         return self.position
 

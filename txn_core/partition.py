@@ -624,7 +624,7 @@ class PartitionLog:
         probes = self._probe_after(slot, self._hole_probes_at(slot), {}) if stale and not known else []
         if stale or (tail is not None and slot < tail[0]):
             self.segments.refresh(self.recent_log_start)
-        return known or any(f.result() for _, f in probes)
+        return known or self.segments.starts_after(slot) or any(f.result() for _, f in probes)
 
     def _hole_probes_at(self, slot: int) -> Sequence[int]:
         """The distances a reader missing ``slot`` probes past it: HOLE_PROBES_CHEAP, and all of HOLE_PROBES once
@@ -649,12 +649,16 @@ class PartitionLog:
 
     def _hole(self, slot: int) -> bool:
         """Whether the missing loose ``slot`` is a hole: missing still, with a slot shortly after it present
-        (HOLE_PROBES), and neither removed by retention (the log start lies at or below it) nor rolled (the
-        caller asked the fresh segment listing). A hole arises only when an object is deleted by hand or lost
-        by the store: slot ``n + 1`` is created only by a writer that read slot ``n`` (PROTOCOL.md "Damage")."""
+        (HOLE_PROBES) or a segment starting after it (the later entries may all be rolled, their loose
+        objects deleted), and neither removed by retention (the log start lies at or below it) nor rolled
+        (the caller asked the fresh segment listing). A hole arises only when an object is deleted by hand or
+        lost by the store: slot ``n + 1`` is created only by a writer that read slot ``n`` (PROTOCOL.md
+        "Damage")."""
         if slot < self.log_start().slot:
             return False
-        if not any(f.result() for _, f in self._probe_after(slot, HOLE_PROBES, {})):
+        if not self.segments.starts_after(slot) and not any(
+            f.result() for _, f in self._probe_after(slot, HOLE_PROBES, {})
+        ):
             return False
         return not self.entries.exists(slot)  # asked after a later slot was seen: a racing append has landed
 

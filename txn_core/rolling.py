@@ -6,7 +6,7 @@
 1. brings its transaction buffer to the end and computes the read bound (aborting transactions past their
    timeout, resolving zombie writes); the **stable slot** is the first slot whose entry starts at or after
    the buffer's max read position, so every transaction with data below it has its marker here (or was
-   decided by a lost entry's record: :attr:`~txn_core.buffer.TxnBuffer.decided_read_position`);
+   decided by a lost entry's record: :meth:`~txn_core.buffer.TxnBuffer.decided_read_position`);
 2. re-reads the segment listing and the log start; the **chain end** (the end of the last segment, or the
    log start) is where the next segment starts;
 3. while the entries between the chain end and the stable slot reach the policy (:class:`RollPolicy`),
@@ -137,7 +137,8 @@ class Roller:
         state.read_bound()  # decides timed-out and zombie transactions (markers may land)
         state.scan_to_end()
         buffer = state.buffer
-        stable = buffer.decided_read_position  # a lost marker's transaction is decided by its record
+        # A transaction whose marker may be a lost entry is decided by that entry's record, as readers decide it.
+        stable = buffer.decided_read_position(blocked=state.damage is not None)
         stable_slot = buffer.slot if stable == buffer.position else plog.slot_for_offset(stable)
         catalog.refresh(lambda: plog.log_start(refresh=True))  # the two listings at once
         start = plog.log_start()
@@ -192,7 +193,7 @@ class Roller:
     def _assemble(self, slot: int, stop: int) -> list[SegmentRow]:
         """The rows of the next segment from ``slot`` (at most up to ``stop`` and the policy's limits). A
         segment ends before an entry marked lost (PROTOCOL.md "Damage"): [] when ``slot`` holds one."""
-        policy, state = self.policy, self.state
+        policy = self.policy
         ahead = ReadAhead(self.plog, slot)
         rows: list[SegmentRow] = []
         refs: list[tuple[int, Entry, dict[str, Any]]] = []
@@ -211,10 +212,7 @@ class Roller:
                 size += int(ref["size"]) - HEADER_SIZE
                 # Rows readers deliver MUST be inlined; aborted or skipped rows are kept while their staged
                 # object exists (read_uncommitted readers see them), else dropped (as they see them now).
-                visible = state.classify(header) in (Disposition.DATA, Disposition.TXN_DATA)
-                if visible and header.txn is not None:  # still open here: its lost marker's record decides it
-                    visible = state.buffer.lost_outcomes.get(header.txn) in (None, ONGOING, COMMIT)
-                form = Form.INLINED if visible else Form.HIDDEN
+                form = Form.INLINED if self._delivered(header) else Form.HIDDEN
             if rows and total + size > policy.max_bytes:
                 break
             total += size
@@ -308,9 +306,17 @@ class Roller:
         try:
             return staged_payload(self.log.storage, entry, ref)
         except StagedDataMissingError:
-            if self.state.classify(entry.header) in (Disposition.DATA, Disposition.TXN_DATA):
+            if self._delivered(entry.header):
                 raise
             return None
+
+    def _delivered(self, header: EntryHeader) -> bool:
+        """Whether read_committed readers deliver the rows of the entry ``header`` below the stable slot. A
+        transaction still open in the buffer there was decided by a lost entry's record (its marker may
+        have been that entry): its rows are delivered only if the record says commit."""
+        if self.state.classify(header) not in (Disposition.DATA, Disposition.TXN_DATA):
+            return False
+        return header.txn is None or self.state.buffer.lost_outcomes.get(header.txn) in (None, ONGOING, COMMIT)
 
 
 def staged_payload(storage: Storage, entry: Entry, ref: dict[str, Any]) -> Any:

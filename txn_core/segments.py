@@ -151,6 +151,12 @@ class SegmentCatalog:
             with self._lock:
                 self._starting = False
 
+    def starts_after(self, slot: int) -> bool:
+        """Whether a segment in the cached listing starts after ``slot``: entries follow it. A slot missing
+        below such a segment and held by none is a hole (a lost entry: the one gap a chain may have)."""
+        firsts = self._firsts
+        return firsts is not None and bool(firsts) and firsts[-1] > slot
+
     def listed_within(self, seconds: float) -> bool:
         """Whether the cached listing is younger than ``seconds``."""
         return self._firsts is not None and time.monotonic() - self._listed_at < seconds
