@@ -9,6 +9,7 @@ damaged entry, instead of waiting there for ever as at the log end.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from pathlib import Path
 
@@ -234,3 +235,44 @@ def test_a_seek_that_fails_leaves_the_consumer_where_it_was() -> None:
     assert consumer.position(("t", 0)) == 1
     rows = consumer.poll().column("x").to_pylist()
     assert rows == list(range(1, 2 * HOLE)), "it reads on from where it was, then stops at the hole"
+
+
+def test_a_slot_retention_removes_while_it_is_looked_at_is_not_a_hole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``is_hole`` reads the log start, then opens the segment holding the slot; retention publishes a new
+    log start and deletes that segment in between. A later segment is still listed, which makes a missing
+    slot a hole: the log start must be read again after the failed open, or a slot retention removed is
+    reported as damage (``damaged`` lists it, ``mark_lost`` accepts it, a planned read fails on it)."""
+    from txn_core.maintenance import apply_retention, roll_segments
+    from txn_core.rolling import RollPolicy
+
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    log.create_topic("t", 1, SCHEMA)
+
+    def send(values: range) -> None:
+        with log.producer() as p:
+            for v in values:
+                p.send("t", pa.table({"x": [v]}, schema=SCHEMA), partition=0)
+                p.flush()
+
+    send(range(4))
+    roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)  # segment [0, 4)
+    time.sleep(0.02)
+    cut = log.clock()
+    time.sleep(0.02)
+    send(range(4, 8))
+    roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)  # segment [4, 8)
+    assert log.partition_log(PATH).entries.list_slots() == []
+
+    reader = txn_core.open_log(url).partition_log(PATH)
+    opened = reader.segments.open
+    raced: list[object] = []
+
+    def open_racing(first: int) -> object:
+        if first == 0 and not raced:  # between is_hole's log-start read and this open
+            raced.append(apply_retention(txn_core.open_log(url), "t", retention_ms=log.clock() - cut, min_age_ms=0))
+        return opened(first)
+
+    monkeypatch.setattr(reader.segments, "open", open_racing)
+    assert not reader.is_hole(2)
+    assert raced and reader.log_start(refresh=True).slot == 4, "retention removed the first segment meanwhile"

@@ -656,9 +656,11 @@ class PartitionLog:
         "Damage")."""
         if slot < self.log_start().slot:
             return False
-        if not self.segments.starts_after(slot) and not any(
-            f.result() for _, f in self._probe_after(slot, HOLE_PROBES, {})
-        ):
+        if self.segments.starts_after(slot):
+            # Read after the caller's segment lookup: had retention removed the segment holding the slot
+            # since the listing, it published this log start first.
+            return slot >= self.log_start(refresh=True).slot and not self.entries.exists(slot)
+        if not any(f.result() for _, f in self._probe_after(slot, HOLE_PROBES, {})):
             return False
         return not self.entries.exists(slot)  # asked after a later slot was seen: a racing append has landed
 
