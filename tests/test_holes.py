@@ -276,3 +276,39 @@ def test_a_slot_retention_removes_while_it_is_looked_at_is_not_a_hole(monkeypatc
     monkeypatch.setattr(reader.segments, "open", open_racing)
     assert not reader.is_hole(2)
     assert raced and reader.log_start(refresh=True).slot == 4, "retention removed the first segment meanwhile"
+
+
+@pytest.mark.parametrize("deleted", ["marker", "later data"])
+def test_a_finished_transaction_whose_marker_lies_past_a_hole_is_not_dropped_as_a_zombie_write(
+    monkeypatch: pytest.MonkeyPatch, deleted: str
+) -> None:
+    """A committed transaction's marker lies past a hole the reader has not learnt of yet (no snapshot; the
+    object deleted by hand). The full scan for the marker stopped at the hole as at the log end, and the
+    reader took the finished transaction's data for a zombie write: its committed records were dropped for
+    good (skip ranges), and a consumer moved past them without a word, even after the hole was marked lost."""
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    log.create_topic("t", 1, SCHEMA)
+    with log.producer("w") as p:
+        p.init_transactions()
+        for k in range(6):  # entries: data k at slot 2k, its COMMIT at 2k + 1
+            p.begin_transaction()
+            p.send("t", pa.table({"x": [k]}, schema=SCHEMA), partition=0)
+            p.commit_transaction()
+            p.wait_for_completion()
+    plog = log.partition_log(PATH)
+    assert [plog.read_header(s).kind for s in (6, 7, 8)] == [EntryKind.DATA, EntryKind.COMMIT, EntryKind.DATA]
+    hole = 7 if deleted == "marker" else 8  # transaction 3's marker, or transaction 4's data after it
+    log.storage.delete(plog.entries.key(hole))
+
+    # A reader that just listed the segments takes the hole for the log end for a while (5 s by default).
+    monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 5.0)
+    got, error, consumer = consume(txn_core.open_log(url))
+    assert error is None and got == [0, 1, 2, 3], "transaction 3 is committed: delivered, then a wait at the hole"
+    assert consumer.position(("t", 0)) == hole  # one offset per entry here: it waits at the hole
+    monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 0.0)
+    got, error, _ = consume(txn_core.open_log(url))
+    assert got == [0, 1, 2, 3] and isinstance(error, DamagedEntryError) and plog.entries.key(hole) in str(error)
+    log.mark_lost("t", 0, hole, reason="object deleted")
+    got, error, _ = consume(txn_core.open_log(url))
+    assert error is None and got == ([0, 1, 2, 3, 4, 5] if deleted == "marker" else [0, 1, 2, 3, 5])

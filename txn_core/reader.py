@@ -256,7 +256,8 @@ class PartitionState:
         buffer.drop_incarnation(txn, entries)
 
     def _scan_for_marker(self, txn: TxnId, max_entries: int | None = None) -> bool:
-        """Apply entries until ``txn`` ends (at most ``max_entries``); True if a damaged entry stopped it."""
+        """Apply entries until ``txn`` ends (at most ``max_entries``); True if a damaged entry stopped it (or,
+        scanning without a bound, a hole: a missing slot with entries after it)."""
         buffer = self.buffer
         n = 0
         while txn in buffer.by_txn and (max_entries is None or n < max_entries):
@@ -264,7 +265,10 @@ class PartitionState:
             try:
                 step = self.next_entry(self.headers.next)
             except ObjectNotFoundError:
-                return False
+                # The end as far as this reader knows, or a hole it has not learnt of yet (PROTOCOL.md
+                # "Damage"). A full scan decides from where it stops (a finished transaction with no marker
+                # before the end is taken for a zombie write and dropped): a hole stops it like damage.
+                return max_entries is None and self.log.is_hole(buffer.slot)
             if step is None:
                 return True
             header, lost = step
