@@ -541,6 +541,43 @@ def test_maintenance_damaged_and_mark_lost_round_trip(tmp_path: Path, here: Call
     assert [r["id"] for r in dumped] == [0, 1, 4, 5]
 
 
+def test_maintenance_damaged_reports_a_damaged_transaction_log_record(
+    tmp_path: Path, here: Callable[..., Result]
+) -> None:
+    """A flipped byte in a coordinator record blocks every transactional id of that coordinator partition:
+    ``damaged`` said "no damaged entries". It now fails naming the record, what it blocks and the way out;
+    and a partition the topic does not have is an error, not a clean bill of health."""
+    from txn_core.coordinator.service import coordinator_for
+
+    url = tmp_path / "log"
+    log = txn_core.open_log(str(url))
+    log.create_topic("orders", 1, SCHEMA)
+    with log.producer("w") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("orders", pa.table({"id": [1], "name": ["a"]}))
+        producer.commit_transaction()
+    coordinator = coordinator_for("w", log.coordinator_partitions)
+    record = url / paths.coordinator_log(coordinator) / paths.slot_name(1)
+    data = bytearray(record.read_bytes())
+    data[-2] ^= 0x01
+    record.write_bytes(bytes(data))
+
+    failed = here("maintenance", "damaged", url, code=1)
+    assert "no damaged entries" in failed.out
+    assert str(record.relative_to(url)) in failed.err and "payload checksum mismatch" in failed.err
+    assert f"coordinator partition {coordinator}" in failed.err and "restored from a backup" in failed.err
+    assert here("maintenance", "damaged", url, "--json", code=1).json() == []
+    assert here("maintenance", "damaged", url, "--topic", "orders").out.startswith("no damaged entries")
+    with pytest.raises(txn_core.CorruptDataError, match="restored from a backup"):
+        txn_core.open_log(str(url)).producer("w").init_transactions()
+
+    missing = here("maintenance", "damaged", url, "--topic", "orders", "--partition", "3", code=1)
+    one_error_line(missing, "'orders' has 1 partition(s)", "partition 3 does not exist")
+    mark = ("maintenance", "mark-lost", url, "--topic", "orders", "--partition", "3", "--slot", "0", "--reason", "x")
+    one_error_line(here(*mark, "--yes", code=1), "partition 3 does not exist")
+
+
 def test_maintenance_roll_rolls_decided_history_and_readers_read_the_same(
     scenario: Path, here: Callable[..., Result]
 ) -> None:

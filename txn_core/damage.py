@@ -158,7 +158,7 @@ def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False
     """
     from txn_core.readahead import HeaderReadAhead, ReadAhead
 
-    plog = log.partition_log(paths.partition_log_path(topic, partition))
+    plog = _partition_log(log, topic, partition)
     start, _, end = plog.scan_bounds()
     found: dict[int, DamagedEntry] = {}
     for lost in list_lost(log.storage, plog.path):
@@ -204,7 +204,7 @@ def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False
 
 def inspect(log: Log, topic: str, partition: int, slot: int) -> DamagedEntry | None:
     """The entry at ``slot`` if it is damaged (its header or length; or marked lost), else None."""
-    plog = log.partition_log(paths.partition_log_path(topic, partition))
+    plog = _partition_log(log, topic, partition)
     lost = plog.lost_entry(slot)
     if lost is not None:
         return _inspect(plog, topic, partition, slot, lost.check, None, lost)
@@ -305,6 +305,16 @@ def operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _partition_log(log: Log, topic: str, partition: int) -> PartitionLog:
+    """The log of an existing partition (a partition the topic does not have is an error, not a clean one)."""
+    count = log.topics.get(topic).partitions
+    if not 0 <= partition < count:
+        raise ConfigurationError(
+            f"topic {topic!r} has {count} partition(s), 0 to {count - 1}: partition {partition} does not exist"
+        )
+    return log.partition_log(paths.partition_log_path(topic, partition))
+
+
 def mark_lost(
     log: Log,
     topic: str,
@@ -325,8 +335,8 @@ def mark_lost(
         raise ConfigurationError("marking an entry lost needs a reason (it is recorded in the log)")
     if records is not None and records <= 0:
         raise ConfigurationError(f"records must be at least 1, got {records}")
-    path = paths.partition_log_path(topic, partition)
-    plog = log.partition_log(path)
+    plog = _partition_log(log, topic, partition)
+    path = plog.path
     start, _, end = plog.scan_bounds()
     plog.readable_tail(refresh=True)  # known, it tells a missing slot inside the log (a hole) from the end
     where = f"{topic}-{partition}"

@@ -7,6 +7,7 @@ log."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from txn_core import damage, maintenance
@@ -29,7 +30,7 @@ from txn_core.cli.output import (
     print_json,
     print_table,
 )
-from txn_core.errors import ConfigurationError
+from txn_core.errors import ConfigurationError, CorruptDataError
 from txn_core.rolling import ROLL_BYTES, ROLL_ENTRIES, RollPolicy
 
 
@@ -370,13 +371,13 @@ def damaged(args: argparse.Namespace) -> int:
     found: list[damage.DamagedEntry] = []
     with Progress("checking entries", len(topics), unit="topics") as bar:
         for topic in topics:
-            partitions = range(log.topics.get(topic).partitions)
-            for p in partitions if not args.partition else [q for q in args.partition if q in partitions]:
+            for p in args.partition or range(log.topics.get(topic).partitions):
                 found.extend(damage.find_damaged(log, topic, p, payloads=args.verify_payloads))
             bar.advance()
+    records = [] if args.topic else damaged_coordinator_records(log)
     if args.json:
         print_json([damaged_json(d) for d in found])
-        return 0
+        return report_coordinator_damage(records)
     checked = "headers and records" if args.verify_payloads else "headers; --verify-payloads checks every record"
     print_table(
         ["topic", "partition", "slot", "offsets", "size", "check failed", "marked lost"],
@@ -398,7 +399,26 @@ def damaged(args: argparse.Namespace) -> int:
     for d in found:
         if d.hint and d.lost is None:
             print(f"{d.key}: {d.hint}")
-    return 0
+    return report_coordinator_damage(records)
+
+
+def damaged_coordinator_records(log: Any) -> list[CorruptDataError]:
+    """The damaged records of the transaction log that readers and producers would read (from each coordinator
+    partition's newest snapshot on), one per coordinator partition: its replay stops at the first."""
+    out = []
+    for c in range(log.coordinator_partitions):
+        try:
+            log.views.get(c).refresh()
+        except CorruptDataError as exc:
+            out.append(exc)
+    return out
+
+
+def report_coordinator_damage(records: list[CorruptDataError]) -> int:
+    """Damaged transaction-log records on stderr (exit status 1): no mark-lost for them, see the message."""
+    for exc in records:
+        print(f"txnlog: error: damaged transaction log: {exc}", file=sys.stderr)
+    return 1 if records else 0
 
 
 def mark_lost(args: argparse.Namespace) -> int:

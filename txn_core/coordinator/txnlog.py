@@ -202,12 +202,27 @@ class CoordinatorPartition:
 
     def _apply_record(self, slot: int, data: bytes) -> None:
         key = self.slots.key(slot)
-        record = Record.from_json(envelope.decode(data, key, envelope.ObjectKind.COORDINATOR_RECORD).json(key), key)
         try:
-            steps = self._fold(record.actions, slot, record.ts)
-        except TxnLogError as exc:
-            raise CorruptDataError(f"{key}: record is not a valid transition: {exc}", key) from exc
+            record = Record.from_json(envelope.decode(data, key, envelope.ObjectKind.COORDINATOR_RECORD).json(key), key)
+            try:
+                steps = self._fold(record.actions, slot, record.ts)
+            except TxnLogError as exc:
+                raise CorruptDataError(f"{key}: record is not a valid transition: {exc}", key) from exc
+        except CorruptDataError as exc:
+            raise self._damaged(exc, key) from exc
         self._commit(steps, record.ts)
+
+    def _damaged(self, exc: CorruptDataError, key: str) -> CorruptDataError:
+        """What a damaged record stops, and the way out: the transaction log holds the decisions, which
+        nothing else can rebuild (PROTOCOL.md "Damage")."""
+        return CorruptDataError(
+            f"{exc} It is a record of the transaction log of coordinator partition {self.coordinator}: until it "
+            "is restored from a backup of that object, the transactional ids of this coordinator partition can "
+            "neither begin nor end transactions, and readers cannot decide their open ones (other coordinator "
+            "partitions are unaffected). Do not delete it: the records after it would be overwritten.",
+            key,
+            exc.check,
+        )
 
     def _fold(
         self,
