@@ -13,16 +13,18 @@ from __future__ import annotations
 import argparse
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 
 from txn_core.apptxn import APP_MARK, AppCommitter, AppVersion
+from txn_core.cli import jsonlines
 from txn_core.cli.common import Parser, SubParsers, add_verb, get_topic, non_negative_int, storage_options
 from txn_core.cli.output import print_json
 from txn_core.errors import ConfigurationError
 from txn_core.log import Log
 from txn_core.storage import open_storage
+from txn_core.topics import METADATA_COLUMNS
 
 FORMATS = ("parquet", "arrow", "csv", "jsonl")
 _BY_SUFFIX = {
@@ -101,11 +103,21 @@ def read_rows(path: str, fmt: str | None, schema: pa.Schema | None = None) -> pa
             return pcsv.read_csv(file, convert_options=pcsv.ConvertOptions(column_types=typed))
         import pyarrow.json as pjson
 
-        present = _json_fields(file, typed)
-        explicit = pa.schema([(name, typed[name]) for name in present]) if present else None
-        return pjson.read_json(
-            file, parse_options=pjson.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
-        )
+        # pyarrow's JSON reader, unlike its CSV reader, takes a time without an offset as UTC in a column with a
+        # time zone, and one with an offset as that instant: what dump writes for such a column.
+        zoned = {f.name: f.type for f in schema or () if pa.types.is_timestamp(f.type) and f.type.tz is not None}
+        typed_json = {**typed, **zoned}
+
+        def flat(source: Path | IO[bytes], first: list[str]) -> pa.Table:
+            present = [name for name in typed_json if name in first]
+            explicit = pa.schema([(name, typed_json[name]) for name in present]) if present else None
+            return pjson.read_json(
+                source, parse_options=pjson.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
+            )
+
+        if schema is not None and any(jsonlines.needs_conversion(f.type) for f in schema):
+            return jsonlines.read(file, schema, flat)
+        return flat(file, _first_line_fields(file))
     except (pa.ArrowInvalid, OSError) as exc:
         how = (
             f" (columns are read as the topic types them: {', '.join(f'{n} {t}' for n, t in typed.items())})"
@@ -124,9 +136,10 @@ def _text_parses_to(t: pa.DataType) -> bool:
     return not (pa.types.is_nested(t) or pa.types.is_dictionary(t) or pa.types.is_null(t))
 
 
-def _json_fields(file: Path, typed: dict[str, pa.DataType]) -> list[str]:
-    """The topic's columns present in the JSON-lines file's first line (an explicit schema would otherwise
-    add a column of nulls for each one the file lacks, hiding a missing column from the schema check)."""
+def _first_line_fields(file: Path) -> list[str]:
+    """The fields of the JSON-lines file's first line: the topic's columns among them are read with their
+    types (an explicit schema would otherwise add a column of nulls for each one the file lacks, hiding a
+    missing column from the schema check)."""
     import json
 
     with file.open("rb") as f:
@@ -135,7 +148,7 @@ def _json_fields(file: Path, typed: dict[str, pa.DataType]) -> list[str]:
         row = json.loads(first) if first.strip() else {}
     except ValueError:
         return []  # pyarrow's reader reports the malformed line
-    return [name for name in typed if isinstance(row, dict) and name in row]
+    return list(row) if isinstance(row, dict) else []
 
 
 def produce(args: argparse.Namespace) -> int:
@@ -146,6 +159,9 @@ def produce(args: argparse.Namespace) -> int:
     meta = get_topic(log, args.topic)
     topic = meta.name
     table = read_rows(args.file, args.format, meta.schema)
+    # What readers add (dump writes them): never a topic's columns (reserved names), dropped as the Spark sink
+    # drops them, so that a dump loads again.
+    table = table.drop_columns([name for name in METADATA_COLUMNS if name in table.column_names])
     if args.app_id is not None:
         unit = AppVersion(args.app_id, APP_MARK, args.run, args.version)
     else:
