@@ -578,6 +578,30 @@ def test_maintenance_damaged_reports_a_damaged_transaction_log_record(
     one_error_line(here(*mark, "--yes", code=1), "partition 3 does not exist")
 
 
+def test_a_topic_with_damaged_metadata_does_not_hide_the_others(tmp_path: Path, here: Callable[..., Result]) -> None:
+    """One flipped byte in a topic's newest metadata version failed ``topics list`` and ``maintenance damaged``
+    for the whole log, with no way out. They now go on with the other topics and exit 1 naming the object
+    and what to do; commands on that topic say the same."""
+    url = tmp_path / "log"
+    log = txn_core.open_log(str(url))
+    log.create_topic("orders", 1, SCHEMA)
+    log.create_topic("other", 1, SCHEMA)
+    log.topics.update("orders", partitions=2)
+    meta = url / "topics" / "orders" / "meta" / paths.slot_name(1)
+    data = bytearray(meta.read_bytes())
+    data[-3] ^= 0xFF
+    meta.write_bytes(bytes(data))
+
+    listed = here("topics", "list", url, code=1)
+    assert [line.split()[0] for line in listed.out.splitlines()[1:]] == ["other"]
+    assert str(meta.relative_to(url)) in listed.err and "restore the object from a backup" in listed.err
+    assert "version 1 of the metadata of topic 'orders'" in listed.err
+    assert [m["name"] for m in here("topics", "list", url, "--json", code=1).json()] == ["other"]
+    checked = here("maintenance", "damaged", url, code=1)
+    assert "no damaged entries" in checked.out and "restore the object from a backup" in checked.err
+    one_error_line(here("topics", "describe", url, "orders", code=1), "restore the object from a backup")
+
+
 def test_maintenance_roll_rolls_decided_history_and_readers_read_the_same(
     scenario: Path, here: Callable[..., Result]
 ) -> None:

@@ -16,7 +16,13 @@ import pyarrow as pa
 
 from txn_core import envelope, paths
 from txn_core.clock import Clock, system_clock
-from txn_core.errors import ConfigurationError, ObjectExistsError, TopicExistsError, TopicNotFoundError
+from txn_core.errors import (
+    ConfigurationError,
+    CorruptDataError,
+    ObjectExistsError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
 from txn_core.ids import validate_name
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
@@ -141,7 +147,16 @@ class TopicStore:
         if cached is not None and cached.version == tail - 1:
             return cached
         key = slots.key(tail - 1)
-        meta = TopicMeta.from_json(envelope.read_json(self.storage, key, envelope.ObjectKind.TOPIC_META))
+        try:
+            meta = TopicMeta.from_json(envelope.read_json(self.storage, key, envelope.ObjectKind.TOPIC_META))
+        except CorruptDataError as exc:
+            raise CorruptDataError(
+                f"{exc} It is version {tail - 1} of the metadata of topic {name!r} (its partition count, schema "
+                "and settings), which no older version can stand in for: restore the object from a backup. "
+                "Until then the topic can be neither read nor written; other topics are unaffected.",
+                exc.key,
+                exc.check,
+            ) from exc
         self._cache[name] = meta
         return meta
 

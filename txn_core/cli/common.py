@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from txn_core import paths
 from txn_core.cli.schemaspec import SchemaSpecError, parse_schema
-from txn_core.errors import ConfigurationError, TopicNotFoundError
+from txn_core.errors import ConfigurationError, CorruptDataError, TopicNotFoundError
 from txn_core.log import Log
 from txn_core.storage import open_storage
 from txn_core.storage.options import nest_storage_options
@@ -210,6 +210,26 @@ def get_topic(log: Log, name: str) -> TopicMeta:
             f"unknown topic {name!r}; existing topics: {', '.join(existing) if existing else '(none)'}. Create "
             f"it with '{PROG} topics create URL {name} --partitions N --schema SPEC'"
         ) from exc
+
+
+def readable_topics(log: Log, names: list[str]) -> tuple[list[TopicMeta], list[CorruptDataError]]:
+    """The metadata of each topic in ``names`` that can be read, and the errors of those whose metadata is
+    damaged: a log-wide command goes on with the other topics and reports them (:func:`report_damage`)."""
+    metas: list[TopicMeta] = []
+    damaged: list[CorruptDataError] = []
+    for name in names:
+        try:
+            metas.append(log.topics.get(name))
+        except CorruptDataError as exc:
+            damaged.append(exc)
+    return metas, damaged
+
+
+def report_damage(what: str, errors: list[CorruptDataError]) -> int:
+    """Damage a command went past, on stderr (exit status 1 when there is any)."""
+    for exc in errors:
+        print(f"{PROG}: error: damaged {what}: {exc}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 def warn(message: str) -> None:

@@ -7,7 +7,6 @@ log."""
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from txn_core import damage, maintenance
@@ -20,6 +19,8 @@ from txn_core.cli.common import (
     non_negative_int,
     open_existing,
     positive_int,
+    readable_topics,
+    report_damage,
 )
 from txn_core.cli.output import (
     Progress,
@@ -369,15 +370,16 @@ def damaged(args: argparse.Namespace) -> int:
     log = open_existing(args)
     topics = [get_topic(log, t).name for t in args.topic] if args.topic else log.list_topics()
     found: list[damage.DamagedEntry] = []
-    with Progress("checking entries", len(topics), unit="topics") as bar:
-        for topic in topics:
-            for p in args.partition or range(log.topics.get(topic).partitions):
-                found.extend(damage.find_damaged(log, topic, p, payloads=args.verify_payloads))
+    metas, damaged_metas = readable_topics(log, topics)
+    with Progress("checking entries", len(metas), unit="topics") as bar:
+        for meta in metas:
+            for p in args.partition or range(meta.partitions):
+                found.extend(damage.find_damaged(log, meta.name, p, payloads=args.verify_payloads))
             bar.advance()
-    records = [] if args.topic else damaged_coordinator_records(log)
+    records = damaged_metas + ([] if args.topic else damaged_coordinator_records(log))
     if args.json:
         print_json([damaged_json(d) for d in found])
-        return report_coordinator_damage(records)
+        return report_damage("metadata or transaction log", records)
     checked = "headers and records" if args.verify_payloads else "headers; --verify-payloads checks every record"
     print_table(
         ["topic", "partition", "slot", "offsets", "size", "check failed", "marked lost"],
@@ -399,7 +401,7 @@ def damaged(args: argparse.Namespace) -> int:
     for d in found:
         if d.hint and d.lost is None:
             print(f"{d.key}: {d.hint}")
-    return report_coordinator_damage(records)
+    return report_damage("metadata or transaction log", records)
 
 
 def damaged_coordinator_records(log: Any) -> list[CorruptDataError]:
@@ -412,13 +414,6 @@ def damaged_coordinator_records(log: Any) -> list[CorruptDataError]:
         except CorruptDataError as exc:
             out.append(exc)
     return out
-
-
-def report_coordinator_damage(records: list[CorruptDataError]) -> int:
-    """Damaged transaction-log records on stderr (exit status 1): no mark-lost for them, see the message."""
-    for exc in records:
-        print(f"txnlog: error: damaged transaction log: {exc}", file=sys.stderr)
-    return 1 if records else 0
 
 
 def mark_lost(args: argparse.Namespace) -> int:

@@ -15,6 +15,8 @@ from txn_core.cli.common import (
     open_or_create,
     optional_positive_int,
     positive_int,
+    readable_topics,
+    report_damage,
     schema_spec,
 )
 from txn_core.cli.output import (
@@ -234,20 +236,17 @@ def create(args: argparse.Namespace) -> int:
 def list_topics(args: argparse.Namespace) -> int:
     log = open_existing(args)
     names = log.list_topics()
-    metas = []
-    with Progress("reading topics", len(names), unit="topics") as bar:
-        for name in names:
-            metas.append(log.topics.get(name))
-            bar.advance()
+    with Progress("reading topics", len(names), unit="topics"):
+        metas, damaged = readable_topics(log, names)
     if args.json:
         print_json([meta_json(m) for m in metas])
-        return 0
+        return report_damage("topic metadata", damaged)
     print_table(
         ["topic", "partitions", "retention", "schema"],
         [[m.name, m.partitions, retention_text(m.config), format_schema(m.schema)] for m in metas],
         empty=f"no topics in {log.url}",
     )
-    return 0
+    return report_damage("topic metadata", damaged)
 
 
 def describe(args: argparse.Namespace) -> int:
