@@ -938,3 +938,23 @@ def test_a_json_dump_produced_again_holds_the_same_values(tmp_path: Path, here: 
     bad.write_text('{"id": 9, "raw": "AP9oaQ=="}\n{"id": 10, "raw": "not base64!"}\n')
     failed = here("produce", url, "dst", bad, code=1)
     one_error_line(failed, "bad.jsonl: line 2, column 'raw'", '"not base64!" is not a binary value')
+
+
+def test_produce_overtaken_by_another_run_of_its_application_says_to_run_it_again(
+    tmp_path: Path, here: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of one ``--app-id`` at once (a scheduler's retry overlapping the first attempt): the one
+    fenced exited with the producer API's "close this producer", no fix a command-line user can apply."""
+    from txn_core.apptxn import AppCommitter
+
+    url = tmp_path / "log"
+    txn_core.open_log(str(url)).create_topic("t", 1, SCHEMA)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"id": 1, "name": "a"}\n')
+
+    def overtaken(*args: Any, **kwargs: Any) -> Any:
+        raise txn_core.ProducerFencedError("transactional id 'job': fenced", transactional_id="job")
+
+    monkeypatch.setattr(AppCommitter, "write_once", overtaken)
+    failed = here("produce", url, "t", rows, "--app-id", "job", "--version", "3", code=1)
+    one_error_line(failed, "another run of application 'job'", "version 3", "Run the same command again")

@@ -196,6 +196,12 @@ class ProducerFencedError(TxnLogError):
         self.current_producer_id = current_producer_id
         self.current_epoch = current_epoch
 
+    def reworded(self, message: str) -> ProducerFencedError:
+        """The same fencing told in a caller's terms (a command's, say): its class and attributes, ``message``."""
+        other = type(self).__new__(type(self), message)
+        other.__dict__.update(self.__dict__)
+        return other
+
 
 class TransactionalIdTakenOverError(ProducerFencedError):
     """An application run may not commit under its transactional id: another run committed there since

@@ -21,7 +21,7 @@ from txn_core.apptxn import APP_MARK, AppCommitter, AppVersion
 from txn_core.cli import jsonlines
 from txn_core.cli.common import Parser, SubParsers, add_verb, get_topic, non_negative_int, storage_options
 from txn_core.cli.output import print_json
-from txn_core.errors import ConfigurationError
+from txn_core.errors import ConfigurationError, ProducerFencedError
 from txn_core.log import Log
 from txn_core.storage import open_storage
 from txn_core.topics import METADATA_COLUMNS
@@ -166,8 +166,18 @@ def produce(args: argparse.Namespace) -> int:
         unit = AppVersion(args.app_id, APP_MARK, args.run, args.version)
     else:
         unit = AppVersion(f"txnlog-produce-{uuid.uuid4().hex[:16]}", APP_MARK, write_id=uuid.uuid4().hex)
-    with AppCommitter(log) as committer:
-        result = committer.write_once(unit, topic, table, partition=args.partition, key_column=args.key_column)
+    try:
+        with AppCommitter(log) as committer:
+            result = committer.write_once(unit, topic, table, partition=args.partition, key_column=args.key_column)
+    except ProducerFencedError as exc:
+        if args.app_id is None:
+            raise
+        raise exc.reworded(
+            f"another run of application {args.app_id!r} (run {args.run!r}) started while this one was writing "
+            f"version {args.version} and took over, and this one stopped. Run the same command again once the "
+            "other has finished: it commits the version if no run did, and otherwise says it was already "
+            f"committed ({exc})"
+        ) from exc
     out: dict[str, Any] = {
         "outcome": result.outcome,
         "topic": topic,
