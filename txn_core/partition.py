@@ -156,6 +156,7 @@ class PartitionLog:
         self._index: SortedDict = SortedDict()  # base_offset -> (slot, record_count); see _note
         self._lost: dict[int, LostEntry] = {}  # lost-entry records read (immutable once they exist)
         self._missing_since: tuple[int, float] | None = None  # (slot, when): a reader kept missing it since
+        self._holes: set[int] = set()  # slots found to be holes: a later miss there asks again at once
 
     def __getstate__(self) -> dict[str, object]:
         return {"storage": self.storage, "path": self.path}
@@ -624,7 +625,7 @@ class PartitionLog:
         probes = self._probe_after(slot, self._hole_probes_at(slot), {}) if stale and not known else []
         if stale or (tail is not None and slot < tail[0]):
             self.segments.refresh(self.recent_log_start)
-        return known or self.segments.starts_after(slot) or any(f.result() for _, f in probes)
+        return known or slot in self._holes or self.segments.starts_after(slot) or any(f.result() for _, f in probes)
 
     def _hole_probes_at(self, slot: int) -> Sequence[int]:
         """The distances a reader missing ``slot`` probes past it: HOLE_PROBES_CHEAP, and all of HOLE_PROBES once
@@ -659,10 +660,13 @@ class PartitionLog:
         if self.segments.starts_after(slot):
             # Read after the caller's segment lookup: had retention removed the segment holding the slot
             # since the listing, it published this log start first.
-            return slot >= self.log_start(refresh=True).slot and not self.entries.exists(slot)
-        if not any(f.result() for _, f in self._probe_after(slot, HOLE_PROBES, {})):
-            return False
-        return not self.entries.exists(slot)  # asked after a later slot was seen: a racing append has landed
+            hole = slot >= self.log_start(refresh=True).slot and not self.entries.exists(slot)
+        else:
+            later = any(f.result() for _, f in self._probe_after(slot, HOLE_PROBES, {}))
+            hole = later and not self.entries.exists(slot)  # asked after a later slot was seen (a racing append)
+        if hole:  # a later miss there is damage at once, not the log end until the next look (5 s)
+            self._holes.add(slot)
+        return hole
 
     def fetch_entry(self, slot: int) -> Entry:
         """The whole entry at ``slot`` in one request (from a segment if one holds it), header verified and

@@ -20,12 +20,14 @@ restored. Offsets marked lost are passed over with a warning. A state or reader 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
 
+from txn_core import partition as partition_module
 from txn_core.buffer import Disposition, TxnBuffer
 from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.txnlog import TxnStatus
@@ -73,6 +75,7 @@ class PartitionState:
         self.skip_damaged = skip_damaged
         #: the damaged entry, not marked lost, that the last scan stopped at (None: it reached the end)
         self.damage: DamagedEntryError | None = None
+        self._not_hole: tuple[int, float] | None = None  # (slot, when) a full scan found the log end there
         self._buffer: TxnBuffer | None = None
         self.decisions: dict[TxnId, bool] = {}
         self.snapshot_position = 0
@@ -198,6 +201,9 @@ class PartitionState:
             if outcome is not None:
                 self.decisions[txn] = outcome
                 return outcome
+            recorded = self.buffer.lost_outcomes.get(txn, ONGOING)
+            if recorded != ONGOING:  # the scan passed a lost entry (a hole), which may have held its marker
+                return self._decide_after_loss(txn, recorded)
             if not blocked:
                 # No marker after the data: these writes came after the transaction ended. They become
                 # skip ranges (persisted, so every reader and range plan drops them the same way).
@@ -267,13 +273,39 @@ class PartitionState:
             except ObjectNotFoundError:
                 # The end as far as this reader knows, or a hole it has not learnt of yet (PROTOCOL.md
                 # "Damage"). A full scan decides from where it stops (a finished transaction with no marker
-                # before the end is taken for a zombie write and dropped): a hole stops it like damage.
-                return max_entries is None and self.log.is_hole(buffer.slot)
+                # before the end is taken for a zombie write and dropped): it reads a hole as one.
+                if max_entries is not None or not self._hole_at(buffer.slot):
+                    return False
+                step = self._past_hole(buffer.slot)
             if step is None:
                 return True
             header, lost = step
             self.apply(buffer.slot, header, HEADER_SIZE + header.payload_len, lost)
         return False
+
+    def _hole_at(self, slot: int) -> bool:
+        """Whether the missing ``slot`` where a full scan stopped is a hole. The answer "no" holds for
+        LOG_START_RECHECK_S at that slot, the time a reader takes to learn of a hole anyway: a reader
+        polling at the end does not pay the hole probes at every poll."""
+        now = time.monotonic()
+        checked = self._not_hole
+        if checked is not None and checked[0] == slot and now - checked[1] < partition_module.LOG_START_RECHECK_S:
+            return False
+        if self.log.is_hole(slot):
+            return True
+        self._not_hole = (slot, now)
+        return False
+
+    def _past_hole(self, slot: int) -> tuple[EntryHeader, LostEntry | None] | None:
+        """What :meth:`next_entry` gives for the hole at ``slot``: its lost record (marked lost, or passed by
+        this reader's choice), or None when it stops this state there (:attr:`damage` names it)."""
+        marked = self.log.lost_entry(slot)
+        if marked is not None:
+            return marked.header(), marked
+        exc = self.log.damaged(slot, self.log.missing_check(slot))
+        exc.first_offset = self.buffer.position
+        lost = self.skipped(exc)
+        return None if lost is None else (lost.header(), lost)
 
     def read_bound(self) -> int:
         """The last stable offset: first offset of the earliest undecided ongoing transaction."""
