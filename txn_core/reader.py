@@ -266,6 +266,7 @@ class PartitionState:
         scanning without a bound, a hole: a missing slot with entries after it)."""
         buffer = self.buffer
         n = 0
+        reread = -1  # the slot whose miss was read again
         while txn in buffer.by_txn and (max_entries is None or n < max_entries):
             n += 1
             try:
@@ -273,8 +274,15 @@ class PartitionState:
             except ObjectNotFoundError:
                 # The end as far as this reader knows, or a hole it has not learnt of yet (PROTOCOL.md
                 # "Damage"). A full scan decides from where it stops (a finished transaction with no marker
-                # before the end is taken for a zombie write and dropped): it reads a hole as one.
-                if max_entries is not None or not self._hole_at(buffer.slot):
+                # before the end is taken for a zombie write and dropped), so it reads the slot once more
+                # (a read issued ahead may predate the marker, which has landed since: the miss is stale;
+                # the read-ahead issues a fresh read after a miss), and reads a hole as one.
+                if max_entries is not None:
+                    return False
+                if reread != buffer.slot:
+                    reread = buffer.slot
+                    continue
+                if not self._hole_at(buffer.slot):
                     return False
                 step = self._past_hole(buffer.slot)
             if step is None:
