@@ -19,6 +19,7 @@ import datetime as dt
 import decimal
 import io
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -41,42 +42,103 @@ def needs_conversion(t: pa.DataType) -> bool:
         or pa.types.is_map(t)
     ):
         return True
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return True  # element types are inferred otherwise (a list<int32> read as list<int64>)
-    if pa.types.is_struct(t):
-        return any(needs_conversion(t.field(i).type) for i in range(t.num_fields))
-    return False
+    # Nested types: pyarrow's reader infers what they hold (a list<int32> read as list<int64>, a struct's
+    # int16 field as int64), which the topic then refuses.
+    return bool(
+        pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_struct(t)
+    )
+
+
+#: Units per second of Arrow's time units.
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+#: The spellings dump writes for floats JSON cannot hold.
+_SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def value(v: Any, t: pa.DataType, where: str) -> Any:
-    """The Python value pyarrow builds a ``t`` from, for the JSON value ``v`` (``where`` names it in errors)."""
+    """The Python value pyarrow builds a ``t`` from, for the JSON value ``v`` (``where`` names it in errors).
+    Strict: a value that would be changed to fit (a fraction in an integer or finer than the column's unit,
+    an unknown field of a struct, an offset on a time) is refused, as pyarrow's reader refuses it."""
     if v is None:
         return None
     try:
-        if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-            return base64.b64decode(_text(v, "base64"), validate=True)
-        if pa.types.is_date(t):
-            return dt.date.fromisoformat(_text(v, "an ISO-8601 date"))
-        if pa.types.is_time(t):
-            return dt.time.fromisoformat(_text(v, "an ISO-8601 time"))
-        if pa.types.is_duration(t):
-            return dt.timedelta(seconds=_number(v, "seconds"))
-        if pa.types.is_decimal(t):
-            return decimal.Decimal(_text(v, "a decimal string") if isinstance(v, str) else str(_number(v, "a number")))
-        if pa.types.is_map(t):
-            pairs = v.items() if isinstance(v, dict) else v
-            return [(value(k, t.key_type, where), value(x, t.item_type, where)) for k, x in pairs]
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            if not isinstance(v, list):
-                raise ValueError("expected a list")
-            return [value(x, t.value_type, where) for x in v]
-        if pa.types.is_struct(t):
-            if not isinstance(v, dict):
-                raise ValueError("expected an object")
-            return {f.name: value(v.get(f.name), f.type, where) for f in t}
-    except (ValueError, TypeError, binascii.Error, decimal.InvalidOperation) as exc:
+        return _value(v, t, where)
+    except (ValueError, TypeError, OverflowError, binascii.Error, decimal.InvalidOperation) as exc:
         raise ConfigurationError(f"{where}: {json.dumps(v)[:80]} is not a {t} value ({exc})") from exc
+
+
+def _value(v: Any, t: pa.DataType, where: str) -> Any:
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        raw = base64.b64decode(_text(v, "base64"), validate=True)
+        if pa.types.is_fixed_size_binary(t) and len(raw) != t.byte_width:
+            raise ValueError(f"{len(raw)} bytes, the column holds {t.byte_width}")
+        return raw
+    if pa.types.is_boolean(t):
+        if not isinstance(v, bool):
+            raise ValueError("expected true or false")
+        return v
+    if pa.types.is_integer(t):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError("expected an integer")
+        return v
+    if pa.types.is_floating(t):
+        if isinstance(v, str) and v in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[v]
+        return float(_number(v, "a number"))
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return _text(v, "text")
+    if pa.types.is_date(t):
+        return dt.date.fromisoformat(_text(v, "an ISO-8601 date"))
+    if pa.types.is_timestamp(t):
+        stamp = dt.datetime.fromisoformat(_text(v, "an ISO-8601 time"))
+        if t.tz is None:
+            if stamp.tzinfo is not None:
+                raise ValueError("it has an offset; the column has no time zone")
+            return _within_unit(stamp, t.unit)
+        return _within_unit(stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC), t.unit)
+    if pa.types.is_time(t):
+        clock = dt.time.fromisoformat(_text(v, "an ISO-8601 time"))
+        if clock.tzinfo is not None:
+            raise ValueError("a time of day in the column has no offset")
+        return _within_unit(clock, t.unit)
+    if pa.types.is_duration(t):
+        count = decimal.Decimal(repr(_number(v, "seconds"))) * _PER_SECOND[t.unit]
+        if count != count.to_integral_value():
+            raise ValueError(f"finer than the column's unit ({t.unit})")
+        return int(count)  # in the column's unit: pyarrow takes integers as they are
+    if pa.types.is_decimal(t):
+        return decimal.Decimal(_text(v, "a decimal string") if isinstance(v, str) else repr(_number(v, "a number")))
+    if pa.types.is_map(t):
+        pairs = v.items() if isinstance(v, dict) else v
+        if not isinstance(pairs, list) and not isinstance(v, dict):
+            raise ValueError("expected an object or a list of [key, value] pairs")
+        out = []
+        for pair in pairs:
+            if not isinstance(v, dict) and not (isinstance(pair, list) and len(pair) == 2):
+                raise ValueError("expected [key, value] pairs")
+            k, x = pair
+            out.append((_value(k, t.key_type, where), None if x is None else _value(x, t.item_type, where)))
+        return out
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        if not isinstance(v, list):
+            raise ValueError("expected a list")
+        return [None if x is None else _value(x, t.value_type, where) for x in v]
+    if pa.types.is_struct(t):
+        if not isinstance(v, dict):
+            raise ValueError("expected an object")
+        names = {f.name for f in t}
+        unknown = sorted(set(v) - names)
+        if unknown:
+            raise ValueError(f"field(s) {', '.join(unknown)} are not in the column's type")
+        return {f.name: None if v.get(f.name) is None else _value(v[f.name], f.type, where) for f in t}
     return v
+
+
+def _within_unit(value: Any, unit: str) -> Any:
+    """``value`` (a time or datetime) when its fraction of a second fits ``unit``, else ValueError."""
+    if value.microsecond % (1_000_000 // min(_PER_SECOND[unit], 1_000_000)):
+        raise ValueError(f"finer than the column's unit ({unit})")
+    return value
 
 
 def _text(v: Any, what: str) -> str:
@@ -91,11 +153,15 @@ def _number(v: Any, what: str) -> float:
     return v
 
 
-def read(file: Path, schema: pa.Schema, flat: Callable[[IO[bytes], list[str]], pa.Table]) -> pa.Table:
+def read(
+    file: Path, schema: pa.Schema, flat: Callable[[IO[bytes], list[str]], pa.Table], *, every: bool = False
+) -> pa.Table:
     """The rows of a JSON-lines ``file``: the topic's columns that :func:`needs_conversion` converted here by
-    their types (see module doc), every other column by ``flat`` (pyarrow's reader, as without them: given
-    the lines re-encoded without those columns, and the topic columns the first line has). Only columns
-    some line has are returned, in the order they first appear."""
+    their types (see module doc), or with ``every`` all of them (pyarrow's reader refused the file: a value
+    it cannot parse, such as a float spelt ``"NaN"`` or a time finer than its unit, is then read here, or
+    named with its line), every other column by ``flat`` (pyarrow's reader, as without them: given the
+    lines re-encoded without those columns, and the topic columns the first line has). Only columns some
+    line has are returned, in the order they first appear."""
     rows: list[tuple[int, dict[str, Any]]] = []
     with file.open("rb") as f:
         for n, line in enumerate(f, 1):
@@ -109,7 +175,7 @@ def read(file: Path, schema: pa.Schema, flat: Callable[[IO[bytes], list[str]], p
                 raise ConfigurationError(f"{file}: line {n} is not a JSON object")
             rows.append((n, row))
     names = list(dict.fromkeys(name for _, row in rows for name in row))
-    convert = {f.name: f.type for f in schema if needs_conversion(f.type) and f.name in names}
+    convert = {f.name: f.type for f in schema if (every or needs_conversion(f.type)) and f.name in names}
     rest = [{k: v for k, v in row.items() if k not in convert} for _, row in rows]
     others = None
     if any(rest):
@@ -123,5 +189,8 @@ def read(file: Path, schema: pa.Schema, flat: Callable[[IO[bytes], list[str]], p
             columns[name] = others.column(name)
         else:
             converted = [value(row.get(name), t, f"{file}: line {n}, column {name!r}") for n, row in rows]
-            columns[name] = pa.array(converted, type=t)
+            try:
+                columns[name] = pa.array(converted, type=t)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                raise ConfigurationError(f"{file}: column {name!r}: a value does not fit {t}: {exc}") from exc
     return pa.table(columns)

@@ -115,9 +115,14 @@ def read_rows(path: str, fmt: str | None, schema: pa.Schema | None = None) -> pa
                 source, parse_options=pjson.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
             )
 
-        if schema is not None and any(jsonlines.needs_conversion(f.type) for f in schema):
-            return jsonlines.read(file, schema, flat)
-        return flat(file, _first_line_fields(file))
+        try:
+            if schema is not None and any(jsonlines.needs_conversion(f.type) for f in schema):
+                return jsonlines.read(file, schema, flat)
+            return flat(file, _first_line_fields(file))
+        except pa.ArrowInvalid:
+            if schema is None:
+                raise
+            return jsonlines.read(file, schema, flat, every=True)  # each value by its type, or named
     except (pa.ArrowInvalid, OSError) as exc:
         how = (
             f" (columns are read as the topic types them: {', '.join(f'{n} {t}' for n, t in typed.items())})"
