@@ -307,7 +307,9 @@ def operator() -> str:
 
 def _partition_log(log: Log, topic: str, partition: int) -> PartitionLog:
     """The log of an existing partition (a partition the topic does not have is an error, not a clean one)."""
-    count = log.topics.get(topic).partitions
+    count = log.topics.get(topic, refresh=False).partitions  # the caller's own read of it, if it made one
+    if not 0 <= partition < count:
+        count = log.topics.get(topic).partitions  # partitions may have been added since
     if not 0 <= partition < count:
         raise ConfigurationError(
             f"topic {topic!r} has {count} partition(s), 0 to {count - 1}: partition {partition} does not exist"

@@ -152,12 +152,14 @@ class PartitionState:
         try:
             header = read(slot)
         except DamagedEntryError as exc:
-            exc.first_offset = self.buffer.position
-            lost = self.skipped(exc)
-            if lost is None:
-                return None
-            return lost.header(), lost
+            return self._past_damage(exc)
         return header, (self.log.lost_entry(slot) if header.kind is EntryKind.LOST else None)
+
+    def _past_damage(self, exc: DamagedEntryError) -> tuple[EntryHeader, LostEntry | None] | None:
+        """What :meth:`next_entry` gives for the damaged entry at the buffer's slot (see :meth:`skipped`)."""
+        exc.first_offset = self.buffer.position
+        lost = self.skipped(exc)
+        return None if lost is None else (lost.header(), lost)
 
     def skipped(self, exc: DamagedEntryError) -> LostEntry | None:
         """The unmarked lost record to pass the damaged entry ``exc`` names with (``skip_damaged``, and
@@ -310,10 +312,7 @@ class PartitionState:
         marked = self.log.lost_entry(slot)
         if marked is not None:
             return marked.header(), marked
-        exc = self.log.damaged(slot, self.log.missing_check(slot))
-        exc.first_offset = self.buffer.position
-        lost = self.skipped(exc)
-        return None if lost is None else (lost.header(), lost)
+        return self._past_damage(self.log.damaged(slot, self.log.missing_check(slot)))
 
     def read_bound(self) -> int:
         """The last stable offset: first offset of the earliest undecided ongoing transaction."""

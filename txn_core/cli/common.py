@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn, TypeAlias
 
 import pyarrow as pa
@@ -212,9 +213,12 @@ def get_topic(log: Log, name: str) -> TopicMeta:
         ) from exc
 
 
-def readable_topics(log: Log, names: list[str]) -> tuple[list[TopicMeta], list[CorruptDataError]]:
+def readable_topics(
+    log: Log, names: list[str], each: Callable[[], object] = lambda: None
+) -> tuple[list[TopicMeta], list[CorruptDataError]]:
     """The metadata of each topic in ``names`` that can be read, and the errors of those whose metadata is
-    damaged: a log-wide command goes on with the other topics and reports them (:func:`report_damage`)."""
+    damaged: a log-wide command goes on with the other topics and reports them (:func:`report_damage`).
+    ``each`` runs after each topic (a progress bar's advance)."""
     metas: list[TopicMeta] = []
     damaged: list[CorruptDataError] = []
     for name in names:
@@ -222,6 +226,7 @@ def readable_topics(log: Log, names: list[str]) -> tuple[list[TopicMeta], list[C
             metas.append(log.topics.get(name))
         except CorruptDataError as exc:
             damaged.append(exc)
+        each()
     return metas, damaged
 
 

@@ -62,12 +62,12 @@ def value(v: Any, t: pa.DataType, where: str) -> Any:
     if v is None:
         return None
     try:
-        return _value(v, t, where)
+        return _value(v, t)
     except (ValueError, TypeError, OverflowError, binascii.Error, decimal.InvalidOperation) as exc:
         raise ConfigurationError(f"{where}: {json.dumps(v)[:80]} is not a {t} value ({exc})") from exc
 
 
-def _value(v: Any, t: pa.DataType, where: str) -> Any:
+def _value(v: Any, t: pa.DataType) -> Any:
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         raw = base64.b64decode(_text(v, "base64"), validate=True)
         if pa.types.is_fixed_size_binary(t) and len(raw) != t.byte_width:
@@ -109,20 +109,17 @@ def _value(v: Any, t: pa.DataType, where: str) -> Any:
     if pa.types.is_decimal(t):
         return decimal.Decimal(_text(v, "a decimal string") if isinstance(v, str) else repr(_number(v, "a number")))
     if pa.types.is_map(t):
-        pairs = v.items() if isinstance(v, dict) else v
-        if not isinstance(pairs, list) and not isinstance(v, dict):
+        if isinstance(v, dict):
+            pairs = list(v.items())
+        elif isinstance(v, list) and all(isinstance(pair, list) and len(pair) == 2 for pair in v):
+            pairs = v
+        else:
             raise ValueError("expected an object or a list of [key, value] pairs")
-        out = []
-        for pair in pairs:
-            if not isinstance(v, dict) and not (isinstance(pair, list) and len(pair) == 2):
-                raise ValueError("expected [key, value] pairs")
-            k, x = pair
-            out.append((_value(k, t.key_type, where), None if x is None else _value(x, t.item_type, where)))
-        return out
+        return [(_value(k, t.key_type), None if x is None else _value(x, t.item_type)) for k, x in pairs]
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         if not isinstance(v, list):
             raise ValueError("expected a list")
-        return [None if x is None else _value(x, t.value_type, where) for x in v]
+        return [None if x is None else _value(x, t.value_type) for x in v]
     if pa.types.is_struct(t):
         if not isinstance(v, dict):
             raise ValueError("expected an object")
@@ -130,7 +127,7 @@ def _value(v: Any, t: pa.DataType, where: str) -> Any:
         unknown = sorted(set(v) - names)
         if unknown:
             raise ValueError(f"field(s) {', '.join(unknown)} are not in the column's type")
-        return {f.name: None if v.get(f.name) is None else _value(v[f.name], f.type, where) for f in t}
+        return {f.name: None if v.get(f.name) is None else _value(v[f.name], f.type) for f in t}
     return v
 
 
@@ -179,8 +176,7 @@ def read(
     rest = [{k: v for k, v in row.items() if k not in convert} for _, row in rows]
     others = None
     if any(rest):
-        first = [k for k in rest[0]] if rest else []
-        others = flat(io.BytesIO(b"\n".join(json.dumps(r).encode() for r in rest)), first)
+        others = flat(io.BytesIO(b"\n".join(json.dumps(r).encode() for r in rest)), list(rest[0]))
     columns = {}
     for name in names:
         t = convert.get(name)

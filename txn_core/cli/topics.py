@@ -236,8 +236,8 @@ def create(args: argparse.Namespace) -> int:
 def list_topics(args: argparse.Namespace) -> int:
     log = open_existing(args)
     names = log.list_topics()
-    with Progress("reading topics", len(names), unit="topics"):
-        metas, damaged = readable_topics(log, names)
+    with Progress("reading topics", len(names), unit="topics") as bar:
+        metas, damaged = readable_topics(log, names, bar.advance)
     if args.json:
         print_json([meta_json(m) for m in metas])
         return report_damage("topic metadata", damaged)
