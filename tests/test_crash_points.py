@@ -10,9 +10,10 @@ and the last stable offset back at the log end.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -22,6 +23,7 @@ from faults import FaultyStorage, SimulatedCrash
 
 import txn_core
 from txn_core.coordinator.states import CoordinatorState
+from txn_core.producer import completion
 from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -88,6 +90,36 @@ def _count_ops(action: Callable[[txn_core.Log], None]) -> int:
     return len(faulty.ops)
 
 
+#: Where a decided transaction's markers are written (txn_core.producer.completion): by the committing thread
+#: where the store's records are fast (the memory store here), else by the background thread. The commit
+#: protocol's crash tests run both ways.
+SECOND_PHASE = {"inline": 1.0, "background": 0.0}
+
+
+@contextlib.contextmanager
+def _second_phase(mode: str) -> Iterator[None]:
+    saved = completion.FAST_RECORD_S
+    completion.FAST_RECORD_S = SECOND_PHASE[mode]
+    try:
+        yield
+    finally:
+        completion.FAST_RECORD_S = saved
+
+
+@pytest.fixture(params=list(SECOND_PHASE))
+def second_phase(request: pytest.FixtureRequest) -> Iterator[str]:
+    with _second_phase(request.param):
+        yield request.param
+
+
+def _count_ops_both(action: Callable[[txn_core.Log], None]) -> int:
+    counts = []
+    for mode in SECOND_PHASE:
+        with _second_phase(mode):
+            counts.append(_count_ops(action))
+    return max(counts)
+
+
 def _commit_decided(inner: Storage, clock: FakeClock) -> bool:
     """Whether the crashed transaction's PrepareCommit record landed."""
     st = txn_core.Log(inner, clock=clock).coordinator.state(TID)
@@ -121,14 +153,14 @@ def _check_recovered(inner: Storage, clock: FakeClock, expect_commit: bool | Non
     assert (tp in committed) == (got_txn == TXN), "group offsets not atomic with the data"
 
 
-COMMIT_OPS = _count_ops(_commit_txn)
-ABORT_OPS = _count_ops(_abort_txn)
+COMMIT_OPS = _count_ops_both(_commit_txn)
+ABORT_OPS = _count_ops_both(_abort_txn)
 
 
 @pytest.mark.parametrize("recover", ["reinit", "timeout"])
 @pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
 @pytest.mark.parametrize("k", range(COMMIT_OPS))
-def test_crash_during_commit_recovers_all_or_nothing(k: int, landed: bool, recover: str) -> None:
+def test_crash_during_commit_recovers_all_or_nothing(k: int, landed: bool, recover: str, second_phase: str) -> None:
     inner, clock = _setup()
     faulty = FaultyStorage(inner, crash_at=k, landed=landed)
     crashed = False
@@ -142,7 +174,7 @@ def test_crash_during_commit_recovers_all_or_nothing(k: int, landed: bool, recov
 
 @pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
 @pytest.mark.parametrize("k", range(ABORT_OPS))
-def test_crash_during_abort_never_exposes_the_transaction(k: int, landed: bool) -> None:
+def test_crash_during_abort_never_exposes_the_transaction(k: int, landed: bool, second_phase: str) -> None:
     inner, clock = _setup()
     faulty = FaultyStorage(inner, crash_at=k, landed=landed)
     with pytest.raises(SimulatedCrash):
@@ -151,7 +183,7 @@ def test_crash_during_abort_never_exposes_the_transaction(k: int, landed: bool) 
 
 
 @pytest.mark.parametrize("k", range(COMMIT_OPS))
-def test_ambiguous_write_at_any_step_is_resolved_without_duplicates(k: int) -> None:
+def test_ambiguous_write_at_any_step_is_resolved_without_duplicates(k: int, second_phase: str) -> None:
     """The write at step k lands but reports an unknown outcome; the producer must carry on correctly."""
     inner, clock = _setup()
     faulty = FaultyStorage(inner, ambiguous_at=k, only_writes=True)
@@ -162,7 +194,7 @@ def test_ambiguous_write_at_any_step_is_resolved_without_duplicates(k: int) -> N
 
 
 @pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
-def test_every_commit_crash_point_recovers_on_local_disk(tmp_path: Any, landed: bool) -> None:
+def test_every_commit_crash_point_recovers_on_local_disk(tmp_path: Any, landed: bool, second_phase: str) -> None:
     """The same crash points on local disk, where a transaction's first data entries are staged while its
     begin record is being created and linked only once it is durable (PROTOCOL.md "Storage")."""
     ops = _count_ops_on(lambda: open_storage(str(tmp_path / f"count-{uuid.uuid4().hex}")))
@@ -173,11 +205,46 @@ def test_every_commit_crash_point_recovers_on_local_disk(tmp_path: Any, landed: 
         _check_recovered(inner, clock, expect_commit=_commit_decided(inner, clock), recover="reinit")
 
 
-def _count_ops_on(make: Callable[[], Storage]) -> int:
+def _count_ops_on(make: Callable[[], Storage], action: Callable[[txn_core.Log], None] | None = None) -> int:
     inner, clock = _setup(make())
     faulty = FaultyStorage(inner)
-    _commit_txn(txn_core.Log(faulty, clock=clock))
+    (action or _commit_txn)(txn_core.Log(faulty, clock=clock))
     return len(faulty.ops)
+
+
+def _two_fast_txns(log: txn_core.Log) -> None:
+    """Two transactions of one producer whose records count as fast: the first one's markers are written
+    before its commit returns, and the second one's begin (carrying the first one's Complete) before its
+    entries, on the committing thread (txn_core.producer.completion.FAST_RECORD_S)."""
+    p = log.producer(TID, transaction_timeout_ms=10_000)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": FIRST}), key_column="id")
+    p.commit_transaction()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": TXN}), key_column="id")
+    p.send_offsets_to_transaction({("t", 0): 7}, "grp")
+    p.commit_transaction()
+    p.close()
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
+def test_every_crash_point_of_two_fast_transactions_recovers_on_local_disk(tmp_path: Any, landed: bool) -> None:
+    """Local disk with records counted as fast: markers on the committing thread, the second begin written
+    before its entries instead of staged beside them. Each transaction ends all or nothing."""
+    with _second_phase("inline"):
+        ops = _count_ops_on(lambda: open_storage(str(tmp_path / f"count-{uuid.uuid4().hex}")), _two_fast_txns)
+        for k in range(ops):
+            inner, clock = _setup(open_storage(str(tmp_path / f"log-{int(landed)}-{k}")))
+            with pytest.raises(SimulatedCrash):
+                _two_fast_txns(txn_core.Log(FaultyStorage(inner, crash_at=k, landed=landed), clock=clock))
+            first_decided, second_decided = _decided(inner, clock)
+            txn_core.Log(inner, clock=clock).producer(TID, transaction_timeout_ms=10_000).init_transactions()
+            seen = _read_all(txn_core.Log(inner, clock=clock))
+            assert len(seen) == len(set(seen)), f"duplicates at step {k}"
+            assert sorted(i for i in seen if i < 1000) == BASE
+            assert sorted(i for i in seen if i >= 2000) == (FIRST if first_decided else []), f"step {k}"
+            assert sorted(i for i in seen if 1000 <= i < 2000) == (TXN if second_decided else []), f"step {k}"
 
 
 @pytest.mark.seaweedfs
@@ -257,7 +324,13 @@ FIRST = list(range(2000, 2012))  # committed just before TXN by the same produce
 def _back_to_back_txn(log: txn_core.Log, faulty: FaultyStorage | None = None) -> None:
     """Two transactions of one producer, the second begun while the first's markers are still being
     written: its begin record is created from PrepareCommit, which makes the first the id's completing
-    transaction, and its prepare record carries the first one's Complete."""
+    transaction, and its prepare record carries the first one's Complete. The markers are the background
+    thread's (held back until the second begin)."""
+    with _second_phase("background"):
+        _back_to_back_in(log, faulty)
+
+
+def _back_to_back_in(log: txn_core.Log, faulty: FaultyStorage | None) -> None:
     p = log.producer(TID, transaction_timeout_ms=10_000)
     p.init_transactions()
     second_begun = threading.Event()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -301,7 +302,8 @@ class Producer:
 
     def commit_transaction(self, metadata: dict[str, Any] | None = None) -> None:
         """Commit: flush, persist PrepareCommit (the commit point) and return; markers and CompleteCommit
-        follow in the background.
+        follow in the background (the markers before it returns where records are faster than a hand-off to
+        a thread: :data:`~txn_core.producer.completion.FAST_RECORD_S`).
 
         ``metadata`` (JSON) is stored with the decision and readable afterwards as
         ``Log.transaction_metadata(transactional_id)``: the Spark sink keeps its batch id there. Storage
@@ -367,6 +369,7 @@ class Producer:
         txn = self._txn
         if txn is None:  # pragma: no cover
             return
+        started = time.perf_counter()
         try:
             state = self._with_completions(
                 lambda done: self.log.coordinator.end(
@@ -396,14 +399,17 @@ class Producer:
                     transactional_id=self.transactional_id,
                 ) from exc
             raise
+        record_s = time.perf_counter() - started
         self._check_not_fenced(state)
-        if state.state.is_prepared and state.txn == txn:
-            self._completions.start(state)
+        prepared = state.state.is_prepared and state.txn == txn
+        if prepared:
             self._next_epoch = state.epoch + 1
         elif state.state.is_complete and state.txn == txn:
             self._next_epoch = state.epoch
         self._txn = None
         self._participants = set()
+        if prepared:
+            self._completions.start(state, record_s)
 
     def _check_not_fenced(self, state: TidState) -> None:
         """A state the coordinator returned for this producer's id names another producer: fenced."""
@@ -648,7 +654,9 @@ class Producer:
             # Overlap only a begin that waits for no older markers (at most one completion pending, which it
             # leaves completing); it writes none either (``overlapped``): either would queue marker writes
             # behind the gated entries, which wait for the begin.
-            if predicted is not None and not self._completions.begin_waits():
+            # Where records are faster than a hand-off to the thread that would write the begin, the begin is
+            # written here, before the entries.
+            if predicted is not None and not self._completions.begin_waits() and not self._completions.fast_records():
                 self._write_with_begin(todo, predicted)
                 return
         self._ensure_registered(list(todo))
