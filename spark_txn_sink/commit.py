@@ -142,7 +142,7 @@ def _request_roll(opts: SinkOptions, refs: list[StagedRef]) -> None:
         if roller is None:
             policy = RollPolicy(entries=opts.roll_entries, bytes=opts.roll_bytes)
             log = Log(open_storage(opts.url, opts.storage_options))
-            roller = _ROLLERS[key] = BackgroundRoller(log, policy, opts.roll_min_age_ms)
+            roller = _ROLLERS[key] = BackgroundRoller(log, policy, opts.roll_min_age_ms, check_min_age=False)
     appended = Counter(r.partition for r in refs)  # its references, and a marker, in each partition
     roller.appended(opts.topic, {p: n + 1 for p, n in appended.items()})
 

@@ -463,7 +463,7 @@ def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Call
     assert ref is not None  # a staged object no entry references: what a failed Spark task leaves behind
     snaps, compacted, swept = txnlog_all(
         cmd("maintenance", "snapshot", scenario, "--json"),
-        cmd("maintenance", "compact", scenario, "--min-age-ms", "0"),
+        cmd("maintenance", "compact", scenario, "--min-age-ms", "0", "--no-age-check"),
         cmd("maintenance", "sweep-staging", scenario, "--older-than-ms", "0", "--json"),
     )
     assert [(s["topic"], s["partition"]) for s in snaps.json()] == [("orders", 0), ("orders", 1)]
@@ -474,14 +474,33 @@ def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Call
 
     # Retention: partition 1 keeps everything from fresh's open transaction on (offset 10).
     retained = txnlog(
-        "maintenance", "retention", scenario, "--topic", "orders", "--retention-ms", "1", "--min-age-ms", "0", "--json"
+        "maintenance",
+        "retention",
+        scenario,
+        "--topic",
+        "orders",
+        "--retention-ms",
+        "1",
+        "--min-age-ms",
+        "0",
+        "--no-age-check",
+        "--json",
     )
     by_partition = {r["partition"]: r for r in retained.json()}
     assert by_partition[1]["new_start"] == 10 and by_partition[1]["entries_deleted"] > 0
     # stuck, past its timeout, is aborted by retention's own read bound: nothing holds partition 0 back.
     assert by_partition[0]["new_start"] >= 12
     text = here(
-        "maintenance", "retention", scenario, "--topic", "orders", "--retention-ms", "1", "--min-age-ms", "0"
+        "maintenance",
+        "retention",
+        scenario,
+        "--topic",
+        "orders",
+        "--retention-ms",
+        "1",
+        "--min-age-ms",
+        "0",
+        "--no-age-check",
     ).out
     assert text.splitlines()[0].split() == [
         "topic",
@@ -611,7 +630,7 @@ def test_maintenance_roll_rolls_decided_history_and_readers_read_the_same(
 
     dumped()  # a read_committed read aborts "stuck", past its timeout (its marker lands), as a roll would
     before = dumped()
-    rolled = txnlog("maintenance", "roll", scenario, "--entries", "2", "--min-age-ms", "0", "--json")
+    rolled = txnlog("maintenance", "roll", scenario, "--entries", "2", "--min-age-ms", "0", "--no-age-check", "--json")
     rows = {r["partition"]: r for r in rolled.json()}
     assert all(r["segments_created"] >= 1 and r["entries_deleted"] == r["entries_rolled"] > 0 for r in rows.values())
     log = txn_core.open_log(str(scenario))
@@ -621,7 +640,7 @@ def test_maintenance_roll_rolls_decided_history_and_readers_read_the_same(
         10
     )
     assert dumped() == before
-    again = here("maintenance", "roll", scenario, "--min-age-ms", "0").out
+    again = here("maintenance", "roll", scenario, "--min-age-ms", "0", "--no-age-check").out
     assert again.splitlines()[0].split()[:3] == ["topic", "partition", "segments"]
     assert "rolled 0 entries into 0 segment(s)" in again
 

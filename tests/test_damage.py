@@ -287,7 +287,7 @@ def test_a_partition_whose_markers_are_lost_still_rolls(monkeypatch: pytest.Monk
     expected = [1, 2, 99, 100] if known else [99, 100]  # an outcome nobody knows delivers nothing
     assert consume(txn_core.open_log(url))[0] == expected
 
-    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0, check_min_age=False)
     assert rolled.stable_slot == 6 and rolled.chain_end == 6, "the roll passes the transactions the records decided"
     assert (rolled.segments, rolled.entries, rolled.deleted_entries) == (3, 4, 4), "segments end before lost entries"
     assert sorted(log.partition_log(PATH).entries.list_slots()) == [1, 3], "only the lost entries stay loose"
@@ -320,7 +320,7 @@ def test_a_roll_past_a_lost_abort_marker_keeps_the_aborted_references_staged_obj
     damage(log, 1)
     assert [o for _, o in log.mark_lost("t", 0, 1, reason="bit rot").outcomes] == [ABORT]
 
-    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0, check_min_age=False)
     assert (rolled.stable_slot, rolled.chain_end, rolled.deleted_entries) == (2, 2, 1)
     assert log.storage.exists(ref.key), "the aborted reference's staged object is kept"
     producer.commit_transaction()
@@ -351,7 +351,7 @@ def test_a_missing_entry_marked_lost_is_still_a_hole_once_everything_after_it_is
     log.storage.delete(log.partition_log(PATH).entries.key(1))
     log.mark_lost("t", 0, 1, reason="object lost")
     assert consume(txn_core.open_log(url))[0] == expected
-    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0, check_min_age=False)
     assert rolled.chain_end == len(log.partition_log(PATH).entries.list_slots()) + rolled.deleted_entries + 1
     assert log.partition_log(PATH).entries.list_slots() == [], "every entry after the hole is rolled and deleted"
     fresh = txn_core.open_log(url)
@@ -382,7 +382,7 @@ def test_a_roll_past_a_lost_abort_marker_drops_rows_whose_staged_object_is_gone(
     staging.delete_keys(log.storage, [aborted.key])
     damage(log, 1)
     assert [o for _, o in log.mark_lost("t", 0, 1, reason="bit rot").outcomes] == [ABORT]
-    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0, check_min_age=False)
     assert rolled.chain_end == 4
     fresh = txn_core.open_log(url)
     assert consume(fresh)[0] == [9] and ranged(fresh) == [9]
@@ -413,7 +413,7 @@ def test_an_unknown_outcome_does_not_let_a_roll_pass_damage_its_marker_may_lie_b
     monkeypatch.setattr(log.coordinator, "resolve", lambda txn: TxnStatus(txn, None))
     assert [o for _, o in log.mark_lost("t", 0, 1, reason="bit rot", records=1).outcomes] == [UNKNOWN]
     monkeypatch.undo()
-    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0, check_min_age=False)
     assert (rolled.stable_slot, rolled.segments) == (0, 0), "the roll waits at the transaction, as readers do"
     log.storage.delete(marker)
     log.storage.create(marker, [intact])  # restored from a backup: the marker decides
@@ -504,7 +504,9 @@ def test_damage_inside_a_segment_and_in_a_marker_is_found_and_marked_lost(caplog
         p.send("t", pa.table({"x": [3 * n, 3 * n + 1, 3 * n + 2]}, schema=SCHEMA), partition=0)
         p.commit_transaction()
     p.wait_for_completion()
-    (rolled,) = roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1, max_entries=64), min_age_ms=0)
+    (rolled,) = roll_segments(
+        log, "t", policy=RollPolicy(entries=1, bytes=1, max_entries=64), min_age_ms=0, check_min_age=False
+    )
     assert rolled.chain_end == 40 and rolled.deleted_entries == 40
     p.begin_transaction()
     p.send("t", pa.table({"x": [60]}, schema=SCHEMA), partition=0)

@@ -257,12 +257,12 @@ def test_a_slot_retention_removes_while_it_is_looked_at_is_not_a_hole(monkeypatc
                 p.flush()
 
     send(range(4))
-    roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)  # segment [0, 4)
+    roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0, check_min_age=False)  # segment [0, 4)
     time.sleep(0.02)
     cut = log.clock()
     time.sleep(0.02)
     send(range(4, 8))
-    roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)  # segment [4, 8)
+    roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0, check_min_age=False)  # segment [4, 8)
     assert log.partition_log(PATH).entries.list_slots() == []
 
     reader = txn_core.open_log(url).partition_log(PATH)
@@ -271,7 +271,11 @@ def test_a_slot_retention_removes_while_it_is_looked_at_is_not_a_hole(monkeypatc
 
     def open_racing(first: int) -> object:
         if first == 0 and not raced:  # between is_hole's log-start read and this open
-            raced.append(apply_retention(txn_core.open_log(url), "t", retention_ms=log.clock() - cut, min_age_ms=0))
+            raced.append(
+                apply_retention(
+                    txn_core.open_log(url), "t", retention_ms=log.clock() - cut, min_age_ms=0, check_min_age=False
+                )
+            )
         return opened(first)
 
     monkeypatch.setattr(reader.segments, "open", open_racing)

@@ -21,7 +21,7 @@ from txn_core import maintenance, paths, staging
 from txn_core.entry import EntryKind
 from txn_core.errors import ConfigurationError, DataLossError
 from txn_core.partition import PartitionLog
-from txn_core.rolling import RollPolicy
+from txn_core.rolling import BackgroundRoller, RollPolicy
 from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -58,7 +58,7 @@ def test_retention_by_age_moves_the_log_start_and_deletes_entries(storage: Stora
     log.create_topic("t", 1, SCHEMA, retention_ms=60_000)
     _entries(log, clock, 10)
     clock.now = 10**15  # far later than every entry's timestamp
-    result = maintenance.apply_retention(log, "t", min_age_ms=0)[0]
+    result = maintenance.apply_retention(log, "t", min_age_ms=0, check_min_age=False)[0]
     assert (result.old_start, result.new_start, result.entries_deleted) == (0, 10, 10)
     d = log.describe_topic("t").partitions[0]
     assert (d.log_start_offset, d.log_end_offset) == (10, 10)
@@ -76,7 +76,7 @@ def test_retention_by_size_keeps_the_newest_bytes(storage: Storage) -> None:
     log.create_topic("t", 1, SCHEMA)
     _entries(log, clock, 10)
     size = log.describe_topic("t").partitions[0].size_bytes
-    maintenance.apply_retention(log, "t", retention_bytes=size // 2, min_age_ms=0)
+    maintenance.apply_retention(log, "t", retention_bytes=size // 2, min_age_ms=0, check_min_age=False)
     kept = _read(txn_core.Log(log.storage, clock=clock))
     assert kept == list(range(10 - len(kept), 10)) and 4 <= len(kept) <= 6
 
@@ -94,7 +94,7 @@ def test_retention_never_deletes_an_open_transaction_or_young_entries(storage: S
     _entries(log, clock, 3, start=3)
     assert maintenance.apply_retention(log, "t", min_age_ms=10**15)[0].entries_deleted == 0  # too young
     clock.now += 10_000  # every entry is past retention; the transaction is within its timeout
-    result = maintenance.apply_retention(log, "t", min_age_ms=0)[0]
+    result = maintenance.apply_retention(log, "t", min_age_ms=0, check_min_age=False)[0]
     assert result.new_start == 3  # stops at the open transaction's first offset
     p.commit_transaction()
     assert sorted(_read(txn_core.Log(log.storage, clock=clock))) == [3, 4, 5, 100]
@@ -112,7 +112,7 @@ def test_a_reader_behind_retention_gets_data_loss_not_silence(storage: Storage) 
     assert c.poll().column("id").to_pylist() == [1]
     clock.now = 10**15
     _entries(log, clock, 2, start=6)
-    maintenance.apply_retention(log, "t", retention_ms=10**14, min_age_ms=0)
+    maintenance.apply_retention(log, "t", retention_ms=10**14, min_age_ms=0, check_min_age=False)
     with pytest.raises(DataLossError, match="removed by retention"):
         for _ in range(10):
             c.poll()
@@ -141,7 +141,7 @@ def test_transaction_log_compaction_keeps_state(storage: Storage) -> None:
         p.send("t", pa.table({"id": [i]}), partition=0)
         p.commit_transaction(metadata={"n": i})
     p.close()
-    deleted = maintenance.compact_transaction_log(log, min_age_ms=0)
+    deleted = maintenance.compact_transaction_log(log, min_age_ms=0, check_min_age=False)
     assert deleted > 0
     fresh = txn_core.Log(log.storage, clock=clock)
     assert fresh.transaction_metadata("c1") == {"n": 4}
@@ -198,7 +198,9 @@ def _rolled_with_references(
         commit(i)
     p.wait_for_completion()
     clock.now += 10_000
-    (rolled,) = maintenance.roll_segments(log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0)
+    (rolled,) = maintenance.roll_segments(
+        log, "t", policy=RollPolicy(entries=1, bytes=1), min_age_ms=0, check_min_age=False
+    )
     assert rolled.chain_end == 80 and rolled.deleted_entries == 80
     return log, p, commit
 
@@ -237,7 +239,7 @@ def test_the_sweep_scans_again_when_retention_moves_the_log_start_under_it(
 
     def retention_first(plog: PartitionLog, lower: int) -> int:
         if not raced:
-            raced.append(maintenance.apply_retention(log, "t", retention_ms=10**8, min_age_ms=0))
+            raced.append(maintenance.apply_retention(log, "t", retention_ms=10**8, min_age_ms=0, check_min_age=False))
         return free_slot(plog, lower)
 
     monkeypatch.setattr(PartitionLog, "free_slot", retention_first)
@@ -280,7 +282,7 @@ def test_a_fresh_process_sees_counts_and_sizes_after_retention(storage: Storage)
     before = log.describe_topic("t").partitions[0]
     assert before.aborted_transactions == 2 and before.size_bytes > 0
     clock.now += 10
-    maintenance.apply_retention(log, "t", retention_ms=1, min_age_ms=0)
+    maintenance.apply_retention(log, "t", retention_ms=1, min_age_ms=0, check_min_age=False)
     after = txn_core.Log(log.storage, clock=clock).describe_topic("t").partitions[0]
     assert (after.log_start_offset, after.log_end_offset) == (8, 8)
     assert after.aborted_transactions == 0 and after.size_bytes == 0
@@ -317,3 +319,49 @@ def test_read_uncommitted_skips_aborted_staged_data_that_cleanup_removed(storage
     rng = plan_range(state, "t", 0, 0, state.buffer.position, "read_uncommitted")
     got = [i for b in read_range(log.partition_log(rng.path), rng) for i in b.column("id").to_pylist()]
     assert got == [3]
+
+
+@pytest.mark.parametrize(
+    ("run", "floor"),
+    [
+        (lambda log, age, check: maintenance.apply_retention(log, "t", min_age_ms=age, check_min_age=check), 120_000),
+        (lambda log, age, check: maintenance.roll_segments(log, "t", min_age_ms=age, check_min_age=check), 120_000),
+        (
+            lambda log, age, check: maintenance.compact_transaction_log(log, min_age_ms=age, check_min_age=check),
+            3_600_000,
+        ),
+        (lambda log, age, check: BackgroundRoller(log, min_age_ms=age, check_min_age=check), 120_000),
+    ],
+    ids=["retention", "roll", "compact", "background-roller"],
+)
+def test_a_minimum_age_below_the_stale_writer_bound_is_refused(run: Callable[..., object], floor: int) -> None:
+    """A writer in another process trusts its cached tail for up to 60 s (a transaction-log slot it saw free
+    for 30 min): deleting younger objects let its next append land in a deleted slot, where readers had
+    passed (committed records skipped, a fenced producer's write seen). Below the bound the call is refused,
+    naming the bound and the way out; at the bound, or told not to check, it runs."""
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex))
+    log.create_topic("t", 1, SCHEMA, retention_ms=1)
+    with pytest.raises(ConfigurationError) as refused:
+        run(log, floor - 1, True)
+    message = str(refused.value)
+    assert f"below the safe {floor} ms" in message and "check_min_age=False" in message
+    run(log, floor, True)
+    run(log, 0, False)
+
+
+def test_the_cli_refuses_a_minimum_age_below_the_bound_before_opening_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from txn_core import cli
+
+    log = txn_core.open_log(str(tmp_path / "log"))
+    log.create_topic("t", 1, SCHEMA, retention_ms=1)
+    for verb, age, floor in (
+        ("compact", "600000", "3600000"),
+        ("roll", "0", "120000"),
+        ("retention", "60000", "120000"),
+    ):
+        assert cli.main(["maintenance", verb, str(tmp_path / "missing"), "--min-age-ms", age]) == 1
+        err = capsys.readouterr().err
+        assert f"below the safe {floor} ms" in err and "--no-age-check" in err and "no txnlog" not in err, err
+        assert cli.main(["maintenance", verb, str(tmp_path / "log"), "--min-age-ms", age, "--no-age-check"]) == 0

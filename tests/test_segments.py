@@ -346,7 +346,9 @@ def test_retention_deletes_whole_segments_and_readers_start_at_the_log_start(sto
     segments = _segments(storage)
     clock.now = 10**15
     kept = 0
-    result = maintenance.apply_retention(_log(storage, clock), "t", retention_ms=1, min_age_ms=0)[0]
+    result = maintenance.apply_retention(_log(storage, clock), "t", retention_ms=1, min_age_ms=0, check_min_age=False)[
+        0
+    ]
     start_slot = PartitionLog(storage, PATH).log_start(refresh=True).slot
     for name in segments:
         gone = name not in _segments(storage)
@@ -539,7 +541,7 @@ def test_the_background_roller_looks_at_a_partition_once_enough_entries_were_app
     from txn_core.rolling import BackgroundRoller
 
     log, clock = _setup(storage, txns=20)
-    roller = BackgroundRoller(_log(storage, clock), RollPolicy(entries=10), min_age_ms=0)
+    roller = BackgroundRoller(_log(storage, clock), RollPolicy(entries=10), min_age_ms=0, check_min_age=False)
     roller.appended("t", {0: 1})  # new to this roller: looked at at once
     roller.wait(60)
     assert roller.runs == 1 and len(_segments(storage)) == 1

@@ -178,7 +178,9 @@ class InputRoller(threading.Thread):
         policy = RollPolicy(entries=8, max_entries=64)
         while not self.stop_event.wait(1.0):
             try:
-                results = maintenance.roll_segments(self.log, "in", policy=policy, min_age_ms=CHAOS_MIN_AGE_MS)
+                results = maintenance.roll_segments(
+                    self.log, "in", policy=policy, min_age_ms=CHAOS_MIN_AGE_MS, check_min_age=False
+                )
             except txn_core.TxnLogError as exc:
                 self.errors.append(repr(exc))
                 return

@@ -31,6 +31,7 @@ from txn_core.entry import HEADER_SIZE, EntryKind, decode_header, verify_payload
 from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
 from txn_core.logs import get_logger
 from txn_core.lost import list_lost
+from txn_core.partition import TAIL_RECHECK_S
 from txn_core.rolling import MIN_AGE_MS, Roller, RollPolicy, RollResult
 from txn_core.snapshots import SnapshotStore
 from txn_core.staging import name_prefix
@@ -43,6 +44,26 @@ logger = get_logger(__name__)
 #: Entries younger than this are never deleted by retention (stale-writer guard; PROTOCOL.md), nor by the
 #: cleanup after a roll.
 MIN_ENTRY_AGE_MS = MIN_AGE_MS
+#: The least ``min_age_ms`` retention and rolling accept (unless told not to check): twice the age at which
+#: a writer re-checks its cached tail (``partition.TAIL_RECHECK_S``). Below it a writer in another process
+#: can append into a slot just deleted: the entry is created again where readers have passed, so committed
+#: records are skipped and the slot's offsets no longer match (PROTOCOL.md "Stale writers").
+SAFE_ENTRY_AGE_MS = 2 * int(TAIL_RECHECK_S * 1000)
+
+
+def check_min_age_of(what: str, min_age_ms: int, floor_ms: int, flag: str = "check_min_age=False") -> None:
+    """Refuse a ``min_age_ms`` below ``floor_ms``, naming the risk and the two ways out (Delta Lake's VACUUM
+    refuses a retention under its safety bound the same way)."""
+    if min_age_ms >= floor_ms:
+        return
+    raise ConfigurationError(
+        f"{what}: a minimum age of {min_age_ms} ms is below the safe {floor_ms} ms "
+        f"({floor_ms // 60_000} min): a writer in another process may still append at a slot it deletes, "
+        "and readers would then skip committed records or see a fenced producer's write. Use at least "
+        f"{floor_ms} ms, or pass {flag} only while no other process writes to the log"
+    )
+
+
 START_MARKERS_KEPT = 2
 
 
@@ -64,8 +85,12 @@ def apply_retention(
     retention_bytes: int | None = None,
     min_age_ms: int = MIN_ENTRY_AGE_MS,
     now_ms: int | None = None,
+    check_min_age: bool = True,
 ) -> list[RetentionResult]:
-    """Delete what the topic's retention (or the arguments) no longer keeps, for every partition."""
+    """Delete what the topic's retention (or the arguments) no longer keeps, for every partition.
+    ``min_age_ms`` below :data:`SAFE_ENTRY_AGE_MS` is refused unless ``check_min_age`` is false."""
+    if check_min_age:
+        check_min_age_of("retention", min_age_ms, SAFE_ENTRY_AGE_MS)
     meta = log.topics.get(topic)
     retention_ms = meta.config.retention_ms if retention_ms is None else retention_ms
     retention_bytes = meta.config.retention_bytes if retention_bytes is None else retention_bytes
@@ -161,12 +186,16 @@ def roll_segments(
     policy: RollPolicy | None = None,
     min_age_ms: int = MIN_ENTRY_AGE_MS,
     now_ms: int | None = None,
+    check_min_age: bool = True,
 ) -> list[RollResult]:
     """Roll every partition of ``topic`` into segments as far as ``policy`` allows, and delete the loose
     entries (and staged objects) of segments older than ``min_age_ms`` (PROTOCOL.md "Segments"). Safe at
     any time, next to producers, readers, retention and other rollers; for cron use (the Spark sink rolls
     by itself after its commits). Each partition gets a fresh :class:`~txn_core.rolling.Roller`: it starts
-    from the newest buffer snapshot, so a call costs the entries since that snapshot plus what it rolls."""
+    from the newest buffer snapshot, so a call costs the entries since that snapshot plus what it rolls.
+    ``min_age_ms`` below :data:`SAFE_ENTRY_AGE_MS` is refused unless ``check_min_age`` is false."""
+    if check_min_age:
+        check_min_age_of("rolling", min_age_ms, SAFE_ENTRY_AGE_MS)
     meta = log.topics.get(topic)
     return [
         Roller(log, paths.partition_log_path(topic, p), policy).roll(min_age_ms=min_age_ms, now_ms=now_ms)
@@ -187,12 +216,16 @@ def take_snapshots(log: Log, topic: str) -> list[int]:
     return out
 
 
-def compact_transaction_log(log: Log, *, min_age_ms: int | None = None) -> int:
+def compact_transaction_log(log: Log, *, min_age_ms: int | None = None, check_min_age: bool = True) -> int:
     """Snapshot every coordinator partition and delete transaction-log records below the snapshots that
-    are older than ``min_age_ms`` (default one hour). Returns records deleted."""
+    are older than ``min_age_ms`` (default and least: one hour, as writers trust a slot they saw free for
+    half of it; PROTOCOL.md "Appending without a read"; below it only with ``check_min_age`` false).
+    Returns records deleted."""
     from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
 
     age = COMPACTION_MIN_AGE_MS if min_age_ms is None else min_age_ms
+    if check_min_age:
+        check_min_age_of("transaction-log compaction", age, COMPACTION_MIN_AGE_MS)
     deleted = 0
     for c in range(log.coordinator_partitions):
         view = log.views.get(c)

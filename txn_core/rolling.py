@@ -356,7 +356,13 @@ class BackgroundRoller:
     or :data:`CHECK_INTERVAL_S` after that: a look costs a few requests, so it is not paid per commit.
     Errors are logged, never raised: rolling is an optimisation, a later look tries again."""
 
-    def __init__(self, log: Log, policy: RollPolicy | None = None, min_age_ms: int = MIN_AGE_MS) -> None:
+    def __init__(
+        self, log: Log, policy: RollPolicy | None = None, min_age_ms: int = MIN_AGE_MS, *, check_min_age: bool = True
+    ) -> None:
+        if check_min_age:
+            from txn_core.maintenance import SAFE_ENTRY_AGE_MS, check_min_age_of
+
+            check_min_age_of("background rolling", min_age_ms, SAFE_ENTRY_AGE_MS)
         self.log = log
         self.policy = policy or RollPolicy()
         self.min_age_ms = min_age_ms

@@ -31,6 +31,7 @@ from txn_core.cli.output import (
     print_json,
     print_table,
 )
+from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
 from txn_core.errors import ConfigurationError, CorruptDataError
 from txn_core.rolling import ROLL_BYTES, ROLL_ENTRIES, RollPolicy
 
@@ -68,14 +69,15 @@ def register(sub: SubParsers, common: Parser) -> None:
         help="compact the transaction log",
         description="Snapshot every coordinator partition of the transaction log and delete its "
         "records below the snapshot that are older than --min-age-ms.",
-        examples="  txnlog maintenance compact /data/log\n  txnlog maintenance compact /data/log --min-age-ms 600000",
+        examples="  txnlog maintenance compact /data/log\n  txnlog maintenance compact /data/log --min-age-ms 7200000",
     )
     p.add_argument(
         "--min-age-ms",
         type=non_negative_int,
         metavar="MS",
-        help="delete only records older than this (default: one hour)",
+        help="delete only records older than this (default and least: one hour; writers rely on it)",
     )
+    _age_check_flag(p)
     p.set_defaults(func=compact)
 
     p = add_verb(
@@ -104,8 +106,9 @@ def register(sub: SubParsers, common: Parser) -> None:
         type=non_negative_int,
         default=maintenance.MIN_ENTRY_AGE_MS,
         metavar="MS",
-        help="never delete entries younger than this (default: 10 minutes; protects stalled writers)",
+        help="never delete entries younger than this (default: 10 minutes, least 2 minutes; protects stalled writers)",
     )
+    _age_check_flag(p)
     p.set_defaults(func=retention)
 
     p = add_verb(
@@ -140,9 +143,10 @@ def register(sub: SubParsers, common: Parser) -> None:
         type=non_negative_int,
         default=maintenance.MIN_ENTRY_AGE_MS,
         metavar="MS",
-        help="delete rolled entries only when their segment is older than this (default: 10 minutes; "
-        "protects readers and stalled writers)",
+        help="delete rolled entries only when their segment is older than this (default: 10 minutes, "
+        "least 2 minutes; protects readers and stalled writers)",
     )
+    _age_check_flag(p)
     p.set_defaults(func=roll)
 
     p = add_verb(
@@ -215,6 +219,20 @@ def register(sub: SubParsers, common: Parser) -> None:
     p.set_defaults(func=mark_lost)
 
 
+def _age_check_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-age-check",
+        action="store_true",
+        help="accept a --min-age-ms below the safe least (only while no other process writes to the log)",
+    )
+
+
+def _check_age(args: argparse.Namespace, what: str, floor_ms: int) -> None:
+    """A --min-age-ms below ``floor_ms`` is refused before anything is opened, naming --no-age-check."""
+    if not args.no_age_check:
+        maintenance.check_min_age_of(what, args.min_age_ms, floor_ms, flag="--no-age-check")
+
+
 def snapshot(args: argparse.Namespace) -> int:
     log = open_existing(args)
     topics = [get_topic(log, t).name for t in args.topic] if args.topic else log.list_topics()
@@ -236,9 +254,13 @@ def snapshot(args: argparse.Namespace) -> int:
 
 
 def compact(args: argparse.Namespace) -> int:
+    if args.min_age_ms is not None:
+        _check_age(args, "transaction-log compaction", COMPACTION_MIN_AGE_MS)
     log = open_existing(args)
     with Progress(f"compacting {log.coordinator_partitions} coordinator partitions"):
-        deleted = maintenance.compact_transaction_log(log, min_age_ms=args.min_age_ms)
+        deleted = maintenance.compact_transaction_log(
+            log, min_age_ms=args.min_age_ms, check_min_age=not args.no_age_check
+        )
     if args.json:
         print_json({"records_deleted": deleted, "coordinator_partitions": log.coordinator_partitions})
     else:
@@ -250,6 +272,7 @@ def compact(args: argparse.Namespace) -> int:
 
 
 def retention(args: argparse.Namespace) -> int:
+    _check_age(args, "retention", maintenance.SAFE_ENTRY_AGE_MS)
     log = open_existing(args)
     explicit = args.retention_ms is not None or args.retention_bytes is not None
     if args.topic:
@@ -269,7 +292,12 @@ def retention(args: argparse.Namespace) -> int:
     with Progress("applying retention", len(topics), unit="topics") as bar:
         for t in topics:
             results = maintenance.apply_retention(
-                log, t, retention_ms=args.retention_ms, retention_bytes=args.retention_bytes, min_age_ms=args.min_age_ms
+                log,
+                t,
+                retention_ms=args.retention_ms,
+                retention_bytes=args.retention_bytes,
+                min_age_ms=args.min_age_ms,
+                check_min_age=not args.no_age_check,
             )
             rows.extend(
                 {
@@ -309,13 +337,18 @@ def retention(args: argparse.Namespace) -> int:
 
 
 def roll(args: argparse.Namespace) -> int:
+    _check_age(args, "rolling", maintenance.SAFE_ENTRY_AGE_MS)
     log = open_existing(args)
     topics = [get_topic(log, t).name for t in args.topic] if args.topic else log.list_topics()
     policy = RollPolicy(entries=args.entries, bytes=args.bytes)
     rows: list[dict[str, Any]] = []
     with Progress("rolling into segments", len(topics), unit="topics") as bar:
         for topic in topics:
-            for p, r in enumerate(maintenance.roll_segments(log, topic, policy=policy, min_age_ms=args.min_age_ms)):
+            for p, r in enumerate(
+                maintenance.roll_segments(
+                    log, topic, policy=policy, min_age_ms=args.min_age_ms, check_min_age=not args.no_age_check
+                )
+            ):
                 rows.append(
                     {
                         "topic": topic,
