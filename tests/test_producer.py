@@ -54,6 +54,21 @@ def test_send_accepts_batches_tables_and_dicts() -> None:
     assert sorted(_all(log).column("id").to_pylist()) == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("value", [1.5, 2.0])
+def test_a_float_in_a_dict_row_for_an_integer_column_is_refused_not_truncated(value: float) -> None:
+    """pyarrow stored {"id": 1.5} as 1 without a word, where the same value sent as a table is refused;
+    nothing of the send is buffered."""
+    log = _log()
+    p = log.producer()
+    with pytest.raises(SchemaMismatchError, match=r"column 'id' \(int64\) was given the float .* in row 1"):
+        p.send("t", [{"id": 1, "key": "a"}, {"id": value, "key": "b"}], partition=0)
+    with pytest.raises(SchemaMismatchError):
+        p.send("t", pa.table({"id": [value], "key": ["b"]}), partition=0)
+    p.send("t", [{"id": 7, "key": "c"}], partition=0)
+    p.flush()
+    assert _all(log).column("id").to_pylist() == [7]
+
+
 def test_routing_by_key_is_stable_and_matches_the_documented_hash() -> None:
     log = _log()
     p = log.producer()

@@ -104,11 +104,29 @@ def _from_dicts(rows: list[Any], schema: pa.Schema, topic: str) -> pa.Table:
     if extra:
         diffs = tuple(f"column {c!r} is not in the topic schema" for c in sorted(extra))
         raise SchemaMismatchError(_message(topic, schema, diffs), diffs)
+    _refuse_truncated_floats(rows, schema, topic)
     try:
         return pa.Table.from_pylist(rows, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
         diffs = (str(exc),)
         raise SchemaMismatchError(_message(topic, schema, diffs), diffs) from exc
+
+
+def _refuse_truncated_floats(rows: list[dict[str, Any]], schema: pa.Schema, topic: str) -> None:
+    """pyarrow converts a Python float into an integer or temporal column by truncating it (1.5 -> 1)
+    without a word, where a float column sent as a table is refused: refuse it here too."""
+    exact = [f for f in schema if pa.types.is_integer(f.type) or pa.types.is_temporal(f.type)]
+    if not exact:
+        return
+    for i, row in enumerate(rows):
+        for f in exact:
+            value = row.get(f.name)
+            if isinstance(value, float):
+                diffs = (
+                    f"column {f.name!r} ({f.type}) was given the float {value!r} in row {i}, which would be "
+                    f"truncated; send an int (int(value)) or change the column's type",
+                )
+                raise SchemaMismatchError(_message(topic, schema, diffs), diffs)
 
 
 def _conform_table(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
