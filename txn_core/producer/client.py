@@ -233,6 +233,10 @@ class Producer:
         offsets the consumer resumed from, or the previous transaction's ``offsets``) fences every other
         writer from the same start (PROTOCOL.md "Offsets fence"): if another transaction claimed it and did
         not abort, this raises :class:`GroupFencedError` and the transaction can only be aborted.
+
+        The offsets may name inputs that are not topics of this log (another log, files, an external
+        source: the group keeps an application's position in them), so, unlike ``Consumer.commit``, their
+        topics and partitions are not checked against this log.
         """
         with self._lock:
             self._require_transactional("send_offsets_to_transaction")
