@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 import uuid
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -356,3 +357,34 @@ def test_no_new_epoch_while_a_staged_append_has_an_unknown_outcome() -> None:
     fresh = txn_core.Log(storage)
     assert _headers(fresh, 1) == [(0, 0, 2), (0, 0, 2)]
     assert sorted(_all(fresh).column("id").to_pylist()) == [1, 2, 100, 101]
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda log: log.producer("x", transaction_timeout_ms=10**12), "in [1, 900000]"),
+        (lambda log: log.producer("x", transaction_timeout_ms=0), "in [1, 900000]"),
+        (lambda log: log.producer("x", transaction_timeout_ms=True), "in [1, 900000]"),
+        (lambda log: log.producer().send("t", pa.table({"id": [1], "key": ["a"]}), partition=True), "partition True"),
+        (lambda log: log.set_retention("t", retention_ms=-5), "retention_ms must be a whole number > 0"),
+        (lambda log: log.set_retention("t", retention_bytes=0), "retention_bytes must be a whole number > 0"),
+        (lambda log: log.create_topic("u", 1, SCHEMA, retention_ms=1.5), "retention_ms must be a whole number > 0"),
+    ],
+    ids=[
+        "timeout-too-long",
+        "timeout-zero",
+        "timeout-bool",
+        "partition-bool",
+        "retention-negative",
+        "retention-bytes-zero",
+        "retention-float",
+    ],
+)
+def test_bad_settings_are_configuration_errors_naming_the_range(make: Any, fragment: str) -> None:
+    """A user found a too long transaction timeout refused as an InvalidTxnStateError, send(partition=True)
+    taken as partition 1, and a negative retention stored (and shown as 0 ms)."""
+    log = _log()
+    with pytest.raises(ConfigurationError, match=re.escape(fragment)):
+        make(log)
+    assert log.describe_topic("t").config.retention_ms is None
+    assert log.list_topics() == ["t"]

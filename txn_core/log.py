@@ -230,7 +230,7 @@ class Log:
         retention_bytes: int | None = None,
     ) -> TopicMeta:
         """Create a topic; :class:`TopicExistsError` if it exists (exactly one of racing creators wins)."""
-        return self.topics.create(name, partitions, schema, TopicConfig(retention_ms, retention_bytes))
+        return self.topics.create(name, partitions, schema, TopicConfig(retention_ms, retention_bytes).check())
 
     def list_topics(self) -> list[str]:
         return self.topics.list()
@@ -242,7 +242,7 @@ class Log:
     def set_retention(
         self, name: str, *, retention_ms: int | None = None, retention_bytes: int | None = None
     ) -> TopicMeta:
-        return self.topics.update(name, config=TopicConfig(retention_ms, retention_bytes))
+        return self.topics.update(name, config=TopicConfig(retention_ms, retention_bytes).check())
 
     def describe_topic(self, name: str) -> TopicDescription:
         """Per partition: log start and end, last stable offset, open transactions, aborted count, size."""

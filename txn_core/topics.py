@@ -38,6 +38,15 @@ class TopicConfig:
     retention_ms: int | None = None
     retention_bytes: int | None = None
 
+    def check(self) -> TopicConfig:
+        """Itself, if each setting is unset or a positive whole number; else :class:`ConfigurationError`."""
+        for name, value in (("retention_ms", self.retention_ms), ("retention_bytes", self.retention_bytes)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise ConfigurationError(
+                    f"{name} must be a whole number > 0, or None to keep everything; got {value!r}"
+                )
+        return self
+
     def to_json(self) -> dict[str, Any]:
         return {"retention_ms": self.retention_ms, "retention_bytes": self.retention_bytes}
 
