@@ -152,3 +152,43 @@ def test_a_transaction_that_consumed_nothing_claims_nothing(log: txn_core.Log) -
     a.close()
     assert _output(log) == list(range(20))
     assert log.storage.list(claims_prefix("cg", {("in", 0): 10})) == ["00000000000000000000"]
+
+
+def test_writers_whose_assignments_overlap_are_fenced_on_the_partition_they_share() -> None:
+    """Two copiers of one group, one reading in-0 and in-1, the other in-1 and in-2 (a manual re-split of
+    partitions between workers): the claim was on the whole start position, so both committed in-1's
+    input and its rows came out twice. Claims are per partition: the second loses in-1, commits nothing,
+    and once it aborts, in-2 is free for the next writer."""
+    log = txn_core.Log(MemoryStorage(f"fence-{uuid.uuid4().hex}"))
+    log.create_topic("in", 3, SCHEMA)
+    log.create_topic("out", 1, SCHEMA)
+    p = log.producer()
+    for part in range(3):
+        p.send("in", pa.table({"id": [part * 100 + i for i in range(5)]}), partition=part)
+    p.close()
+
+    def copier(tid: str, parts: list[int]) -> txn_core.Producer:
+        w = log.producer(tid)
+        w.init_transactions()
+        w.begin_transaction()
+        w.send("out", pa.table({"id": [part * 100 + i for part in parts for i in range(5)]}), partition=0)
+        w.send_offsets_to_transaction({("in", q): 5 for q in parts}, "g", start_offsets={("in", q): 0 for q in parts})
+        return w
+
+    x = copier("copier-x", [0, 1])
+    with pytest.raises(GroupFencedError, match="in-1@0"):
+        copier("copier-y", [1, 2])
+    x.commit_transaction()
+    out = sorted(_output(log))
+    assert out == sorted([i for i in range(5)] + [100 + i for i in range(5)])
+    # copier-y's transaction is abortable; aborting it releases its claim on in-2@0
+    z = log.producer("copier-y")
+    z.init_transactions()  # fences and aborts the fenced attempt
+    z.begin_transaction()
+    z.send("out", pa.table({"id": [200 + i for i in range(5)]}), partition=0)
+    z.send_offsets_to_transaction({("in", 2): 5}, "g", start_offsets={("in", 2): 0})
+    z.commit_transaction()
+    z.close()
+    assert sorted(_output(log)) == sorted(out + [200 + i for i in range(5)])
+    committed = log.groups.committed("g")
+    assert {tp.partition: c.offset for tp, c in committed.items()} == {0: 5, 1: 5, 2: 5}
