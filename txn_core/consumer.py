@@ -281,8 +281,16 @@ class Consumer:
         return metas
 
     def lag(self) -> dict[TopicPartition, int]:
-        """Per assigned partition: records between the position and the last stable offset."""
-        return {tp: max(0, r.lag_info()[0] - r.position) for tp, r in self._readers.items()}
+        """Per assigned partition: records between the position and what this consumer can reach now, the
+        last stable offset (``read_committed``) or the log end (``read_uncommitted``), both looked up fresh
+        (as ``Log.describe_topic`` does; this consumer's own reads are not moved). Aborted records and
+        markers below that count, as in Kafka's lag."""
+        reach = parallel_map(lambda tp: self.log.stable_offsets(tp.topic, tp.partition), list(self._readers))
+        committed = self.isolation_level == "read_committed"
+        return {
+            tp: max(0, (bound if committed else end) - r.position)
+            for (tp, r), (bound, end) in zip(self._readers.items(), reach, strict=True)
+        }
 
     def close(self) -> None:
         with self._lock:

@@ -256,7 +256,8 @@ class Log:
             raise ConfigurationError(f"topic {topic!r} has no partition {partition} (0..{meta.partitions - 1})")
         return self.describe_path(paths.partition_log_path(topic, partition), partition)
 
-    def describe_path(self, path: str, partition: int = 0) -> PartitionDescription:
+    def _scanned_state(self, path: str) -> tuple[PartitionState, int]:
+        """The shared state of ``path`` scanned to a fresh log end, and its read bound (last stable offset)."""
         state = self.partition_state(path)
         state.log.readable_tail(refresh=True)  # a fresh tail: the scan then tells a hole from the log end
         for _ in range(3):
@@ -266,7 +267,16 @@ class Log:
             state.scan_to_end()
             if state.buffer.position == before:
                 break
-        bound = state.read_bound()
+        return state, state.read_bound()
+
+    def stable_offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """A partition's (last stable offset, log end offset) as of now: what a ``read_committed`` and a
+        ``read_uncommitted`` reader can reach (``Consumer.lag``)."""
+        state, bound = self._scanned_state(paths.partition_log_path(topic, partition))
+        return bound, state.buffer.position if state.damage is None else state.log.readable_end()
+
+    def describe_path(self, path: str, partition: int = 0) -> PartitionDescription:
+        state, bound = self._scanned_state(path)
         buffer = state.buffer
         now = self.clock()
         ongoing = []

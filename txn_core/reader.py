@@ -662,11 +662,6 @@ class PartitionReader:
         if item.entry is not None:
             self._window_size -= item.entry.nbytes
 
-    def lag_info(self) -> tuple[int, int]:
-        """(read bound, log end) as of now."""
-        bound = self.state.read_bound() if self.isolation == "read_committed" else self.state.buffer.position
-        return bound, self.log.readable_end()
-
 
 def _batches_with_offsets(table: pa.Table) -> list[tuple[pa.RecordBatch, int]]:
     out = []
