@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from fakeclock import FakeClock
 
 import txn_core
 from conftest import make_location
@@ -205,3 +206,31 @@ def test_lag_counts_to_the_last_stable_offset_as_of_now(log: txn_core.Log) -> No
     t.abort_transaction()
     t.close()
     p.close()
+
+
+def test_seek_to_timestamp_reads_every_record_stamped_at_or_after_it() -> None:
+    """Kafka's offsetsForTimes + seek (a user found no way to start from a time in the core API)."""
+    clock = FakeClock(1_800_000_000_000)
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex), clock=clock)
+    log.create_topic("t", 2, SCHEMA)
+    p = log.producer()
+    for i in range(6):
+        p.send("t", pa.table({"id": [i], "name": ["x"]}), partition=i % 2)
+        p.flush()
+        clock.now += 120_000  # two minutes apart: beyond the clock-skew bound
+    cut = 1_800_000_000_000 + 3 * 120_000  # the time ids 3.. were written at
+    c = log.consumer()
+    c.assign([("t", 0), ("t", 1)])
+    assert c.offsets_for_times({("t", 0): cut, ("t", 1): cut}) == {
+        txn_core.TopicPartition("t", 0): 2,  # id 4 (ids 0, 2, 4 are offsets 0, 1, 2)
+        txn_core.TopicPartition("t", 1): 1,  # id 3
+    }
+    assert c.offsets_for_times({("t", 1): clock.now + 10**6}) == {txn_core.TopicPartition("t", 1): 3}  # log end
+    c.seek_to_timestamp(cut)
+    got = c.poll()
+    assert sorted(got.column("id").to_pylist()) == [3, 4, 5]
+    assert min(got.column("_timestamp").to_pylist()).timestamp() * 1000 >= cut
+    with pytest.raises(ConfigurationError, match="ms since the epoch"):
+        c.offsets_for_times({("t", 0): -1})
+    with pytest.raises(txn_core.TopicNotFoundError):
+        c.offsets_for_times({("nope", 0): cut})

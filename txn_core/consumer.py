@@ -35,6 +35,7 @@ from txn_core.parallel import parallel_map
 from txn_core.ranges import available_end
 from txn_core.reader import ISOLATION_LEVELS, PartitionReader
 from txn_core.records import with_metadata_schema
+from txn_core.timeindex import offset_for_timestamp
 
 if TYPE_CHECKING:
     from txn_core.log import Log
@@ -166,6 +167,41 @@ class Consumer:
         r = self._reader(_tp(tp))
         r.seek(available_end(r.state, self.isolation_level))
         self._deferred = None
+
+    def offsets_for_times(
+        self, timestamps: Mapping[tuple[str, int] | TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """Per partition: the offset to read from to see every record stamped at or after its timestamp (ms
+        since the epoch; Kafka's ``offsetsForTimes``): the first entry stamped within
+        :data:`~txn_core.timeindex.MAX_CLOCK_SKEW_MS` of it, since writers' clocks disagree and entries are
+        not in timestamp order; the log end if none is. The partitions need not be assigned."""
+        self._check_open()
+        asked = {_tp(tp): ts for tp, ts in timestamps.items()}
+        for tp, ts in asked.items():
+            if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
+                raise ConfigurationError(
+                    f"timestamp for {tp.topic}-{tp.partition} must be ms since the epoch, got {ts!r}"
+                )
+        self._topic_metas(list(asked))
+        found = parallel_map(
+            lambda item: offset_for_timestamp(
+                self.log.partition_log(paths.partition_log_path(item[0].topic, item[0].partition)), item[1]
+            ),
+            list(asked.items()),
+        )
+        return dict(zip(asked, found, strict=True))
+
+    def seek_to_timestamp(
+        self, timestamp_ms: int, partitions: Iterable[tuple[str, int] | TopicPartition] | None = None
+    ) -> None:
+        """Move each of ``partitions`` (default: every assigned one) to :meth:`offsets_for_times`' offset for
+        ``timestamp_ms``: the records polled next include every one stamped at or after it (and possibly some
+        stamped up to the clock-skew bound before it; filter on ``_timestamp`` for an exact cut)."""
+        tps = [_tp(tp) for tp in partitions] if partitions is not None else self.assignment()
+        for tp in tps:
+            self._reader(tp)  # assigned, or the error that says so
+        for tp, offset in self.offsets_for_times({tp: timestamp_ms for tp in tps}).items():
+            self.seek(tp, offset)
 
     def _reader(self, tp: TopicPartition) -> PartitionReader:
         try:
