@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from txn_core import ConfigurationError
 from txn_core.ids import validate_name
+from txn_core.maintenance import SAFE_ENTRY_AGE_MS
 from txn_core.rolling import MIN_AGE_MS, ROLL_BYTES, ROLL_ENTRIES
 from txn_core.storage.options import nest_storage_options
 from txn_core.topics import MAX_PARTITIONS
@@ -46,11 +47,13 @@ _KNOWN = {
     "rollentries": f"roll partitions' history into segments once this many entries are decided since the last "
     f"segment (default {ROLL_ENTRIES}; 0: the sink does not roll)",
     "rollbytes": f"...or once they hold this many bytes (default {ROLL_BYTES})",
-    "rollminagems": f"delete rolled loose entries only when their segment is older than this (default {MIN_AGE_MS})",
+    "rollminagems": f"delete rolled loose entries only when their segment is older than this (default {MIN_AGE_MS}, "
+    f"least {SAFE_ENTRY_AGE_MS}: a writer in another process may still append at a deleted slot below it)",
     "checkpointlocation": "set by Spark for streaming queries",
     "queryname": "set by Spark for named streaming queries",
     "testing.fault": "test-only fault injection (see spark_txn_sink.faults)",
     "testing.stats": "test-only: a local directory for per-commit storage request counts",
+    "testing.rollminagems": "test-only: rollMinAgeMs without its least value (no other writer)",
 }
 #: Options of the txnlog source, accepted and ignored by the sink, so that one set of options (a view or a
 #: catalog table used for reading and writing) serves both sides.
@@ -66,7 +69,7 @@ SOURCE_ONLY_OPTIONS = frozenset(
         "minpartitions",
     }
 )
-_HIDDEN = ("checkpointlocation", "queryname", "testing.fault", "testing.stats")
+_HIDDEN = ("checkpointlocation", "queryname", "testing.fault", "testing.stats", "testing.rollminagems")
 
 
 _PATH = "the log URL: .option('path', URL) or .save(URL)"
@@ -178,7 +181,10 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         allow_non_empty=_flag(opts, "allownonemptypath"),
         roll_entries=_or(_int(opts, "rollentries", 0, 2**31), ROLL_ENTRIES),
         roll_bytes=_or(_int(opts, "rollbytes", 1, 2**62), ROLL_BYTES),
-        roll_min_age_ms=_or(_int(opts, "rollminagems", 0, 2**62), MIN_AGE_MS),
+        roll_min_age_ms=_or(
+            _int(opts, "testing.rollminagems", 0, 2**62),
+            _or(_int(opts, "rollminagems", SAFE_ENTRY_AGE_MS, 2**62), MIN_AGE_MS),
+        ),
     )
 
 

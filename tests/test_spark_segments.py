@@ -50,7 +50,7 @@ def test_the_sink_rolls_what_it_writes_and_readers_read_it_exactly(
         .option("partitions", "2")
         .option("keyColumn", "key")
         .option("rollEntries", "10")
-        .option("rollMinAgeMs", "0")
+        .option("testing.rollMinAgeMs", "0")
         .trigger(availableNow=True)
         .start(log.url)
     )

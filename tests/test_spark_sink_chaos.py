@@ -224,7 +224,7 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
             "keyColumn": "key",
             "consumerGroup": "copier",
             "rollEntries": 6,
-            "rollMinAgeMs": CHAOS_MIN_AGE_MS,
+            "testing.rollMinAgeMs": CHAOS_MIN_AGE_MS,
         },
     }
     # Until the final run, the copier runs continuously (a batch a second) while input keeps arriving.

@@ -59,6 +59,7 @@ def test_options_parse_storage_options_into_nested_values() -> None:
         ({"consumergroup": "g h"}, "invalid group name"),
         ({"testing.fault": "after_lunch"}, "testing.fault item 'after_lunch'"),
         ({"storage.client_kwargs": '{"a": '}, "is not JSON"),
+        ({"rollminagems": "0"}, r"'rollminagems' must be in \[120000, "),
     ],
 )
 def test_bad_options_are_refused_with_the_fix(extra: dict[str, str], message: str) -> None:
