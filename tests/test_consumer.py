@@ -234,3 +234,48 @@ def test_seek_to_timestamp_reads_every_record_stamped_at_or_after_it() -> None:
         c.offsets_for_times({("t", 0): -1})
     with pytest.raises(txn_core.TopicNotFoundError):
         c.offsets_for_times({("nope", 0): cut})
+
+
+def test_lag_from_several_threads_scans_each_consumer_s_own_state() -> None:
+    """lag() scanned the log's shared partition state, which is not thread-safe: consumers of one Log calling
+    it on several threads raised 'entry at slot 8 starts at offset 54, buffer is at 44' and left that state
+    inconsistent (a review found it). Each consumer now scans its own."""
+    import threading
+
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex))
+    log.create_topic("t", 1, SCHEMA)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        p = log.producer("lag-writer")
+        p.init_transactions()
+        while not stop.is_set():
+            p.begin_transaction()
+            p.send("t", pa.table({"id": list(range(10)), "name": ["x"] * 10}), partition=0)
+            p.commit_transaction()
+        p.close()
+
+    def watch() -> None:
+        c = log.consumer()
+        c.assign([("t", 0)])
+        try:
+            for _ in range(300):
+                c.lag()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    writer = threading.Thread(target=produce)
+    writer.start()
+    watchers = [threading.Thread(target=watch) for _ in range(3)]
+    for w in watchers:
+        w.start()
+    for w in watchers:
+        w.join()
+    stop.set()
+    writer.join()
+    assert errors == []
+    end = log.describe_topic("t").partitions[0].log_end_offset
+    c = log.consumer()
+    c.assign([("t", 0)])
+    assert c.lag() == {txn_core.TopicPartition("t", 0): end}

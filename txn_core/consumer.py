@@ -33,7 +33,7 @@ from txn_core.errors import (
 from txn_core.ids import TopicPartition, validate_name
 from txn_core.parallel import parallel_map
 from txn_core.ranges import available_end
-from txn_core.reader import ISOLATION_LEVELS, PartitionReader
+from txn_core.reader import ISOLATION_LEVELS, PartitionReader, PartitionState
 from txn_core.records import with_metadata_schema
 from txn_core.timeindex import offset_for_timestamp
 
@@ -80,6 +80,7 @@ class Consumer:
         self.window_bytes = window_bytes
         self.skip_damaged = skip_damaged
         self._readers: dict[TopicPartition, PartitionReader] = {}
+        self._lag_states: dict[TopicPartition, PartitionState] = {}  # lag()'s own scans of the partitions
         self._order: list[TopicPartition] = []
         self._next = 0
         self._schema: pa.Schema | None = None
@@ -321,12 +322,21 @@ class Consumer:
         last stable offset (``read_committed``) or the log end (``read_uncommitted``), both looked up fresh
         (as ``Log.describe_topic`` does; this consumer's own reads are not moved). Aborted records and
         markers below that count, as in Kafka's lag."""
-        reach = parallel_map(lambda tp: self.log.stable_offsets(tp.topic, tp.partition), list(self._readers))
-        committed = self.isolation_level == "read_committed"
-        return {
-            tp: max(0, (bound if committed else end) - r.position)
-            for (tp, r), (bound, end) in zip(self._readers.items(), reach, strict=True)
-        }
+        with self._lock:
+            self._check_open()
+            readers = dict(self._readers)
+            states = {
+                tp: self._lag_states.get(tp)
+                or self.log.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
+                for tp in readers
+            }
+            self._lag_states = states  # this consumer's own: never the log's shared state, which is not thread-safe
+            reach = parallel_map(lambda tp: self.log.stable_offsets(tp.topic, tp.partition, states[tp]), list(readers))
+            committed = self.isolation_level == "read_committed"
+            return {
+                tp: max(0, (bound if committed else end) - r.position)
+                for (tp, r), (bound, end) in zip(readers.items(), reach, strict=True)
+            }
 
     def close(self) -> None:
         with self._lock:

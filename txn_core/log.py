@@ -256,9 +256,10 @@ class Log:
             raise ConfigurationError(f"topic {topic!r} has no partition {partition} (0..{meta.partitions - 1})")
         return self.describe_path(paths.partition_log_path(topic, partition), partition)
 
-    def _scanned_state(self, path: str) -> tuple[PartitionState, int]:
-        """The shared state of ``path`` scanned to a fresh log end, and its read bound (last stable offset)."""
-        state = self.partition_state(path)
+    def _scanned_state(self, path: str, state: PartitionState | None = None) -> tuple[PartitionState, int]:
+        """``state`` (default: the shared state of ``path``, for admin queries, used under no lock: not
+        thread-safe) scanned to a fresh log end, and its read bound (last stable offset)."""
+        state = state or self.partition_state(path)
         state.log.readable_tail(refresh=True)  # a fresh tail: the scan then tells a hole from the log end
         for _ in range(3):
             state.scan_to_end()
@@ -269,10 +270,12 @@ class Log:
                 break
         return state, state.read_bound()
 
-    def stable_offsets(self, topic: str, partition: int) -> tuple[int, int]:
+    def stable_offsets(self, topic: str, partition: int, state: PartitionState | None = None) -> tuple[int, int]:
         """A partition's (last stable offset, log end offset) as of now: what a ``read_committed`` and a
-        ``read_uncommitted`` reader can reach (``Consumer.lag``)."""
-        state, bound = self._scanned_state(paths.partition_log_path(topic, partition))
+        ``read_uncommitted`` reader can reach. ``state``: the caller's own state of the partition
+        (``Log.partition_state(path, shared=False)``), kept between calls by a caller on any thread
+        (``Consumer.lag``); without it, the shared one, which admin queries use from one thread."""
+        state, bound = self._scanned_state(paths.partition_log_path(topic, partition), state)
         return bound, state.buffer.position if state.damage is None else state.log.readable_end()
 
     def describe_path(self, path: str, partition: int = 0) -> PartitionDescription:
