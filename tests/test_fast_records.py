@@ -247,3 +247,35 @@ def test_on_a_store_that_stages_creates_fast_records_write_the_begin_before_the_
     p.close()
     assert len(overlapped) == 1
     assert _ids(txn_core.open_log(str(tmp_path / "log"))) == [0, 1, 2, 3]
+
+
+def test_an_interrupt_while_the_committing_thread_writes_markers_leaves_a_committed_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C lands while commit_transaction writes the markers (after the decision): it raises, but the
+    producer is Ready, so an ``except BaseException: abort_transaction()`` is refused instead of returning as
+    if it had aborted a committed transaction (found by review); the markers are written in the background."""
+    monkeypatch.setattr(completion, "FAST_RECORD_S", 1.0)
+    log = _memory_log()
+    p = log.producer("interrupted")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [0]}), partition=0)
+    p.commit_transaction()
+    real = log.coordinator.write_markers
+
+    def interrupted(prepared: Any) -> None:
+        monkeypatch.setattr(log.coordinator, "write_markers", real)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(log.coordinator, "write_markers", interrupted)
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [1, 2]}), partition=0)
+    with pytest.raises(KeyboardInterrupt):
+        p.commit_transaction()
+    assert p.state == txn_core.ClientState.READY
+    with pytest.raises(txn_core.InvalidTxnStateError):
+        p.abort_transaction()
+    p.close()
+    assert _ids(log) == [0, 1, 2]
+    assert _unmarked(log) == []

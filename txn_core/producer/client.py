@@ -346,8 +346,7 @@ class Producer:
                         "resumes the writes) or abort_transaction().",
                         transactional_id=self.transactional_id,
                     ) from exc
-                if self._txn is not None:
-                    self._decide(True, metadata)
+                second_phase = self._decide(True, metadata) if self._txn is not None else None
             except ProducerFencedError as exc:
                 self._fatal(exc)
                 raise
@@ -356,7 +355,9 @@ class Producer:
             except TxnLogError as exc:
                 self._abortable(exc)
                 raise
-            self._transition(_S.READY)
+            self._transition(_S.READY)  # before the second phase: an interrupt there leaves a decided transaction
+            if second_phase is not None:
+                second_phase()
 
     def abort_transaction(self) -> None:
         """Abort: drop buffered data; if anything reached the coordinator, persist PrepareAbort (markers and
@@ -367,19 +368,21 @@ class Producer:
             self._transition(_S.ABORTING)
             self._buffers.clear()
             try:
-                if self._txn is not None:
-                    self._decide(False, None)
+                second_phase = self._decide(False, None) if self._txn is not None else None
             except ProducerFencedError as exc:
                 self._fatal(exc)
                 raise
             self._transition(_S.READY)
+            if second_phase is not None:
+                second_phase()
 
-    def _decide(self, commit: bool, metadata: dict[str, Any] | None) -> None:
+    def _decide(self, commit: bool, metadata: dict[str, Any] | None) -> Callable[[], None] | None:
         """Persist the decision on the current transaction (folding completed predecessors into the same
-        record); then its second phase runs in the background."""
+        record). Returns what starts its second phase (markers here or in the background), for the caller to
+        run once the producer is Ready: the transaction is decided even if that is interrupted."""
         txn = self._txn
         if txn is None:  # pragma: no cover
-            return
+            return None
         started = time.perf_counter()
         try:
             state = self._with_completions(
@@ -419,8 +422,7 @@ class Producer:
             self._next_epoch = state.epoch
         self._txn = None
         self._participants = set()
-        if prepared:
-            self._completions.start(state, record_s)
+        return functools.partial(self._completions.start, state, record_s) if prepared else None
 
     def _check_not_fenced(self, state: TidState) -> None:
         """A state the coordinator returned for this producer's id names another producer: fenced."""
