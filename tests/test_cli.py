@@ -464,7 +464,7 @@ def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Call
     snaps, compacted, swept = txnlog_all(
         cmd("maintenance", "snapshot", scenario, "--json"),
         cmd("maintenance", "compact", scenario, "--min-age-ms", "0", "--no-age-check"),
-        cmd("maintenance", "sweep-staging", scenario, "--older-than-ms", "0", "--json"),
+        cmd("maintenance", "sweep-staging", scenario, "--older-than-ms", "0", "--no-age-check", "--json"),
     )
     assert [(s["topic"], s["partition"]) for s in snaps.json()] == [("orders", 0), ("orders", 1)]
     assert log.storage.list(paths.buffer_snapshots(paths.partition_log_path("orders", 0)))

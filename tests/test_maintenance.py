@@ -166,7 +166,7 @@ def test_staged_objects_nobody_references_are_swept(storage: Storage) -> None:
     p.send_staged([kept])
     p.commit_transaction()
     p.close()
-    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 1
+    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15, check_min_age=False) == 1
     assert log.storage.exists(kept.key) and not log.storage.exists(orphan.key)
     assert _read(log) == [1, 2]
 
@@ -214,7 +214,7 @@ def test_the_sweep_keeps_what_entries_past_the_segments_reference(storage: Stora
     for i in range(40, 43):
         commit(i)
     p.close()
-    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 0
+    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15, check_min_age=False) == 0
     assert _read(txn_core.Log(log.storage, clock=clock)) == list(range(43))
 
 
@@ -243,7 +243,7 @@ def test_the_sweep_scans_again_when_retention_moves_the_log_start_under_it(
         return free_slot(plog, lower)
 
     monkeypatch.setattr(PartitionLog, "free_slot", retention_first)
-    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 0
+    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15, check_min_age=False) == 0
     monkeypatch.undo()
     assert raced and _read(txn_core.Log(log.storage, clock=clock)) == list(range(40, 45))
 
@@ -263,7 +263,7 @@ def test_the_sweep_keeps_the_staged_objects_of_a_partition_with_an_entry_marked_
         log.storage, staging.staging_prefix("w", "x"), "t", 0, [pa.record_batch({"id": [9]})], SCHEMA
     )
     assert orphan is not None
-    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15) == 0
+    assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15, check_min_age=False) == 0
     assert log.storage.exists(orphan.key)
 
 
@@ -331,8 +331,9 @@ def test_read_uncommitted_skips_aborted_staged_data_that_cleanup_removed(storage
             3_600_000,
         ),
         (lambda log, age, check: BackgroundRoller(log, min_age_ms=age, check_min_age=check), 120_000),
+        (lambda log, age, check: maintenance.sweep_staging(log, older_than_ms=age, check_min_age=check), 3_600_000),
     ],
-    ids=["retention", "roll", "compact", "background-roller"],
+    ids=["retention", "roll", "compact", "background-roller", "sweep-staging"],
 )
 def test_a_minimum_age_below_the_stale_writer_bound_is_refused(run: Callable[..., object], floor: int) -> None:
     """A writer in another process trusts its cached tail for up to 60 s (a transaction-log slot it saw free
@@ -360,8 +361,10 @@ def test_the_cli_refuses_a_minimum_age_below_the_bound_before_opening_anything(
         ("compact", "600000", "3600000"),
         ("roll", "0", "120000"),
         ("retention", "60000", "120000"),
+        ("sweep-staging", "0", "3600000"),
     ):
-        assert cli.main(["maintenance", verb, str(tmp_path / "missing"), "--min-age-ms", age]) == 1
+        option = "--older-than-ms" if verb == "sweep-staging" else "--min-age-ms"
+        assert cli.main(["maintenance", verb, str(tmp_path / "missing"), option, age]) == 1
         err = capsys.readouterr().err
         assert f"below the safe {floor} ms" in err and "--no-age-check" in err and "no txnlog" not in err, err
-        assert cli.main(["maintenance", verb, str(tmp_path / "log"), "--min-age-ms", age, "--no-age-check"]) == 0
+        assert cli.main(["maintenance", verb, str(tmp_path / "log"), option, age, "--no-age-check"]) == 0

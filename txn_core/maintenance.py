@@ -49,19 +49,40 @@ MIN_ENTRY_AGE_MS = MIN_AGE_MS
 #: can append into a slot just deleted: the entry is created again where readers have passed, so committed
 #: records are skipped and the slot's offsets no longer match (PROTOCOL.md "Stale writers").
 SAFE_ENTRY_AGE_MS = 2 * int(TAIL_RECHECK_S * 1000)
+#: The least age at which unreferenced staged objects are swept (unless told not to check): a batch's staged
+#: objects are unreferenced until it commits, and sweeping them before would commit references to deleted
+#: data (its rows unreadable, as damage).
+SAFE_STAGED_AGE_MS = 3600 * 1000
 
 
-def check_min_age_of(what: str, min_age_ms: int, floor_ms: int, flag: str = "check_min_age=False") -> None:
+#: What a too young minimum age risks, for most maintenance.
+_STALE_WRITER_RISK = (
+    "a writer in another process may still append at a slot it deletes, and readers would then skip "
+    "committed records or see a fenced producer's write"
+)
+
+
+def check_min_age_of(
+    what: str,
+    min_age_ms: int,
+    floor_ms: int,
+    flag: str | None = "check_min_age=False",
+    risk: str = _STALE_WRITER_RISK,
+    when: str = "no other process writes to the log",
+) -> None:
     """Refuse a ``min_age_ms`` below ``floor_ms``, naming the risk and the two ways out (Delta Lake's VACUUM
     refuses a retention under its safety bound the same way)."""
     if min_age_ms >= floor_ms:
         return
+    way_out = f", or pass {flag} only while {when}" if flag else ""
     raise ConfigurationError(
         f"{what}: a minimum age of {min_age_ms} ms is below the safe {floor_ms} ms "
-        f"({floor_ms // 60_000} min): a writer in another process may still append at a slot it deletes, "
-        "and readers would then skip committed records or see a fenced producer's write. Use at least "
-        f"{floor_ms} ms, or pass {flag} only while no other process writes to the log"
+        f"({floor_ms // 60_000} min): {risk}. Use at least {floor_ms} ms{way_out}"
     )
+
+
+#: What sweeping staged objects too young risks.
+STAGED_RISK = "a batch still being written or committed would commit references to deleted objects (rows lost)"
 
 
 START_MARKERS_KEPT = 2
@@ -267,13 +288,22 @@ def _collect_references(log: Log, topic: str, p: int, slots: range, referenced: 
             )
 
 
-def sweep_staging(log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: int | None = None) -> int:
+def sweep_staging(
+    log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: int | None = None, check_min_age: bool = True
+) -> int:
     """Delete staged objects older than ``older_than_ms`` that no DATA_REF entry references.
+
+    A staged object is referenced only when its batch commits, after its writer staged it: ``older_than_ms``
+    below :data:`SAFE_STAGED_AGE_MS` is refused unless ``check_min_age`` is false (no batch is being written).
 
     References are collected from every partition's DATA_REF entries (a full header scan plus a read of
     each reference), so this is a maintenance task for quiet hours, not a hot path. A damaged entry (marked
     lost or not) may be a reference nobody can read: every staged object of its partition is kept.
     """
+    if check_min_age:
+        check_min_age_of(
+            "sweeping staged objects", older_than_ms, SAFE_STAGED_AGE_MS, risk=STAGED_RISK, when="no batch is written"
+        )
     now_ms = log.clock() if now_ms is None else now_ms
     referenced: set[str] = set()
     #: staged-object name prefixes (``<topic>-<05d p>-``) of partitions holding an entry whose reference

@@ -165,8 +165,10 @@ def register(sub: SubParsers, common: Parser) -> None:
         type=non_negative_int,
         default=24 * 3600 * 1000,
         metavar="MS",
-        help="only objects older than this (default: one day)",
+        help="only objects older than this (default: one day, least one hour: a batch's objects are "
+        "unreferenced until it commits)",
     )
+    _age_check_flag(p, "--older-than-ms", "no batch is being written")
     p.set_defaults(func=sweep_staging)
 
     p = add_verb(
@@ -219,18 +221,22 @@ def register(sub: SubParsers, common: Parser) -> None:
     p.set_defaults(func=mark_lost)
 
 
-def _age_check_flag(p: argparse.ArgumentParser) -> None:
+def _age_check_flag(
+    p: argparse.ArgumentParser, option: str = "--min-age-ms", when: str = "no other process writes to the log"
+) -> None:
     p.add_argument(
         "--no-age-check",
         action="store_true",
-        help="accept a --min-age-ms below the safe least (only while no other process writes to the log)",
+        help=f"accept a {option} below the safe least (only while {when})",
     )
 
 
-def _check_age(args: argparse.Namespace, what: str, floor_ms: int) -> None:
-    """A --min-age-ms below ``floor_ms`` is refused before anything is opened, naming --no-age-check."""
+def _check_age(args: argparse.Namespace, what: str, floor_ms: int, age_ms: int | None = None, **kw: str) -> None:
+    """A --min-age-ms (or ``age_ms``) below ``floor_ms`` is refused before anything is opened, naming
+    --no-age-check."""
     if not args.no_age_check:
-        maintenance.check_min_age_of(what, args.min_age_ms, floor_ms, flag="--no-age-check")
+        value = args.min_age_ms if age_ms is None else age_ms
+        maintenance.check_min_age_of(what, value, floor_ms, flag="--no-age-check", **kw)
 
 
 def snapshot(args: argparse.Namespace) -> int:
@@ -389,9 +395,17 @@ def roll(args: argparse.Namespace) -> int:
 
 
 def sweep_staging(args: argparse.Namespace) -> int:
+    _check_age(
+        args,
+        "sweeping staged objects",
+        maintenance.SAFE_STAGED_AGE_MS,
+        args.older_than_ms,
+        risk=maintenance.STAGED_RISK,
+        when="no batch is written",
+    )
     log = open_existing(args)
     with Progress("sweeping staged objects"):
-        deleted = maintenance.sweep_staging(log, older_than_ms=args.older_than_ms)
+        deleted = maintenance.sweep_staging(log, older_than_ms=args.older_than_ms, check_min_age=not args.no_age_check)
     if args.json:
         print_json({"staged_objects_deleted": deleted})
     else:

@@ -40,6 +40,7 @@ import pyarrow as pa
 from txn_core import paths
 from txn_core.errors import ConfigurationError, InvalidOffsetError, ProducerClosedError
 from txn_core.ids import TxnId, validate_name
+from txn_core.maintenance import SAFE_ENTRY_AGE_MS, check_min_age_of
 from txn_core.partition import AppendResult
 from txn_core.ranges import available_end
 from txn_core.reader import READ_COMMITTED
@@ -123,6 +124,7 @@ class SubscriptionConsumer:
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigurationError(f"{what} must be an int >= {low}, got {value!r}")
+        check_min_age_of("trim_min_age_ms: trimming the ack log", trim_min_age_ms, SAFE_ENTRY_AGE_MS, flag=None)
         self.log = log
         self.meta = open_meta(
             log, topic, partition, subscription, create=create, initial_position=initial_position, range_size=range_size

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from txn_core import paths
 from txn_core.ids import TxnId
+from txn_core.maintenance import SAFE_ENTRY_AGE_MS, check_min_age_of
 from txn_core.subscriptions import trim as trimming
 from txn_core.subscriptions.acklog import AckLog
 from txn_core.subscriptions.leases import LeaseStore
@@ -73,20 +74,29 @@ class Subscription:
             st.void_count,
         )
 
-    def trim(self, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS, now_ms: int | None = None) -> trimming.TrimResult:
-        """Snapshot and trim the ack log and old leases now (for a cron when no consumer runs)."""
+    def trim(
+        self, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS, now_ms: int | None = None, check_min_age: bool = True
+    ) -> trimming.TrimResult:
+        """Snapshot and trim the ack log and old leases now (for a cron when no consumer runs). ``min_age_ms``
+        below :data:`~txn_core.maintenance.SAFE_ENTRY_AGE_MS` is refused unless ``check_min_age`` is false: an
+        acknowledging producer in another process could write its marker at a slot just trimmed."""
+        if check_min_age:
+            check_min_age_of("trimming the ack log", min_age_ms, SAFE_ENTRY_AGE_MS)
         return trimming.trim(self.log, self.acklog, self.leases, min_age_ms=min_age_ms, now_ms=now_ms)
 
 
 def trim_all(
-    log: Log, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS, now_ms: int | None = None
+    log: Log, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS, now_ms: int | None = None, check_min_age: bool = True
 ) -> dict[str, trimming.TrimResult]:
-    """Trim every subscription of every topic; returns results by ``topic/partition/name``."""
+    """Trim every subscription of every topic; returns results by ``topic/partition/name``
+    (``check_min_age`` as in :meth:`Subscription.trim`)."""
+    if check_min_age:
+        check_min_age_of("trimming ack logs", min_age_ms, SAFE_ENTRY_AGE_MS)
     out = {}
     for topic in log.topics.list(include_internal=True):
         for p in range(log.topics.get(topic).partitions):
             for name in list_subscriptions(log.storage, topic, p):
                 out[f"{topic}/{p}/{name}"] = Subscription(log, topic, p, name).trim(
-                    min_age_ms=min_age_ms, now_ms=now_ms
+                    min_age_ms=min_age_ms, now_ms=now_ms, check_min_age=False
                 )
     return out
