@@ -279,3 +279,31 @@ def test_lag_from_several_threads_scans_each_consumer_s_own_state() -> None:
     c = log.consumer()
     c.assign([("t", 0)])
     assert c.lag() == {txn_core.TopicPartition("t", 0): end}
+
+
+def test_a_seek_past_entries_appended_since_a_read_ahead_missed_them(tmp_path: Path) -> None:
+    """A consumer that seeks to the log end has reads of the next slots in flight; they answer "not found".
+    Entries are appended, this process learns the new tail, and the consumer seeks forward: the stale
+    answer was raised as ObjectNotFoundError for an entry that exists (a user found it crashing a
+    subscription consumer's receive() while a producer wrote). The slot is read again."""
+    import time
+
+    log = txn_core.open_log(str(tmp_path / "log"))
+    log.create_topic("t", 1, SCHEMA)
+    p = txn_core.open_log(str(tmp_path / "log")).producer()
+
+    def put(ids: range) -> None:
+        for i in ids:
+            p.send("t", pa.table({"id": [i], "name": ["x"]}), partition=0)
+            p.flush()
+
+    put(range(40))
+    c = log.consumer()
+    c.assign([("t", 0)])
+    c.seek(("t", 0), 40)  # the header scan reads ahead past the end
+    time.sleep(0.3)  # those reads answer "not found"
+    put(range(40, 60))
+    assert log.describe_topic("t").partitions[0].log_end_offset == 60  # this process learns the tail
+    c.seek(("t", 0), 50)
+    assert c.poll().column("id").to_pylist() == list(range(50, 60))
+    p.close()

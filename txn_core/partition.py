@@ -221,6 +221,11 @@ class PartitionLog:
 
     # --- tail -----------------------------------------------------------------------------------
 
+    def known_tail_slot(self) -> int | None:
+        """The first free slot as this process last learned it (no request; None if it never did)."""
+        with self._lock:
+            return self._tail[0] if self._tail is not None else None
+
     def tail(self, refresh: bool = False) -> tuple[int, int]:
         """``(next slot, next offset)``: the first free slot and the log end offset."""
         with self._lock:

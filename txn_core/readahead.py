@@ -20,6 +20,9 @@ Invariants:
   reaches full depth in a few round trips.
 * **Reads are not cancelled.** A read issued is left to finish when its result is discarded, so the
   requests a scan makes depend only on what the log holds, not on thread timing.
+* **A read issued ahead may be stale.** Its "not found" may answer for a moment before the entry was
+  appended; where this process knows the slot lies below the tail (``PartitionLog.known_tail_slot``), the
+  slot is read again before a miss is raised (a caught-up reader, at the tail, pays nothing more).
 * **Segments are read in spans.** Slots a segment holds (PROTOCOL.md "Segments") are known to exist: one
   read fetches as many of them as fit in :data:`CHUNK_BYTES` (a header scan takes them from the index),
   and such reads are issued at full depth at once, within the same byte budget. A span whose segment
@@ -35,6 +38,7 @@ from concurrent.futures import Future
 from typing import Generic, TypeVar
 
 from txn_core.entry import HEADER_SIZE, EntryHeader
+from txn_core.errors import ObjectNotFoundError
 from txn_core.parallel import submit
 from txn_core.partition import Entry, PartitionLog
 
@@ -123,7 +127,17 @@ class _Ahead(Generic[T]):
             self._issue()
             slot, count, fut = self._inflight.popleft()
             try:
-                items = fut.result()
+                try:
+                    items = fut.result()
+                except ObjectNotFoundError:
+                    known = self.plog.known_tail_slot()
+                    if known is None or slot >= known:
+                        raise
+                    # Issued ahead, it answered for an earlier moment: the slot exists now, as this process
+                    # knows. Read it again (reads in flight behind it may be as old: dropped).
+                    self._inflight.clear()
+                    self._issued = slot + count
+                    items = self._fetch(slot, count, CHUNK_BYTES)
             except BaseException:
                 self._inflight.clear()
                 self._issued = self._next
