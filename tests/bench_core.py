@@ -6,6 +6,7 @@ Run: ``pytest -m bench tests/bench_core.py -s`` (``TXNLOG_BENCH_MB`` sets the da
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import time
 import uuid
@@ -140,7 +141,8 @@ def test_idempotent_produce_and_consume_vs_arrow_ipc_files(tmp_path: Path, batch
 
 def test_transactional_vs_idempotent_produce(tmp_path: Path, batches: list[pa.RecordBatch]) -> None:
     def run(transactional: bool) -> float:
-        log = txn_core.open_log(str(tmp_path / f"log-{uuid.uuid4().hex}"))
+        where = tmp_path / f"log-{uuid.uuid4().hex}"
+        log = txn_core.open_log(str(where))
         log.create_topic("t", 1, SCHEMA)
         if transactional:
             p = log.producer("bench", batch_bytes=1 << 40)
@@ -156,7 +158,10 @@ def test_transactional_vs_idempotent_produce(tmp_path: Path, batches: list[pa.Re
             else:
                 p.send("t", b, partition=0)
                 p.flush()
-        return _mb(batches) / (time.perf_counter() - t)
+        rate = _mb(batches) / (time.perf_counter() - t)
+        p.close()
+        shutil.rmtree(where)  # 14 runs of 256 MB would fill the page cache (tmpfs: memory) and slow later runs
+        return rate
 
     # The disk's fsync latency drifts by several times within a minute here: pairs run back to back, and
     # the ratio reported is the median of the pairs' ratios (the rates are their medians).
