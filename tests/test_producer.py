@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 import re
 import uuid
+from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from faults import FaultyStorage
@@ -55,19 +57,46 @@ def test_send_accepts_batches_tables_and_dicts() -> None:
     assert sorted(_all(log).column("id").to_pylist()) == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("value", [1.5, 2.0])
-def test_a_float_in_a_dict_row_for_an_integer_column_is_refused_not_truncated(value: float) -> None:
-    """pyarrow stored {"id": 1.5} as 1 without a word, where the same value sent as a table is refused;
-    nothing of the send is buffered."""
-    log = _log()
+@pytest.mark.parametrize(
+    ("column", "row"),
+    [
+        ("id", {"id": 1.5}),
+        ("id", {"id": 2.0}),
+        ("id", {"id": np.float32(4.5)}),
+        ("id", {"id": Decimal("5.5")}),
+        ("ids", {"ids": [1, 2.7]}),
+        ("p", {"p": {"x": 3.9}}),
+        ("m", {"m": {"a": 1.5}}),
+        ("m", {"m": [("a", 2.5)]}),
+        ("at", {"at": 1.7}),
+    ],
+    ids=["float", "integral-float", "numpy-float", "decimal", "in-list", "in-struct", "in-map", "map-pairs", "time"],
+)
+def test_a_non_integer_in_a_dict_row_for_an_integer_value_is_refused_not_truncated(column: str, row: dict) -> None:
+    """pyarrow stored {"id": 1.5} as 1 without a word (at any depth, and from numpy floats and Decimals),
+    where the same value sent as a table is refused; nothing of the send is buffered."""
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("ids", pa.list_(pa.int64())),
+            ("p", pa.struct([("x", pa.int32())])),
+            ("m", pa.map_(pa.string(), pa.int64())),
+            ("at", pa.timestamp("ms")),
+            ("f", pa.float64()),
+        ]
+    )
+    log = txn_core.Log(MemoryStorage(uuid.uuid4().hex))
+    log.create_topic("n", 1, schema)
     p = log.producer()
-    with pytest.raises(SchemaMismatchError, match=r"column 'id' \(int64\) was given the float .* in row 1"):
-        p.send("t", [{"id": 1, "key": "a"}, {"id": value, "key": "b"}], partition=0)
-    with pytest.raises(SchemaMismatchError):
-        p.send("t", pa.table({"id": [value], "key": ["b"]}), partition=0)
-    p.send("t", [{"id": 7, "key": "c"}], partition=0)
+    with pytest.raises(SchemaMismatchError, match=rf"column '{column}' \(.*\) was given the non-integer .* in row 1"):
+        p.send("n", [{"id": 1}, row], partition=0)
+    fine = {"id": np.int64(7), "ids": [1, 2], "p": {"x": 4}, "m": {"a": 1}, "at": 5, "f": 1.5}
+    p.send("n", [fine], partition=0)
     p.flush()
-    assert _all(log).column("id").to_pylist() == [7]
+    c = log.consumer()
+    c.assign([("n", 0)])
+    got = c.poll()
+    assert got.column("id").to_pylist() == [7] and got.column("f").to_pylist() == [1.5]
 
 
 def test_routing_by_key_is_stable_and_matches_the_documented_hash() -> None:

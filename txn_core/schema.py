@@ -9,6 +9,7 @@ lists and maps (children matched by name and position). Anything else raises
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import pyarrow as pa
@@ -113,20 +114,57 @@ def _from_dicts(rows: list[Any], schema: pa.Schema, topic: str) -> pa.Table:
 
 
 def _refuse_truncated_floats(rows: list[dict[str, Any]], schema: pa.Schema, topic: str) -> None:
-    """pyarrow converts a Python float into an integer or temporal column by truncating it (1.5 -> 1)
-    without a word, where a float column sent as a table is refused: refuse it here too."""
-    exact = [f for f in schema if pa.types.is_integer(f.type) or pa.types.is_temporal(f.type)]
-    if not exact:
-        return
+    """pyarrow converts a non-integer Python number (a float, a numpy float, a Decimal) into an integer or
+    temporal value by truncating it (1.5 -> 1), at any depth of lists, structs and maps, without a word,
+    where a float column sent as a table is refused: refuse it here too."""
+    exact = [f for f in schema if _holds_exact(f.type)]
     for i, row in enumerate(rows):
         for f in exact:
-            value = row.get(f.name)
-            if isinstance(value, float):
+            bad = _truncated(row.get(f.name), f.type)
+            if bad is not None:
                 diffs = (
-                    f"column {f.name!r} ({f.type}) was given the float {value!r} in row {i}, which would be "
-                    f"truncated; send an int (int(value)) or change the column's type",
+                    f"column {f.name!r} ({f.type}) was given the non-integer {bad!r} in row {i}, which would be "
+                    "truncated; send an int (int(value)) or change the column's type",
                 )
                 raise SchemaMismatchError(_message(topic, schema, diffs), diffs)
+
+
+def _holds_exact(t: pa.DataType) -> bool:
+    """Whether ``t`` is, or holds at any depth, an integer or temporal type."""
+    if pa.types.is_integer(t) or pa.types.is_temporal(t):
+        return True
+    if _is_list(t):
+        return _holds_exact(t.value_type)
+    if pa.types.is_struct(t):
+        return any(_holds_exact(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _holds_exact(t.key_type) or _holds_exact(t.item_type)
+    return False
+
+
+def _truncated(value: object, t: pa.DataType) -> object | None:
+    """The first non-integer number in ``value`` where ``t`` wants an integer or temporal value, else None."""
+    if value is None:
+        return None
+    if pa.types.is_integer(t) or pa.types.is_temporal(t):
+        if isinstance(value, numbers.Number) and not isinstance(value, numbers.Integral):
+            return value
+        return None
+    items: list[tuple[object, pa.DataType]] = []
+    if _is_list(t) and isinstance(value, list | tuple):
+        items = [(v, t.value_type) for v in value]
+    elif pa.types.is_struct(t) and isinstance(value, dict):
+        items = [(value.get(t.field(i).name), t.field(i).type) for i in range(t.num_fields)]
+    elif pa.types.is_map(t):
+        pairs = value.items() if isinstance(value, dict) else value if isinstance(value, list | tuple) else []
+        for pair in pairs:
+            if isinstance(pair, tuple | list) and len(pair) == 2:
+                items += [(pair[0], t.key_type), (pair[1], t.item_type)]
+    for v, vt in items:
+        bad = _truncated(v, vt)
+        if bad is not None:
+            return bad
+    return None
 
 
 def _conform_table(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
