@@ -419,6 +419,12 @@ def test_s3_options_map_to_obstore_or_keep_s3fs(monkeypatch: pytest.MonkeyPatch,
         open_storage("gs://b/p", {"client": "obstore"}, self_test=False)
     with pytest.raises(ConfigurationError, match="is not one of"):
         open_storage("s3://b/p", {"client": "boto"}, self_test=False)
+    # A misspelled option gave way to s3fs, which failed at the first request with a TypeError from inside
+    # aiobotocore (a user found it): it is refused at once, naming the option meant.
+    with pytest.raises(ConfigurationError, match=r"'endpoint' \(did you mean 'endpoint_url'\?\)"):
+        open_storage("s3://b/p", {"endpoint": "http://127.0.0.1:9000"}, self_test=False)
+    with pytest.raises(ConfigurationError, match="unknown S3 storage option"):
+        open_storage("s3://b/p", {"client": "fsspec", "notanoption": 1}, self_test=False)
 
 
 def test_opening_a_partition_without_transactions_reads_only_its_unsnapshotted_tail() -> None:

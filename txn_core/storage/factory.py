@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
 import uuid
 from typing import Any
@@ -114,7 +116,47 @@ def _object_store(url: str, protocol: str, root: str, options: dict[str, Any]) -
         raise ConfigurationError(
             f"storage option client='obstore' applies to s3:// URLs only; {url} is served by fsspec"
         )
+    if protocol == "s3":
+        _check_s3fs_options(options)
     return ObjectStoreStorage(url, protocol, root, options)
+
+
+#: Options s3fs hands on to fsspec's instance cache and to its aiobotocore session, beside its own parameters.
+_S3FS_PASSED_ON = frozenset(
+    {
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "skip_instance_cache",
+        "batch_size",
+        "profile",
+        "session_vars",
+        "event_hooks",
+        "include_builtin_handlers",
+    }
+)
+
+
+def _check_s3fs_options(options: dict[str, Any]) -> None:
+    """Refuse an option s3fs does not know, naming the closest known one: a misspelled option (``endpoint``
+    for ``endpoint_url``) made the default client give way to s3fs, which then failed at the first request
+    with a TypeError from deep inside aiobotocore."""
+    try:
+        import s3fs
+    except ImportError:  # pragma: no cover - s3fs is a dependency; fsspec names what is missing
+        return
+    known = {n for n in inspect.signature(s3fs.S3FileSystem.__init__).parameters if n not in ("self", "kwargs")}
+    known |= _S3FS_PASSED_ON
+    unknown = sorted(n for n in options if n not in known)
+    if unknown:
+        hints = [
+            f"{n!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(n, known, 1)) else repr(n)
+            for n in unknown
+        ]
+        raise ConfigurationError(
+            f"unknown S3 storage option(s) {', '.join(hints)}; S3 takes {', '.join(sorted(known))} "
+            "(endpoint_url for a custom endpoint, key and secret for credentials)"
+        )
 
 
 def self_test_storage(storage: Storage) -> None:
