@@ -29,7 +29,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from txn_core.ids import TopicPartition
+from txn_core.ids import TopicPartition, is_int
 
 METADATA_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp")
 _BOUNDS = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
@@ -79,11 +79,11 @@ class Pushed:
         return True
 
     def _partition(self, f: Filter) -> bool:
-        if isinstance(f, In) and all(_is_int(v) for v in f.value):
+        if isinstance(f, In) and all(is_int(v) for v in f.value):
             values = frozenset(int(v) for v in f.value)
             self.partitions = values if self.partitions is None else self.partitions & values
             return True
-        if isinstance(f, _BOUNDS) and _is_int(f.value):
+        if isinstance(f, _BOUNDS) and is_int(f.value):
             lo, hi = _int_bounds(f, int(f.value))
             self.min_partition = _max(self.min_partition, lo)
             self.max_partition = _min(self.max_partition, hi)
@@ -91,7 +91,7 @@ class Pushed:
         return False
 
     def _offset(self, f: Filter) -> bool:
-        if not isinstance(f, _BOUNDS) or not _is_int(f.value):
+        if not isinstance(f, _BOUNDS) or not is_int(f.value):
             return False
         lo, hi = _int_bounds(f, int(f.value))
         self.min_offset = _max(self.min_offset, lo)
@@ -130,10 +130,6 @@ class Pushed:
             and (self.min_partition is None or p >= self.min_partition)
             and (self.max_partition is None or p <= self.max_partition)
         )
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _int_bounds(f: Filter, v: int) -> tuple[int | None, int | None]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from txn_core.errors import ConfigurationError, InvalidNameError
-from txn_core.ids import validate_name
+from txn_core.ids import is_int, validate_name
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED
 from txn_core.storage.options import nest_storage_options
 
@@ -338,7 +338,7 @@ def _offset_json(name: str, value: str, accepted: str, specials: tuple[int, ...]
                 partition = int(p)
             except ValueError:
                 partition = -1
-            bad = isinstance(off, bool) or not isinstance(off, int) or (off < 0 and off not in specials)
+            bad = not is_int(off) or (off < 0 and off not in specials)
             if partition < 0 or bad:
                 allowed = " or ".join(str(s) for s in specials)
                 raise SourceOptionError(

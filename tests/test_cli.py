@@ -473,35 +473,13 @@ def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Call
     assert not log.storage.exists(ref.key)
 
     # Retention: partition 1 keeps everything from fresh's open transaction on (offset 10).
-    retained = txnlog(
-        "maintenance",
-        "retention",
-        scenario,
-        "--topic",
-        "orders",
-        "--retention-ms",
-        "1",
-        "--min-age-ms",
-        "0",
-        "--no-age-check",
-        "--json",
-    )
+    retain = ("maintenance", "retention", scenario, "--topic", "orders", "--retention-ms", "1")
+    retained = txnlog(*retain, "--min-age-ms", "0", "--no-age-check", "--json")
     by_partition = {r["partition"]: r for r in retained.json()}
     assert by_partition[1]["new_start"] == 10 and by_partition[1]["entries_deleted"] > 0
     # stuck, past its timeout, is aborted by retention's own read bound: nothing holds partition 0 back.
     assert by_partition[0]["new_start"] >= 12
-    text = here(
-        "maintenance",
-        "retention",
-        scenario,
-        "--topic",
-        "orders",
-        "--retention-ms",
-        "1",
-        "--min-age-ms",
-        "0",
-        "--no-age-check",
-    ).out
+    text = here(*retain, "--min-age-ms", "0", "--no-age-check").out
     assert text.splitlines()[0].split() == [
         "topic",
         "partition",

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from test_overlapped_begin import _record_overlaps
 
 import txn_core
 from txn_core.coordinator.states import CoordinatorState
@@ -39,6 +40,12 @@ class SlowRecords(DelegatingStorage):
         if "/coordinators/" in key:
             time.sleep(self.delay_s)
         self.inner.create(key, chunks)
+
+
+@pytest.fixture
+def fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record counts as fast: the committing thread writes the markers and the begin."""
+    monkeypatch.setattr(completion, "FAST_RECORD_S", 1.0)
 
 
 def _memory_log(slow_s: float = 0.0) -> txn_core.Log:
@@ -88,8 +95,7 @@ def _unmarked(log: txn_core.Log) -> list[int]:
     return out
 
 
-def test_fast_records_write_the_markers_before_commit_returns(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(completion, "FAST_RECORD_S", 1.0)
+def test_fast_records_write_the_markers_before_commit_returns(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
     log = _memory_log()
     threads = _marker_threads(log, monkeypatch)
     p = log.producer("fast")
@@ -127,10 +133,9 @@ def test_slow_records_leave_the_markers_to_the_background(monkeypatch: pytest.Mo
 
 
 def test_a_marker_write_failing_on_the_committing_thread_is_retried_in_the_background(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, fast: None
 ) -> None:
     """The decision is durable, so commit_transaction does not fail; the markers are written again."""
-    monkeypatch.setattr(completion, "FAST_RECORD_S", 1.0)
     log = _memory_log()
     original = log.coordinator.write_markers
     calls: list[str] = []
@@ -154,10 +159,9 @@ def test_a_marker_write_failing_on_the_committing_thread_is_retried_in_the_backg
     assert _ids(log) == [1, 2]
 
 
-def test_an_idle_producer_s_complete_is_written_alone_after_the_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_idle_producer_s_complete_is_written_alone_after_the_linger(fast: None) -> None:
     """Markers written on the committing thread: no later record of the producer comes, so the watcher
     writes the Complete alone; the watcher then stops, and starts again for the next transaction."""
-    monkeypatch.setattr(completion, "FAST_RECORD_S", 1.0)
     log = _memory_log()
     p = log.producer("idle")
     p.init_transactions()
@@ -178,10 +182,7 @@ def test_an_idle_producer_s_complete_is_written_alone_after_the_linger(monkeypat
     assert _ids(log) == [0, 1]
 
 
-def test_close_right_after_a_commit_completes_it_without_waiting_for_the_linger(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(completion, "FAST_RECORD_S", 1.0)
+def test_close_right_after_a_commit_completes_it_without_waiting_for_the_linger(fast: None) -> None:
     log = _memory_log()
     p = log.producer("closing")
     p.init_transactions()
@@ -196,11 +197,10 @@ def test_close_right_after_a_commit_completes_it_without_waiting_for_the_linger(
 
 
 def test_back_to_back_fast_transactions_fold_each_complete_into_the_next_record(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, fast: None
 ) -> None:
     """Markers written on the committing thread are durable before the next begin: it carries their
     Complete, and no Complete is written alone."""
-    monkeypatch.setattr(completion, "FAST_RECORD_S", 1.0)
     log = _memory_log()
     alone: list[Any] = []
     original = log.coordinator.complete
@@ -222,22 +222,14 @@ def test_back_to_back_fast_transactions_fold_each_complete_into_the_next_record(
 
 
 def test_on_a_store_that_stages_creates_fast_records_write_the_begin_before_the_entries(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast: None
 ) -> None:
     """The first transaction (nothing measured yet) overlaps its begin with its entries; once records are
     known to be fast, the begin is written first, on the committing thread."""
-    monkeypatch.setattr(completion, "FAST_RECORD_S", 1.0)
     log = txn_core.open_log(str(tmp_path / "log"))
     log.create_topic("t", 2, SCHEMA)
     assert log.storage.stages_creates
-    overlapped: list[Any] = []
-    original = txn_core.Producer._write_with_begin
-
-    def spy(self: txn_core.Producer, todo: Any, predicted: Any) -> None:
-        overlapped.append(predicted)
-        original(self, todo, predicted)
-
-    monkeypatch.setattr(txn_core.Producer, "_write_with_begin", spy)
+    overlapped = _record_overlaps(monkeypatch)
     p = log.producer("begins")
     p.init_transactions()
     for i in range(4):
@@ -250,12 +242,11 @@ def test_on_a_store_that_stages_creates_fast_records_write_the_begin_before_the_
 
 
 def test_an_interrupt_while_the_committing_thread_writes_markers_leaves_a_committed_transaction(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, fast: None
 ) -> None:
     """Ctrl-C lands while commit_transaction writes the markers (after the decision): it raises, but the
     producer is Ready, so an ``except BaseException: abort_transaction()`` is refused instead of returning as
     if it had aborted a committed transaction (found by review); the markers are written in the background."""
-    monkeypatch.setattr(completion, "FAST_RECORD_S", 1.0)
     log = _memory_log()
     p = log.producer("interrupted")
     p.init_transactions()

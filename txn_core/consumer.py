@@ -30,7 +30,7 @@ from txn_core.errors import (
     ProducerClosedError,
     TxnLogError,
 )
-from txn_core.ids import TopicPartition, validate_name
+from txn_core.ids import TopicPartition, is_int, validate_name
 from txn_core.parallel import parallel_map
 from txn_core.ranges import available_end
 from txn_core.reader import ISOLATION_LEVELS, PartitionReader, PartitionState
@@ -179,7 +179,7 @@ class Consumer:
         self._check_open()
         asked = {_tp(tp): ts for tp, ts in timestamps.items()}
         for tp, ts in asked.items():
-            if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
+            if not is_int(ts) or ts < 0:
                 raise ConfigurationError(
                     f"timestamp for {tp.topic}-{tp.partition} must be ms since the epoch, got {ts!r}"
                 )

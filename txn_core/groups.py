@@ -34,7 +34,7 @@ from txn_core.errors import (
     TxnLogError,
     UnstableOffsetsError,
 )
-from txn_core.ids import TopicPartition, TxnId, validate_name
+from txn_core.ids import TopicPartition, TxnId, is_int, validate_name
 from txn_core.reader import READ_COMMITTED, PartitionReader
 from txn_core.storage.guarded import opportunistic
 
@@ -185,7 +185,7 @@ class GroupStore:
         topics, parts, offs = [], [], []
         for tp, off in offsets.items():
             topic, partition = (tp.topic, tp.partition) if isinstance(tp, TopicPartition) else tp
-            if not isinstance(off, int) or isinstance(off, bool) or off < 0:
+            if not is_int(off) or off < 0:
                 raise InvalidOffsetError(f"offset for {topic}-{partition} must be a non-negative int, got {off!r}")
             if not isinstance(partition, int) or partition < 0:
                 raise ConfigurationError(f"bad partition {partition!r} for topic {topic!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from txn_core.errors import InvalidNameError
 
@@ -24,6 +25,11 @@ def validate_name(kind: str, name: object, *, allow_internal: bool = False) -> s
     if name.startswith("__") and not allow_internal:
         raise InvalidNameError(f"invalid {kind} name {name!r}: names starting with '__' are reserved")
     return name
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An int that is not a bool: ``True`` is an int to Python, not an offset, partition or count to a user."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True, order=True)

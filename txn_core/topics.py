@@ -23,7 +23,7 @@ from txn_core.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from txn_core.ids import validate_name
+from txn_core.ids import is_int, validate_name
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
 
@@ -41,7 +41,7 @@ class TopicConfig:
     def check(self) -> TopicConfig:
         """Itself, if each setting is unset or a positive whole number; else :class:`ConfigurationError`."""
         for name, value in (("retention_ms", self.retention_ms), ("retention_bytes", self.retention_bytes)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            if value is not None and (not is_int(value) or value <= 0):
                 raise ConfigurationError(
                     f"{name} must be a whole number > 0, or None to keep everything; got {value!r}"
                 )
@@ -128,7 +128,7 @@ class TopicStore:
         internal: bool = False,
     ) -> TopicMeta:
         validate_name("topic", name, allow_internal=internal)
-        if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= MAX_PARTITIONS:
+        if not is_int(partitions) or not 1 <= partitions <= MAX_PARTITIONS:
             raise ConfigurationError(f"partitions must be an integer in [1, {MAX_PARTITIONS}], got {partitions!r}")
         meta = TopicMeta(name, partitions, normalize_schema(schema), 0, self.clock(), config or TopicConfig(), internal)
         header, payload = envelope.encode_json(envelope.ObjectKind.TOPIC_META, meta.to_json())

@@ -27,6 +27,7 @@ from typing import IO, Any
 import pyarrow as pa
 
 from txn_core.errors import ConfigurationError
+from txn_core.ids import is_int
 
 
 def needs_conversion(t: pa.DataType) -> bool:
@@ -78,7 +79,7 @@ def _value(v: Any, t: pa.DataType) -> Any:
             raise ValueError("expected true or false")
         return v
     if pa.types.is_integer(t):
-        if isinstance(v, bool) or not isinstance(v, int):
+        if not is_int(v):
             raise ValueError("expected an integer")
         return v
     if pa.types.is_floating(t):

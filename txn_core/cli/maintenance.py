@@ -233,7 +233,7 @@ def _age_check_flag(
 
 def _check_age(args: argparse.Namespace, what: str, floor_ms: int, age_ms: int | None = None, **kw: str) -> None:
     """A --min-age-ms (or ``age_ms``) below ``floor_ms`` is refused before anything is opened, naming
-    --no-age-check."""
+    --no-age-check: the verbs then call maintenance with ``check_min_age=False`` (checked here already)."""
     if not args.no_age_check:
         value = args.min_age_ms if age_ms is None else age_ms
         maintenance.check_min_age_of(what, value, floor_ms, flag="--no-age-check", **kw)
@@ -264,9 +264,7 @@ def compact(args: argparse.Namespace) -> int:
         _check_age(args, "transaction-log compaction", COMPACTION_MIN_AGE_MS)
     log = open_existing(args)
     with Progress(f"compacting {log.coordinator_partitions} coordinator partitions"):
-        deleted = maintenance.compact_transaction_log(
-            log, min_age_ms=args.min_age_ms, check_min_age=not args.no_age_check
-        )
+        deleted = maintenance.compact_transaction_log(log, min_age_ms=args.min_age_ms, check_min_age=False)
     if args.json:
         print_json({"records_deleted": deleted, "coordinator_partitions": log.coordinator_partitions})
     else:
@@ -303,7 +301,7 @@ def retention(args: argparse.Namespace) -> int:
                 retention_ms=args.retention_ms,
                 retention_bytes=args.retention_bytes,
                 min_age_ms=args.min_age_ms,
-                check_min_age=not args.no_age_check,
+                check_min_age=False,
             )
             rows.extend(
                 {
@@ -351,9 +349,7 @@ def roll(args: argparse.Namespace) -> int:
     with Progress("rolling into segments", len(topics), unit="topics") as bar:
         for topic in topics:
             for p, r in enumerate(
-                maintenance.roll_segments(
-                    log, topic, policy=policy, min_age_ms=args.min_age_ms, check_min_age=not args.no_age_check
-                )
+                maintenance.roll_segments(log, topic, policy=policy, min_age_ms=args.min_age_ms, check_min_age=False)
             ):
                 rows.append(
                     {
@@ -405,7 +401,7 @@ def sweep_staging(args: argparse.Namespace) -> int:
     )
     log = open_existing(args)
     with Progress("sweeping staged objects"):
-        deleted = maintenance.sweep_staging(log, older_than_ms=args.older_than_ms, check_min_age=not args.no_age_check)
+        deleted = maintenance.sweep_staging(log, older_than_ms=args.older_than_ms, check_min_age=False)
     if args.json:
         print_json({"staged_objects_deleted": deleted})
     else:

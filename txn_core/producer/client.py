@@ -55,7 +55,7 @@ from txn_core.errors import (
     TxnLogError,
     UnknownOutcomeError,
 )
-from txn_core.ids import TopicPartition, TxnId, validate_name
+from txn_core.ids import TopicPartition, TxnId, is_int, validate_name
 from txn_core.logs import get_logger
 from txn_core.parallel import submit
 from txn_core.partition import AppendResult
@@ -106,11 +106,7 @@ class Producer:
             validate_name("transactional id", transactional_id)
         from txn_core.coordinator.service import MAX_TIMEOUT_MS
 
-        if (
-            not isinstance(transaction_timeout_ms, int)
-            or isinstance(transaction_timeout_ms, bool)
-            or not 0 < transaction_timeout_ms <= MAX_TIMEOUT_MS
-        ):
+        if not is_int(transaction_timeout_ms) or not 0 < transaction_timeout_ms <= MAX_TIMEOUT_MS:
             raise ConfigurationError(
                 f"transaction_timeout_ms must be a whole number of milliseconds in [1, {MAX_TIMEOUT_MS}] (15 minutes, "
                 f"Kafka's transaction.max.timeout.ms), got {transaction_timeout_ms!r}"
@@ -544,9 +540,9 @@ class Producer:
         self, meta: TopicMeta, table: pa.Table, partition: int | None, key_column: str | None
     ) -> dict[int, pa.Table]:
         if partition is not None:
-            if not _is_int(partition) or not 0 <= partition < meta.partitions:
+            if not is_int(partition) or not 0 <= partition < meta.partitions:
                 meta = self.log.topics.get(meta.name)
-                if not _is_int(partition) or not 0 <= partition < meta.partitions:
+                if not is_int(partition) or not 0 <= partition < meta.partitions:
                     raise ConfigurationError(
                         f"partition {partition!r} does not exist in topic {meta.name!r} "
                         f"(partitions 0..{meta.partitions - 1})"
@@ -832,8 +828,3 @@ def _split_path(path: str) -> tuple[str, int]:
     if parts[0] == "topics" and len(parts) == 3:
         return parts[1], int(parts[2])
     return f"__{parts[0]}:{parts[1]}", 0
-
-
-def _is_int(value: object) -> bool:
-    """An int that is not a bool (``True`` is an int to Python, not a partition to a user)."""
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from txn_core import paths
 from txn_core.errors import ConfigurationError, InvalidOffsetError, ProducerClosedError
-from txn_core.ids import TxnId, validate_name
+from txn_core.ids import TxnId, is_int, validate_name
 from txn_core.maintenance import SAFE_ENTRY_AGE_MS, check_min_age_of
 from txn_core.partition import AppendResult
 from txn_core.ranges import available_end
@@ -122,7 +122,7 @@ class SubscriptionConsumer:
             ("max_unacked", max_unacked, 1),
             ("trim_min_age_ms", trim_min_age_ms, 0),
         ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            if not is_int(value) or value < low:
                 raise ConfigurationError(f"{what} must be an int >= {low}, got {value!r}")
         check_min_age_of("trim_min_age_ms: trimming the ack log", trim_min_age_ms, SAFE_ENTRY_AGE_MS, flag=None)
         self.log = log
@@ -294,6 +294,6 @@ def _offsets(value: int | Iterable[int] | pa.Table) -> list[int]:
         return [int(o) for o in value.column("_offset").to_pylist()]
     items = [value] if isinstance(value, int) else list(value)
     for o in items:
-        if not isinstance(o, int) or isinstance(o, bool) or o < 0:
+        if not is_int(o) or o < 0:
             raise InvalidOffsetError(f"offsets must be non-negative ints, got {o!r}")
     return items

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from txn_core.errors import CorruptDataError
+from txn_core.ids import is_int
 from txn_core.subscriptions import bitsets
 
 VERSION = 1
@@ -110,14 +111,14 @@ class AckRecord:
             return cls(op, acks, 0, skips, consumer)
         if op is AckOp.CUMULATIVE:
             upto = value.get("upto")
-            if not isinstance(upto, int) or isinstance(upto, bool) or upto <= 0:
+            if not is_int(upto) or upto <= 0:
                 raise CorruptDataError(f"{key}: bad cumulative bound {upto!r}", key)
             return cls(op, (), upto, skips, consumer)
         return cls(op, (), 0, skips, consumer)
 
 
 def _int(v: object, key: str, what: str) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+    if not is_int(v) or v < 0:
         raise CorruptDataError(f"{key}: bad {what} {v!r} in ack record", key)
     return v
 

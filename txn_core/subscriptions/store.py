@@ -24,7 +24,7 @@ from typing import Any
 
 from txn_core import envelope, paths
 from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
-from txn_core.ids import validate_name
+from txn_core.ids import is_int, validate_name
 from txn_core.storage.base import Storage
 from txn_core.subscriptions.errors import SubscriptionNotFoundError
 from txn_core.subscriptions.state import SubscriptionState
@@ -100,7 +100,7 @@ class SubscriptionMeta:
 def validate_ref(topic: str, partition: int, name: str) -> SubscriptionRef:
     validate_name("topic", topic, allow_internal=True)
     validate_name("subscription", name)
-    if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
+    if not is_int(partition) or partition < 0:
         raise ConfigurationError(f"partition must be a non-negative int, got {partition!r}")
     return SubscriptionRef(topic, partition, name)
 
