@@ -10,8 +10,9 @@ Arrow IPC files and yields their record batches, already in the exact schema Spa
 rows. Its files hold the rows of the txnlog entries (same bytes, same disk) plus the four metadata columns
 txnlog adds, already materialised (``_topic`` STRING, ``_partition`` INT, ``_offset`` LONG, ``_timestamp``
 TIMESTAMP), so the peer with metadata pays only for moving them; its tasks are the txnlog source's (each
-partition cut into ``ceil(rows / 1M)`` tasks of near-equal size). What txnlog costs beyond it is ours:
-reading entries, verifying every payload byte, applying the read_committed filters and building metadata.
+partition cut into ``ceil(offsets / 1M)`` tasks of near-equal size, at entry edges: ``split_range``). What
+txnlog costs beyond it is ours: reading entries, verifying every payload byte, applying the read_committed
+filters and building metadata.
 
 Each source is read as a stream with ``Trigger.AvailableNow`` into ``format("noop")``, and each copy runs
 as a stream into a sink (``BATCHES`` micro-batches; the exactly-once txnlog -> txnlog copy and Spark's
@@ -42,7 +43,6 @@ its peak RSS (``VmHWM``) before and after reading.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -53,7 +53,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pytest
 from bench_spark_sink import (
@@ -73,11 +72,11 @@ from pyspark.sql.streaming.datasource import ReadLimit
 
 import txn_core
 from txn_core import paths
-from txn_core.ranges import available_end, plan_range, read_range
+from txn_core.ranges import available_end, plan_range, read_range, split_range
 from txn_core.reader import READ_COMMITTED
 
-#: A task of either source reads at most this many rows (the txnlog source's MAX_OFFSETS_PER_TASK).
-ROWS_PER_TASK = 1_000_000
+#: A task of either source reads at most about this many offsets (the txnlog source's MAX_OFFSETS_PER_TASK).
+OFFSETS_PER_TASK = 1_000_000
 TOPIC_COLUMNS = "id LONG, key STRING, value STRING"
 METADATA_COLUMNS = "_topic STRING, _partition INT, _offset LONG, _timestamp TIMESTAMP"
 #: The peer's files: the Arrow schema Spark expects of a batch for both DDL strings above, in order.
@@ -169,31 +168,29 @@ class BareArrowSource(DataSource):
 
 def write_bare_files(log: txn_core.Log, topic: str, root: Path) -> str:
     """One Arrow IPC file per txnlog entry of ``topic``, holding its committed rows and metadata columns in
-    the exact Arrow schema Spark expects; returns a manifest of the tasks (the txnlog source's split)."""
+    the exact Arrow schema Spark expects; returns a manifest of the tasks: the txnlog source's own split
+    (:func:`txn_core.ranges.split_range`, as its planner calls it), each task the same rows."""
     schema = BARE_SCHEMA
     tasks: list[list[tuple[str, int, int]]] = []
     for info in log.describe_topic(topic).partitions:
         state = log.partition_state(paths.partition_log_path(topic, info.partition))
         plog = state.log
         rng = plan_range(state, topic, info.partition, 0, info.last_stable_offset, "read_committed")
-        files: list[tuple[str, int]] = []
+        files: list[tuple[str, int, int]] = []  # path, first offset, rows (an entry's offsets are consecutive)
         for i, batch in enumerate(read_range(plog, rng, max_batch_rows=1 << 62)):
             path = str(root / f"p{info.partition}-{i:05d}.arrow")
             arrays = [col.cast(f.type) for col, f in zip(batch.columns, schema, strict=True)]
             with pa.ipc.new_file(path, schema) as writer:
                 writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
-            files.append((path, batch.num_rows))
-        total = sum(n for _, n in files)
-        pieces = math.ceil(total / ROWS_PER_TASK)
-        cuts = [total * k // pieces for k in range(pieces + 1)]
-        starts = np.cumsum([0] + [n for _, n in files])
-        for lo, hi in itertools.pairwise(cuts):
-            task = [
-                (path, max(lo - int(s), 0), min(hi - int(s), n))
-                for (path, n), s in zip(files, starts, strict=False)
-                if s < hi and s + n > lo
-            ]
-            tasks.append(task)
+            files.append((path, batch.column("_offset")[0].as_py(), batch.num_rows))
+        for piece in split_range(plog, rng, math.ceil(rng.size / OFFSETS_PER_TASK)):
+            tasks.append(
+                [
+                    (path, max(piece.start - first, 0), min(piece.end - first, n))
+                    for path, first, n in files
+                    if first < piece.end and first + n > piece.start
+                ]
+            )
     manifest = root / "manifest.json"
     manifest.write_text(json.dumps(tasks))
     return str(manifest)

@@ -272,3 +272,78 @@ def test_offset_for_timestamp_is_the_first_entry_at_or_after_it(seed: int) -> No
     for target in [0, stamps[0], *rnd.sample(range(min(stamps) - 10, max(stamps) + 10), 15), 10**13]:
         expected = next((i for i, s in enumerate(stamps) if s >= target), len(stamps))
         assert offset_for_timestamp(plog, target, max_skew_ms=40) == expected, target
+
+
+class CountingStorage(MemoryStorage):
+    """Counts whole-object reads (the reads that fetch an entry's payload), per key."""
+
+    def __init__(self) -> None:
+        super().__init__(uuid.uuid4().hex)
+        self.whole_reads: dict[str, int] = {}
+
+    def read_buffer(self, key: str) -> object:
+        self.whole_reads[key] = self.whole_reads.get(key, 0) + 1
+        return super().read_buffer(key)
+
+
+def _twenty_transactions() -> CountingStorage:
+    """A partition of 20 entries of 50 records (ids 0-999), each followed by its commit marker."""
+    storage = CountingStorage()
+    log = txn_core.Log(storage)
+    log.create_topic("t", 1, SCHEMA)
+    p = log.producer(transactional_id="t1")
+    p.init_transactions()
+    next_id = itertools.count()
+    for _ in range(20):
+        p.begin_transaction()
+        send(p, [next(next_id) for _ in range(50)])
+        p.commit_transaction()
+    p.close()
+    return storage
+
+
+@pytest.mark.parametrize("end", [255, 260, 1020])  # an entry's first offset, inside one, the partition's end
+def test_a_range_reads_no_entry_past_its_end(end: int) -> None:
+    storage = _twenty_transactions()
+    state = txn_core.Log(storage).partition_state(PATH, shared=False)
+    state.scan_to_end()
+    rng = plan_range(state, "t", 0, 0, end, READ_COMMITTED)
+    storage.whole_reads.clear()
+    ids = [i for b in read_range(txn_core.Log(storage).partition_log(PATH), rng) for i in b["id"].to_pylist()]
+    assert ids == list(range(min(end // 51 * 50 + min(end % 51, 50), 1000)))
+    needed = {state.log.entries.key(s) for s in range(state.log.slot_for_offset(end - 1) + 1)}
+    assert storage.whole_reads == dict.fromkeys(needed, 1)  # read ahead up to the range's end, not past it
+
+
+@pytest.mark.parametrize("pieces", [2, 3, 7])
+def test_split_cuts_at_entry_edges_so_no_entry_is_read_by_two_tasks(pieces: int) -> None:
+    storage = _twenty_transactions()
+    state = txn_core.Log(storage).partition_state(PATH, shared=False)
+    state.scan_to_end()
+    end = state.read_bound()
+    rng = plan_range(state, "t", 0, 0, end, READ_COMMITTED)
+    split = split_range(state.log, rng, pieces)
+    assert len(split) == pieces
+    assert [r.start for r in split] == [0] + [r.end for r in split[:-1]] and split[-1].end == end
+    bases = {h.base_offset for h in (state.log.fetch_header(s) for s in range(state.log.readable_tail()[0]))}
+    assert all(r.start in bases for r in split)  # every piece begins where an entry does
+    assert max(r.size for r in split) - min(r.size for r in split) <= 2 * (end // (4 * pieces)) + 2
+    storage.whole_reads.clear()
+    ids = [
+        i for r in split for b in read_range(txn_core.Log(storage).partition_log(PATH), r) for i in b["id"].to_pylist()
+    ]
+    assert ids == list(range(1000))
+    assert set(storage.whole_reads.values()) == {1}  # each entry fetched once, by one task
+
+
+def test_split_cuts_inside_entries_larger_than_a_quarter_piece() -> None:
+    log = new_log()
+    send(log.producer(), list(range(1000)))  # one entry of 1,000 records
+    state = log.partition_state(PATH, shared=False)
+    state.scan_to_end()
+    rng = plan_range(state, "t", 0, 0, state.read_bound(), READ_COMMITTED)
+    split = split_range(state.log, rng, 4)
+    assert [(r.start, r.end) for r in split] == [(0, 250), (250, 500), (500, 750), (750, 1000)]
+    assert [i for r in split for b in read_range(log.partition_log(PATH), r) for i in b["id"].to_pylist()] == list(
+        range(1000)
+    )

@@ -785,6 +785,40 @@ class PartitionLog:
                     hi, hi_next = slot - 1, base
         return lo
 
+    def known_stop_slot(self, offset: int) -> int | None:
+        """The first slot whose entry begins at or after ``offset``, if known without a request: the tail's
+        slot at the end this process last learned, else a remembered entry's or an opened segment's."""
+        with self._lock:
+            tail = self._tail
+        if tail is not None and offset == tail[1]:
+            return tail[0]
+        idx = self._index.bisect_right(offset) - 1
+        if idx >= 0:
+            base, (slot, count) = self._index.peekitem(idx)
+            if base == offset:
+                return int(slot)
+            if base < offset <= base + count:
+                return int(slot) + 1
+        span = self.segments.entry_span(offset)
+        if span is not None:
+            slot, base, _ = span
+            return slot if base == offset else slot + 1
+        return None
+
+    def entry_span(self, offset: int) -> tuple[int, int, int]:
+        """``(slot, base offset, next offset)`` of the entry containing ``offset`` (below the readable end).
+
+        Costs :meth:`slot_for_offset`'s requests, then none when the entry is remembered (the search
+        remembers every header it reads) or in an opened segment, else one header read."""
+        slot = self.slot_for_offset(offset)
+        idx = self._index.bisect_right(offset) - 1
+        if idx >= 0:
+            base, (known, count) = self._index.peekitem(idx)
+            if known == slot and base <= offset < base + count:
+                return slot, int(base), int(base) + int(count)
+        header = self.fetch_header(slot)
+        return slot, header.base_offset, header.next_offset
+
     def _base_at(self, slot: int) -> tuple[int, EntryHeader | None]:
         """Where the entry at ``slot`` begins, with its header to remember; the previous entry's end and None
         when it is damaged. Runs on any thread (it only fetches)."""

@@ -73,8 +73,11 @@ MAX_BATCH_ROWS = 1 << 16
 class OffsetRange:
     """What a worker needs to read offsets ``[start, end)`` of one partition log (see module doc).
 
-    ``start_slot`` is the slot of the entry containing ``start``. ``min_timestamp_ms``/``max_timestamp_ms``
-    (inclusive) prune whole entries by their append timestamp, which every record of an entry shares.
+    ``start_slot`` is the slot of the entry containing ``start``. ``stop_slot``, when the planner knew it,
+    is the first slot whose entry begins at or after ``end``: the reader never reads ahead into it (an
+    entry read past the range would be fetched for nothing, and again by the task reading on from there).
+    ``min_timestamp_ms``/``max_timestamp_ms`` (inclusive) prune whole entries by their append timestamp,
+    which every record of an entry shares.
     """
 
     path: str
@@ -88,6 +91,7 @@ class OffsetRange:
     skips: tuple[tuple[int, int], ...] = ()
     min_timestamp_ms: int | None = None
     max_timestamp_ms: int | None = None
+    stop_slot: int | None = None
 
     @property
     def size(self) -> int:
@@ -162,6 +166,7 @@ def plan_range(
         tuple((int(a), int(b)) for a, b in skips),
         min_timestamp_ms,
         max_timestamp_ms,
+        plog.known_stop_slot(end),
     )
 
 
@@ -178,14 +183,40 @@ def _check_not_removed(plog: PartitionLog, start: int) -> None:
 def split_range(plog: PartitionLog, rng: OffsetRange, pieces: int) -> list[OffsetRange]:
     """``rng`` cut into up to ``pieces`` consecutive ranges of near-equal offset counts.
 
-    Each piece keeps the whole range's filters (a superset of its own, so delivery is unchanged) and gets
-    the start slot of its first offset.
+    A cut moves to the nearer edge of the entry it falls in when that edge lies within a quarter of a
+    piece: an entry cut in two is fetched, verified and decoded by both tasks, and a piece of a few
+    entries loses nothing by ending where an entry does (entries larger than that slack are still cut
+    inside). The cuts depend on the entries alone, not on what this process remembers: an edge not
+    known costs one header read (:meth:`PartitionLog.entry_span`). Each piece keeps the whole range's
+    filters (a superset of its own, so delivery is unchanged) and gets the start slot of its first offset.
     """
     if pieces <= 1 or rng.size <= 1:
         return [rng]
     pieces = min(pieces, rng.size)
-    cuts = [rng.start + rng.size * i // pieces for i in range(pieces + 1)]
-    return [replace(rng, start=lo, end=hi, start_slot=plog.slot_for_offset(lo)) for lo, hi in itertools.pairwise(cuts)]
+    slack = rng.size // (4 * pieces)
+    cuts, slots = [rng.start], [rng.start_slot]
+    stops: list[int | None] = []
+    for i in range(1, pieces):
+        ideal = rng.start + rng.size * i // pieces
+        try:
+            slot, base, after = plog.entry_span(ideal)
+            edges = sorted([(ideal - base, base, slot), (after - ideal, after, slot + 1)])
+        except DamagedEntryError:  # its header unreadable: cut where planned, the read reports the damage
+            slot, base, after, edges = plog.slot_for_offset(ideal), -1, -1, []
+        cut, at = next(
+            ((edge, s) for away, edge, s in edges if away <= slack and cuts[-1] < edge < rng.end),
+            (ideal, slot),
+        )
+        if cut > cuts[-1]:
+            cuts.append(cut)
+            slots.append(at)
+            stops.append(at if cut in (base, after) else at + 1)  # an entry cut inside is read by both
+    cuts.append(rng.end)
+    stops.append(rng.stop_slot)
+    return [
+        replace(rng, start=lo, end=hi, start_slot=slot, stop_slot=stop)
+        for (lo, hi), slot, stop in zip(itertools.pairwise(cuts), slots, stops, strict=True)
+    ]
 
 
 def read_range(
@@ -210,7 +241,7 @@ def read_range(
     pos, end, slot = rng.start, rng.end, rng.start_slot
     expected: int | None = None  # base offset the next entry must have
     meta = MetadataColumns(rng.topic, rng.partition, metadata_fields) if metadata else None
-    ahead = ReadAhead(plog, slot)
+    ahead = ReadAhead(plog, slot, stop=rng.stop_slot)
     inline = not plog.storage.overlap_reads  # the task has its core: a hand-off would cost, not overlap
     while pos < end:
         ahead.seek(slot)

@@ -18,6 +18,8 @@ Invariants:
   that has caught up pays one request per call to learn that nothing is new, one that finds one or two
   new entries pays at most one read more than reading them one by one, and one that is catching up
   reaches full depth in a few round trips.
+* **A stop slot bounds the reading ahead.** A reader told where its range ends (``stop``: no slot at or
+  past it is needed) issues no read there ahead of need; a slot asked for is read wherever it is.
 * **Reads are not cancelled.** A read issued is left to finish when its result is discarded, so the
   requests a scan makes depend only on what the log holds, not on thread timing.
 * **A read issued ahead may be stale.** Its "not found" may answer for a moment before the entry was
@@ -69,8 +71,10 @@ class _Ahead(Generic[T]):
         size: Callable[[T], int],
         max_depth: int,
         max_bytes: int,
+        stop: int | None = None,
     ) -> None:
         self.plog = plog
+        self.stop = stop
         self.max_depth = max(1, max_depth)
         self.max_bytes = max_bytes
         self._fetch, self._header, self._size = fetch, header, size
@@ -110,6 +114,10 @@ class _Ahead(Generic[T]):
             if self._inflight and pending * avg >= self.max_bytes:
                 return
             want = max(1, min(SPAN_ENTRIES, int(CHUNK_BYTES // avg)))
+            if self.stop is not None:
+                if self._issued > self._next and self._issued >= self.stop:
+                    return  # nothing below the stop is left to read ahead
+                want = max(1, min(want, self.stop - self._issued))
             count, exact = self.plog.segments.plan(self._issued, want, CHUNK_BYTES)
             if count == 0:
                 if len(self._inflight) >= loose:
@@ -165,9 +173,17 @@ class ReadAhead(_Ahead[Entry]):
     """Whole entries of ``plog`` from slot ``slot`` on, in order (see module doc)."""
 
     def __init__(
-        self, plog: PartitionLog, slot: int = 0, *, max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES
+        self,
+        plog: PartitionLog,
+        slot: int = 0,
+        *,
+        max_depth: int = MAX_DEPTH,
+        max_bytes: int = MAX_BYTES,
+        stop: int | None = None,
     ) -> None:
-        super().__init__(plog, slot, plog.fetch_entries, lambda e: e.header, lambda e: e.nbytes, max_depth, max_bytes)
+        super().__init__(
+            plog, slot, plog.fetch_entries, lambda e: e.header, lambda e: e.nbytes, max_depth, max_bytes, stop
+        )
 
     def next(self) -> Entry:
         """The entry at :attr:`slot`, then advance. Raises what reading that slot raised (the position

@@ -407,10 +407,18 @@ class SegmentIndex:
 
     def slot_for_offset(self, offset: int) -> int | None:
         """The slot of the entry containing ``offset``, if this segment holds it."""
+        span = self.entry_span(offset)
+        return span[0] if span is not None else None
+
+    def entry_span(self, offset: int) -> tuple[int, int, int] | None:
+        """``(slot, base offset, next offset)`` of the entry containing ``offset``, if this segment holds it
+        (entries are consecutive: each begins where the one before ends)."""
         if not self.header.base_offset <= offset < self.header.next_offset:
             return None
-        i = int(np.searchsorted(self.rows["base_offset"], offset, side="right")) - 1
-        return self.header.first_slot + i
+        bases = self.rows["base_offset"]
+        i = int(np.searchsorted(bases, offset, side="right")) - 1
+        after = int(bases[i + 1]) if i + 1 < len(bases) else self.header.next_offset
+        return self.header.first_slot + i, int(bases[i]), after
 
     @property
     def nbytes(self) -> int:

@@ -338,12 +338,18 @@ class SegmentCatalog:
 
     def slot_for_offset(self, offset: int) -> int | None:
         """The slot of the entry containing ``offset`` if an opened segment holds it (no request)."""
+        span = self.entry_span(offset)
+        return span[0] if span is not None else None
+
+    def entry_span(self, offset: int) -> tuple[int, int, int] | None:
+        """``(slot, base offset, next offset)`` of the entry containing ``offset`` if an opened segment holds
+        it (no request)."""
         with self._lock:
             opened = list(self._open.values())
         for seg in opened:
-            slot = seg.slot_for_offset(offset)
-            if slot is not None:
-                return slot
+            span = seg.entry_span(offset)
+            if span is not None:
+                return span
         return None
 
 
