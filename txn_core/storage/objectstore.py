@@ -6,7 +6,12 @@ these stores, so objects are complete-or-absent. Errors are normalised:
 
 * FileExistsError, or any cause carrying HTTP 412 / ``PreconditionFailed`` -> :class:`ObjectExistsError`
 * HTTP 409 (``ConditionalRequestConflict``), 429, 503 ``SlowDown`` -> :class:`RetryableStorageError`
+* ``NoSuchBucket`` -> :class:`StorageError`: nothing was written
 * anything else -> :class:`UnknownOutcomeError` (resolved by reading back; see ``create_resolving``)
+
+A PermissionError on any request is a :class:`StoragePermissionError`. Messages put a hint first where the
+error shows a setup mistake (:mod:`txn_core.storage.hints`: a missing bucket, rejected credentials, no
+answer at the endpoint).
 
 Listing caches are disabled: ``exists`` and ``list`` always ask the store. Credentials live only in the
 fsspec filesystem object; :meth:`describe` and every message use the URL without them.
@@ -25,6 +30,7 @@ from txn_core.errors import (
     UnknownOutcomeError,
 )
 from txn_core.storage.base import Chunks, Storage
+from txn_core.storage.hints import hint
 
 _RETRY_CODES = {
     "409",
@@ -82,6 +88,8 @@ def classify_write_error(exc: BaseException) -> type[StorageError]:
         return ObjectExistsError
     if codes & _RETRY_CODES:
         return RetryableStorageError
+    if "NoSuchBucket" in codes:
+        return StorageError
     return UnknownOutcomeError
 
 
@@ -119,6 +127,20 @@ class ObjectStoreStorage(Storage):
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}"
 
+    def _hint(self, exc: BaseException) -> str:
+        endpoint = self._options.get("endpoint_url") or (self._options.get("client_kwargs") or {}).get("endpoint_url")
+        return hint(exc, self.root.partition("/")[0], endpoint)
+
+    def _refused(self, what: str, exc: BaseException, writing: bool = False) -> StoragePermissionError:
+        """The error of a request refused for want of permission (or for bad credentials, as the hint says).
+        A refused HEAD carries no body, so a wrong secret and a missing permission look alike there."""
+        why = self._hint(exc).removesuffix(": ") or (
+            "no permission (read-only credentials?)"
+            if writing
+            else "no permission (check the credentials, and that they may read this path)"
+        )
+        return StoragePermissionError(f"the store refused to {what}: {why}")
+
     def create(self, key: str, chunks: Chunks) -> None:
         data = chunks[0] if len(chunks) == 1 else b"".join(bytes(c) for c in chunks)
         data = bytes(data) if not isinstance(data, bytes) else data
@@ -131,10 +153,12 @@ class ObjectStoreStorage(Storage):
             if kind is RetryableStorageError:
                 raise RetryableStorageError(f"store asked to retry the create of {key}: {exc}") from exc
             if kind is StoragePermissionError:
-                raise StoragePermissionError(
-                    f"the store refused to create {key}: no permission (read-only credentials?)"
-                ) from exc
-            raise UnknownOutcomeError(f"create of {key} failed with an unknown outcome: {exc!r}") from exc
+                raise self._refused(f"create {key}", exc, writing=True) from exc
+            if kind is StorageError:
+                raise StorageError(f"create of {key} failed: {self._hint(exc)}{exc!r}") from exc
+            raise UnknownOutcomeError(
+                f"create of {key} failed with an unknown outcome: {self._hint(exc)}{exc!r}"
+            ) from exc
 
     def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         try:
@@ -143,13 +167,15 @@ class ObjectStoreStorage(Storage):
             return bytes(self.fs.cat_file(self._path(key), start=start, end=end))
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{key} does not exist") from exc
+        except PermissionError as exc:
+            raise self._refused(f"read {key}", exc) from exc
         except Exception as exc:
             codes = _status_codes(exc)
             if "404" in codes or "NoSuchKey" in codes:
                 raise ObjectNotFoundError(f"{key} does not exist") from exc
             if "416" in codes or "InvalidRange" in codes:
                 return b""
-            raise StorageError(f"read of {key} failed: {exc!r}") from exc
+            raise StorageError(f"read of {key} failed: {self._hint(exc)}{exc!r}") from exc
 
     def exists(self, key: str) -> bool:
         if self.protocol == "s3":
@@ -161,8 +187,10 @@ class ObjectStoreStorage(Storage):
             return False
         except TypeError:
             return bool(self.fs.exists(self._path(key)))
+        except PermissionError as exc:
+            raise self._refused(f"look up {key}", exc) from exc
         except Exception as exc:
-            raise StorageError(f"existence check of {key} failed: {exc!r}") from exc
+            raise StorageError(f"existence check of {key} failed: {self._hint(exc)}{exc!r}") from exc
 
     def _s3_head(self, key: str) -> bool:
         """One HEAD request (s3fs's ``info`` adds a LIST on a miss, looking for a directory)."""
@@ -172,11 +200,13 @@ class ObjectStoreStorage(Storage):
             return True
         except FileNotFoundError:
             return False
+        except PermissionError as exc:
+            raise self._refused(f"look up {key}", exc) from exc
         except Exception as exc:
             codes = _status_codes(exc)
             if "404" in codes or "NoSuchKey" in codes or "NotFound" in codes:
                 return False
-            raise StorageError(f"existence check of {key} failed: {exc!r}") from exc
+            raise StorageError(f"existence check of {key} failed: {self._hint(exc)}{exc!r}") from exc
 
     def size(self, key: str) -> int:
         try:
@@ -206,8 +236,10 @@ class ObjectStoreStorage(Storage):
             entries = self.fs.ls(base, detail=True)
         except FileNotFoundError:
             return []
+        except PermissionError as exc:
+            raise self._refused(f"list {prefix or 'the log'}", exc) from exc
         except Exception as exc:
-            raise StorageError(f"list of {prefix} failed: {exc!r}") from exc
+            raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
         out = []
         for e in entries:
             full = str(e["name"]).rstrip("/")
@@ -229,7 +261,5 @@ class ObjectStoreStorage(Storage):
             if "404" in codes or "NoSuchKey" in codes:
                 return
             if isinstance(exc, PermissionError) or "403" in codes or "AccessDenied" in codes:
-                raise StoragePermissionError(
-                    f"the store refused to delete {key}: no permission (read-only credentials?)"
-                ) from exc
-            raise StorageError(f"delete of {key} failed: {exc!r}") from exc
+                raise self._refused(f"delete {key}", exc, writing=True) from exc
+            raise StorageError(f"delete of {key} failed: {self._hint(exc)}{exc!r}") from exc

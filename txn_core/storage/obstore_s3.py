@@ -19,8 +19,12 @@ Errors are classified by exception type, never by message text:
 * ``AlreadyExistsError`` / ``PreconditionError`` on a create -> :class:`ObjectExistsError`
 * ``NotFoundError`` (raised as ``FileNotFoundError``) -> :class:`ObjectNotFoundError` (reads), absent (exists, delete)
 * ``PermissionDeniedError`` / ``UnauthenticatedError`` -> :class:`StoragePermissionError`
+* ``NotFoundError`` on a create (the bucket does not exist) -> :class:`StorageError`: nothing was written
 * anything else on a create -> :class:`UnknownOutcomeError` (resolved by reading back; object_store has
   already retried 5xx, throttling and connection errors with backoff); on a read -> :class:`StorageError`
+
+Messages put a hint first where the error shows a setup mistake (:mod:`txn_core.storage.hints`: a missing
+bucket, rejected credentials, no answer at the endpoint).
 
 The store object is built lazily in each process (never pickled, rebuilt after a fork: a forked child
 inherits no runtime threads).
@@ -40,6 +44,7 @@ from txn_core.errors import (
     UnknownOutcomeError,
 )
 from txn_core.storage.base import Chunks, Storage
+from txn_core.storage.hints import hint
 
 #: s3fs options that configure only fsspec's own caching: meaningless for obstore, accepted and ignored.
 _IGNORED = frozenset(
@@ -181,6 +186,16 @@ class ObstoreS3Storage(Storage):
     def _path(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    def _hint(self, exc: BaseException) -> str:
+        return hint(exc, self.bucket, self._kwargs["config"].get("endpoint"))
+
+    def _refused(self, what: str, exc: BaseException, writing: bool = False) -> StoragePermissionError:
+        """The error of a request refused for want of permission (or for bad credentials, as the hint says)."""
+        why = self._hint(exc).removesuffix(": ") or (
+            "no permission (read-only credentials?)" if writing else "no permission"
+        )
+        return StoragePermissionError(f"the store refused to {what}: {why}")
+
     def create(self, key: str, chunks: Chunks) -> None:
         import obstore
         from obstore import exceptions as ox
@@ -193,11 +208,13 @@ class ObstoreS3Storage(Storage):
         except (ox.AlreadyExistsError, ox.PreconditionError, FileExistsError) as exc:
             raise ObjectExistsError(f"{key} already exists") from exc
         except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise StoragePermissionError(
-                f"the store refused to create {key}: no permission (read-only credentials?)"
-            ) from exc
+            raise self._refused(f"create {key}", exc, writing=True) from exc
+        except (ox.NotFoundError, FileNotFoundError) as exc:  # a PUT finds no object: the bucket is missing
+            raise StorageError(f"create of {key} failed: {self._hint(exc)}{exc!r}") from exc
         except Exception as exc:
-            raise UnknownOutcomeError(f"create of {key} failed with an unknown outcome: {exc!r}") from exc
+            raise UnknownOutcomeError(
+                f"create of {key} failed with an unknown outcome: {self._hint(exc)}{exc!r}"
+            ) from exc
 
     def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         return bytes(self._get(key, start, end))
@@ -223,7 +240,7 @@ class ObstoreS3Storage(Storage):
         except (ox.NotFoundError, FileNotFoundError) as exc:
             raise ObjectNotFoundError(f"{key} does not exist") from exc
         except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise StoragePermissionError(f"the store refused to read {key}: no permission") from exc
+            raise self._refused(f"read {key}", exc) from exc
         except Exception as exc:
             if start is not None and start > 0:
                 # object_store reports "416 Range Not Satisfiable" only in its message: ask the object's size
@@ -233,7 +250,7 @@ class ObstoreS3Storage(Storage):
                     raise ObjectNotFoundError(f"{key} does not exist") from exc
                 if start >= int(meta["size"]):
                     return b""
-            raise StorageError(f"read of {key} failed: {exc!r}") from exc
+            raise StorageError(f"read of {key} failed: {self._hint(exc)}{exc!r}") from exc
 
     def exists(self, key: str) -> bool:
         return self._head(key) is not None
@@ -247,9 +264,9 @@ class ObstoreS3Storage(Storage):
         except (ox.NotFoundError, FileNotFoundError):
             return None
         except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise StoragePermissionError(f"the store refused to look up {key}: no permission") from exc
+            raise self._refused(f"look up {key}", exc) from exc
         except Exception as exc:
-            raise StorageError(f"existence check of {key} failed: {exc!r}") from exc
+            raise StorageError(f"existence check of {key} failed: {self._hint(exc)}{exc!r}") from exc
 
     def size(self, key: str) -> int:
         meta = self._head(key)
@@ -274,9 +291,9 @@ class ObstoreS3Storage(Storage):
         except (ox.NotFoundError, FileNotFoundError):
             return []
         except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise StoragePermissionError(f"the store refused to list {prefix}: no permission") from exc
+            raise self._refused(f"list {prefix or 'the log'}", exc) from exc
         except Exception as exc:
-            raise StorageError(f"list of {prefix} failed: {exc!r}") from exc
+            raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
         # Some stores (SeaweedFS) list an emptied "directory" as an entry named like the prefix itself.
         out = {p.rstrip("/").rsplit("/", 1)[-1] + "/" for p in result["common_prefixes"] if p.rstrip("/") != base}
         out.update(str(o["path"]).rsplit("/", 1)[-1] for o in result["objects"] if str(o["path"]).rstrip("/") != base)
@@ -293,8 +310,6 @@ class ObstoreS3Storage(Storage):
         except (ox.NotFoundError, FileNotFoundError):
             return
         except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise StoragePermissionError(
-                f"the store refused to delete {key}: no permission (read-only credentials?)"
-            ) from exc
+            raise self._refused(f"delete {key}", exc, writing=True) from exc
         except Exception as exc:
-            raise StorageError(f"delete of {key} failed: {exc!r}") from exc
+            raise StorageError(f"delete of {key} failed: {self._hint(exc)}{exc!r}") from exc

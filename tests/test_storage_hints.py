@@ -1,0 +1,99 @@
+"""Setting a log up on S3 wrong gets an error naming the mistake and its fix (txn_core.storage.hints).
+
+A missing bucket, wrong credentials and an endpoint where nothing answers, through both S3 clients (obstore,
+the default, and s3fs with ``client='fsspec'``): moto in-process for the bucket, no server at all for the
+endpoint, SeaweedFS (which checks signatures; moto does not) for the credentials.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import txn_core
+from txn_core.errors import StorageError, StoragePermissionError
+from txn_core.storage.hints import hint
+
+SCHEMA = pa.schema([("id", pa.int64())])
+CLIENTS = ["auto", "fsspec"]
+
+pytestmark = pytest.mark.s3
+
+
+def _set_up(url: str, options: dict[str, Any]) -> None:
+    """What a new user does first: open a log and create a topic."""
+    txn_core.open_log(url, options).create_topic("t", 1, SCHEMA)
+
+
+def _with_endpoint(options: dict[str, Any], endpoint: str) -> dict[str, Any]:
+    return {**options, "client_kwargs": {**options["client_kwargs"], "endpoint_url": endpoint}}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_missing_bucket_is_named_with_the_fix(moto_s3: Any, client: str) -> None:
+    bucket = f"typo-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(StorageError) as info:
+        _set_up(f"s3://{bucket}/log", {**moto_s3.storage_options(), "client": client})
+    message = str(info.value)
+    assert f"bucket {bucket!r} does not exist at {moto_s3.endpoint}" in message, message
+    assert "create it, or correct the bucket name" in message
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_an_endpoint_where_nothing_answers_is_named_with_the_fix(moto_s3: Any, client: str) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    options = {**_with_endpoint(moto_s3.storage_options(), dead), "client": client}
+    with pytest.raises(StorageError) as info:
+        _set_up(f"s3://{moto_s3.new_bucket()}/log", options)
+    message = str(info.value)
+    assert f"nothing answered at {dead}: check the endpoint" in message, message
+
+
+@pytest.mark.seaweedfs
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("wrong", [{"secret": "not-the-secret"}, {"key": "nobody"}])
+def test_wrong_credentials_are_refused_with_a_hint(seaweed_s3: Any, client: str, wrong: dict[str, str]) -> None:
+    options = {**seaweed_s3.storage_options(), **wrong, "client": client}
+    with pytest.raises(StoragePermissionError) as info:
+        _set_up(f"s3://{seaweed_s3.new_bucket()}/log-{uuid.uuid4().hex[:8]}", options)
+    message = str(info.value)
+    if client == "auto":  # obstore quotes S3's error code; s3fs's refused HEAD carries no body to tell by
+        assert "the credentials were rejected" in message, message
+    else:
+        assert "check the credentials" in message, message
+
+
+class _ClientError(Exception):
+    """botocore's ClientError in outline: the S3 error code in ``response``, not in the message."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__("An error occurred")
+        self.response = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": 403}}
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (_ClientError("SignatureDoesNotMatch"), "the credentials were rejected"),
+        (_ClientError("InvalidAccessKeyId"), "the credentials were rejected"),
+        (_ClientError("AccessDenied"), ""),  # a real want of permission: the caller's own words
+        (OSError("<Error><Code>NoSuchBucket</Code></Error>"), "bucket 'b' does not exist at http://e"),
+        (OSError("Generic S3 error: HTTP error: error sending request"), "nothing answered at http://e"),
+        (OSError("slot 00000000000000000404 is broken"), ""),
+    ],
+)
+def test_hints_read_codes_and_messages_along_the_cause_chain(exc: BaseException, expected: str) -> None:
+    try:
+        try:
+            raise exc
+        except Exception as inner:
+            raise StorageError("wrapped") from inner
+    except StorageError as outer:
+        got = hint(outer, "b", "http://e")
+    assert got.startswith(expected) if expected else got == ""
