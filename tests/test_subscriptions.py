@@ -17,12 +17,14 @@ import txn_core
 from txn_core import (
     AckStatus,
     ConfigurationError,
+    DataLossError,
     InvalidNameError,
     InvalidOffsetError,
     InvalidTxnStateError,
     OffsetOutOfRangeError,
     SubscriptionNotFoundError,
     TransactionConflictError,
+    maintenance,
 )
 from txn_core.entry import EntryKind, crc32
 from txn_core.storage import MemoryStorage
@@ -514,6 +516,32 @@ def test_the_ack_log_is_trimmed_even_when_acknowledgements_stop(env: Any) -> Non
     assert st.mark_delete == c.state().mark_delete == 15 and st.slot == tail
     done = trim_all(log, min_age_ms=0, check_min_age=False)  # the cron form: nothing is left to trim
     assert done["in/0/s"].entries_deleted == 0
+
+
+def test_records_retention_removed_before_they_were_acknowledged_are_given_up_with_skip_lost(env: Any) -> None:
+    log, clock, name = env
+    _produce(log, list(range(12)))  # entries [0, 4), [4, 8), [8, 12)
+    c = _sub(log, consumer_name="a")
+    assert _offsets(c.receive(8)) == list(range(8))
+    c.acknowledge([0, 1, 2])
+    clock.now += 3_600_000
+    _produce(log, list(range(12, 16)))
+    p = _txn(log, "worker")
+    c.acknowledge([4, 5, 6, 7], transaction=p)  # held until p ends
+    retained = maintenance.apply_retention(log, "in", retention_ms=60_000, min_age_ms=0, check_min_age=False)
+    assert retained[0].new_start == 12
+    other = _sub(_log(name, clock), consumer_name="b", create=False)  # another process of the subscription
+    with pytest.raises(DataLossError, match=r"offset 3 was removed by retention.*Call skip_lost\(\)"):
+        other.receive(10)
+    assert other.skip_lost() == 9  # offsets 3-11: 3 unacknowledged, 4-7 held, 8-11 never delivered
+    assert other.skip_lost() == 0
+    assert other.state().mark_delete == 12 and not other.state().txns
+    p.commit_transaction()  # what it held was given up: its commit changes nothing
+    p.wait_for_completion()
+    assert _offsets(other.receive(10)) == [12, 13, 14, 15]
+    c.close()
+    again = Subscription(_log(name, clock), "in", 0, "s")  # every replica folds the ack log alike
+    assert again.state().mark_delete == 12 and again.skip_lost() == 0
 
 
 # --- bad input -----------------------------------------------------------------------------------------

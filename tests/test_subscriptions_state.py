@@ -42,6 +42,9 @@ class Driver:
     def skip(self, first: int, end: int) -> bool:
         return self._record(None, AckRecord(AckOp.SKIP, (), 0, ((first, end),), "test"))
 
+    def lost(self, upto: int, txn: TxnId | None = None) -> bool:
+        return self._record(txn, AckRecord(AckOp.LOST, (), upto, (), "test"))
+
     def _record(self, txn: TxnId | None, rec: AckRecord) -> bool:
         rec = AckRecord.decode(rec.encode(), "k")  # through the wire format
         v = self.state.apply_record(self.state.slot, txn, rec)
@@ -141,6 +144,28 @@ def test_skips_let_the_mark_delete_pass_offsets_that_are_never_delivered() -> No
     assert d.state.mark_delete == 9 and not d.state.skipped
 
 
+def test_a_lost_record_gives_up_everything_below_it_whatever_was_held() -> None:
+    d = Driver()
+    assert d.ack([(0, 4, [0, 1])])  # 0-1 acknowledged
+    assert d.ack([(4, 4, [1, 2])], T1)  # 5-6 held by T1
+    assert d.cumulative(12, T2) is False  # over T1's records
+    assert d.ack([(8, 4, [1, 3])], T2)  # 9 and 11 held by T2
+    assert d.skip(12, 14)
+    assert not d.lost(10, T1)  # never transactional
+    assert d.lost(10)
+    assert d.state.mark_delete == 10 and [d.state.status(o) for o in range(10)] == [AckStatus.ACKED] * 10
+    assert d.lost(6) and d.state.mark_delete == 10  # below the mark-delete: nothing changes
+    assert not d.state.pending.get(4) and d.state.open_transactions() == [T2]  # T1 holds nothing now
+    d.end(T1, commit=True)  # what it held lies below the mark-delete: nothing to apply
+    d.end(T2, commit=False)  # 11 is unacknowledged again; 9 was given up
+    assert d.state.mark_delete == 10 and not d.state.acked and not d.state.pending
+    assert d.state.status(11) is AckStatus.UNACKED and d.state.status(9) is AckStatus.ACKED
+    assert d.lost(13)  # lands inside a skipped range: passes it
+    assert d.state.mark_delete == 14 and not d.state.skipped
+    assert not d.ack([(8, 4, [0])], T3)  # below the mark-delete: already settled
+    assert d.ack([(14, 2, [0, 1])]) and d.state.mark_delete == 16
+
+
 def test_an_entry_with_other_bounds_than_the_known_one_is_refused() -> None:
     d = Driver()
     assert d.ack([(10, 4, [0])], T1)
@@ -160,6 +185,8 @@ def test_an_entry_with_other_bounds_than_the_known_one_is_refused() -> None:
         b'{"v":1,"op":"ack","acks":[[4,2,"0"],[0,8,"0"]]}',
         b'{"v":1,"op":"cumulative","upto":0}',
         b'{"v":1,"op":"skip","skips":[[5,5]]}',
+        b'{"v":1,"op":"lost"}',
+        b'{"v":1,"op":"lost","upto":-3}',
     ],
 )
 def test_malformed_ack_records_are_corrupt_data(payload: bytes) -> None:
@@ -241,6 +268,9 @@ class Model:
             self.cumulative[txn] = max(self.cumulative.get(txn, 0), upto)
         return True
 
+    def lost(self, upto: int) -> None:
+        self.acked.update(range(upto))  # given up: nothing below it can be delivered or held again
+
     def end(self, txn: TxnId, commit: bool) -> None:
         if txn in self.ended:
             return
@@ -288,6 +318,10 @@ def test_random_acks_and_markers_match_a_per_offset_model(seed: int) -> None:
             txn = rng.choice([None, *live]) if live else None
             expect = m.cumulate(upto, txn)
             assert d.cumulative(upto, txn) == expect, (seed, _step, "cumulative", upto, txn)
+        elif op < 0.58:
+            upto = rng.randint(1, end)
+            m.lost(upto)
+            assert d.lost(upto), (seed, _step, "lost", upto)
         elif op < 0.65 and hidden:
             base, count = rng.choice(sorted(hidden))
             m.acked.update(o for o in range(base, base + count) if o >= m.mark_delete)

@@ -24,11 +24,12 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from txn_core import paths
 from txn_core.clock import monotonic
 from txn_core.entry import EntryKind, Payload
 from txn_core.errors import CorruptDataError, ObjectNotFoundError, TransactionConflictError, UnknownOutcomeError
 from txn_core.partition import AppendResult
-from txn_core.subscriptions.records import AckRecord
+from txn_core.subscriptions.records import AckOp, AckRecord
 from txn_core.subscriptions.state import SubscriptionState, Verdict
 from txn_core.subscriptions.store import SnapshotRef, SnapshotStore, SubscriptionMeta
 
@@ -156,6 +157,19 @@ class AckLog:
     def append(self, record: AckRecord) -> AppendResult:
         """Append a non-transactional ack record (one entry)."""
         return self.plog.append_payload(EntryKind.DATA, Payload.of(record.encode()), 1)
+
+    def give_up_lost(self, by: str) -> int:
+        """Append a ``lost`` record moving the mark-delete position to the topic partition's log start, if
+        retention removed offsets above it; returns how many offsets were given up (0: none). The log start
+        only grows, so the record never gives up an offset that can still be read."""
+        state = self.refresh(resolve=True)
+        topic = self.log.partition_log(paths.partition_log_path(self.ref.topic, self.ref.partition))
+        upto = topic.log_start(refresh=True).offset
+        behind = state.mark_delete
+        if upto <= behind:
+            return 0
+        self.append(AckRecord(AckOp.LOST, (), upto, (), by))
+        return upto - behind
 
     def verdict(self, slot: int) -> Verdict:
         """The verdict of the ack record at ``slot`` (replaying up to it)."""

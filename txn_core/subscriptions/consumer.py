@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from txn_core import paths
-from txn_core.errors import ConfigurationError, InvalidOffsetError, ProducerClosedError
+from txn_core.errors import ConfigurationError, DataLossError, InvalidOffsetError, ProducerClosedError
 from txn_core.ids import TxnId, is_int, validate_name
 from txn_core.maintenance import SAFE_ENTRY_AGE_MS, check_min_age_of
 from txn_core.partition import AppendResult
@@ -171,7 +171,14 @@ class SubscriptionConsumer:
             with self._lock:
                 self._check_open()
                 now = self.log.clock()
-                table = self._dispatch.receive(max_records, now)
+                try:
+                    table = self._dispatch.receive(max_records, now)
+                except DataLossError as exc:
+                    raise DataLossError(
+                        f"{self.ref}: {exc}. Retention removed records this subscription had not acknowledged; "
+                        "they cannot be delivered. Call skip_lost() to give them up and go on from the log "
+                        "start (recorded in the ack log: every consumer of the subscription goes on from there)"
+                    ) from exc
                 skips = self._dispatch.take_skips() if not table.num_rows else ()
                 if skips:
                     self.acklog.append(AckRecord(AckOp.SKIP, skips=skips, consumer=self.consumer_id))
@@ -260,6 +267,18 @@ class SubscriptionConsumer:
         """Deliver every record in flight again on the next receive (e.g. after aborting a transaction)."""
         with self._lock:
             self._dispatch.redeliver_all(self.log.clock())
+
+    def skip_lost(self) -> int:
+        """Give up the records retention removed before they were acknowledged: the subscription goes on
+        from the topic partition's log start (Pulsar's cursor reset, Kafka's ``auto.offset.reset``), for every
+        consumer of it. Returns how many offsets were given up (0 when none were lost).
+
+        One non-transactional ``lost`` record in the ack log: the mark-delete position moves to the log
+        start, whatever acknowledgements or transactions held below it (a transaction holding some still
+        commits or aborts; what it held there no longer matters)."""
+        with self._lock:
+            self._check_open()
+            return self.acklog.give_up_lost(self.consumer_id)
 
     # --- state ----------------------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ A record is one acknowledgement request, JSON (compact, sorted keys)::
 
 * ``acks``: per topic entry ``[base offset, record count, ack set]`` (see :mod:`.bitsets`: bit ``i`` set =
   record ``base + i`` not acknowledged by this request), ascending, non-overlapping.
-* ``upto``: a cumulative acknowledgement of every offset ``< upto``.
+* ``upto``: a cumulative acknowledgement of every offset ``< upto``; for ``lost``, the topic partition's
+  log start when retention had removed offsets below it before they were acknowledged: they are given up
+  (never deliverable again), whatever any transaction holds.
 * ``skips``: ranges ``[first, end)`` of topic offsets a read_committed reader never delivers (control
   markers, aborted or duplicate data). They are facts about the topic, applied by replay whatever the
   record's transaction or verdict, so the mark-delete position can pass them.
@@ -40,6 +42,7 @@ class AckOp(enum.Enum):
     ACK = "ack"
     CUMULATIVE = "cumulative"
     SKIP = "skip"
+    LOST = "lost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,7 @@ class AckRecord:
         }
         if self.op is AckOp.ACK:
             value["acks"] = [[a.base, a.count, bitsets.to_hex(a.ack_set)] for a in self.acks]
-        elif self.op is AckOp.CUMULATIVE:
+        elif self.op in (AckOp.CUMULATIVE, AckOp.LOST):
             value["upto"] = self.upto
         return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
@@ -109,10 +112,10 @@ class AckRecord:
             if not acks:
                 raise CorruptDataError(f"{key}: ack record acknowledges nothing", key)
             return cls(op, acks, 0, skips, consumer)
-        if op is AckOp.CUMULATIVE:
+        if op in (AckOp.CUMULATIVE, AckOp.LOST):
             upto = value.get("upto")
             if not is_int(upto) or upto <= 0:
-                raise CorruptDataError(f"{key}: bad cumulative bound {upto!r}", key)
+                raise CorruptDataError(f"{key}: bad {op.value} bound {upto!r}", key)
             return cls(op, (), upto, skips, consumer)
         return cls(op, (), 0, skips, consumer)
 

@@ -303,6 +303,11 @@ class SubscriptionState:
             return self._void(slot, txn, f"transaction {txn} already ended in this ack log (a zombie write)")
         if record.op is AckOp.SKIP:
             return self._accept(slot, txn)
+        if record.op is AckOp.LOST:
+            if txn is not None:
+                return self._void(slot, txn, "giving up offsets removed by retention is never transactional")
+            self._give_up(record.upto)
+            return self._accept(slot, txn)
         if record.op is AckOp.CUMULATIVE:
             return self._apply_cumulative(slot, txn, record.upto)
         plans: list[tuple[EntryAck, int]] = []
@@ -386,6 +391,28 @@ class SubscriptionState:
             own.cumulative = max(own.cumulative, upto)
         self._advance()
         return self._accept(slot, txn)
+
+    def _give_up(self, upto: int) -> None:
+        """Move the mark-delete position to ``upto``: retention removed the offsets below it (a ``lost``
+        record). Acknowledgements below it, committed or held by open transactions, are dropped; such a
+        transaction still commits or aborts as before, with what it holds above ``upto``."""
+        if upto <= self.mark_delete:
+            return
+        self.mark_delete = upto
+        for txn, pt in list(self.txns.items()):  # what open transactions hold below it is no longer theirs
+            for base in [b for b in pt.acks if b < upto]:
+                count, tset = pt.acks[base]
+                tset |= bitsets.below(count, upto - base)
+                if tset == bitsets.full(count):
+                    del pt.acks[base]
+                    self._release(base, txn)
+                else:
+                    pt.acks[base] = [count, tset]
+            if pt.cumulative <= upto:
+                pt.cumulative = 0
+            if not pt.acks and not pt.cumulative:
+                del self.txns[txn]  # holds nothing now; its marker, when it lands, changes nothing
+        self._advance()  # drops what lies below it, and passes a skipped range it lands in
 
     def _accept(self, slot: int, txn: TxnId | None) -> Verdict:
         self.accepted_count += 1

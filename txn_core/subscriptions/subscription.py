@@ -74,6 +74,11 @@ class Subscription:
             st.void_count,
         )
 
+    def skip_lost(self) -> int:
+        """Give up the records retention removed before they were acknowledged, for every consumer (see
+        :meth:`SubscriptionConsumer.skip_lost`): for an operator when no consumer runs."""
+        return self.acklog.give_up_lost("admin")
+
     def trim(
         self, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS, now_ms: int | None = None, check_min_age: bool = True
     ) -> trimming.TrimResult:
