@@ -198,11 +198,12 @@ def split_range(plog: PartitionLog, rng: OffsetRange, pieces: int) -> list[Offse
     stops: list[int | None] = []
     for i in range(1, pieces):
         ideal = rng.start + rng.size * i // pieces
+        slot = plog.slot_for_offset(ideal)  # as every split did; the span below then costs no request
         try:
-            slot, base, after = plog.entry_span(ideal)
+            _, base, after = plog.entry_span(ideal)
             edges = sorted([(ideal - base, base, slot), (after - ideal, after, slot + 1)])
-        except DamagedEntryError:  # its header unreadable: cut where planned, the read reports the damage
-            slot, base, after, edges = plog.slot_for_offset(ideal), -1, -1, []
+        except (DamagedEntryError, ObjectNotFoundError):  # unreadable, or just removed: cut where planned,
+            base, after, edges = -1, -1, []  # and the read reports the damage or the loss
         cut, at = next(
             ((edge, s) for away, edge, s in edges if away <= slack and cuts[-1] < edge < rng.end),
             (ideal, slot),

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 #: S3 error codes meaning the credentials themselves were refused (not a missing permission).
 _BAD_CREDENTIALS = ("SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken", "ExpiredToken")
-#: What the clients say when no connection could be made (botocore, object_store/reqwest).
-_NO_CONNECTION = ("EndpointConnectionError", "ConnectTimeoutError", "error sending request", "Connection refused")
+#: What the clients say when no connection could be made (botocore; object_store/reqwest, whose generic
+#: "error sending request" also covers timeouts and connections reset mid-request, which are not this).
+_NO_CONNECTION = ("EndpointConnectionError", "ConnectTimeoutError", "kind: Connect,", "ConnectError(")
 
 
 def _text(exc: BaseException) -> str:
@@ -42,8 +43,10 @@ def hint(exc: BaseException, bucket: str, endpoint: str | None) -> str:
     """A sentence (ending in ": ") naming the likely cause of ``exc`` and its fix, or "" when none is known.
 
     ``bucket`` is the URL's bucket; ``endpoint`` the configured endpoint URL (None: the provider's)."""
+    from txn_core.storage.factory import redact_url  # here: the factory imports the stores, which import this
+
     text = _text(exc)
-    where = f"at {endpoint}" if endpoint else "at the store"
+    where = f"at {redact_url(endpoint)}" if endpoint else "at the store"
     if "NoSuchBucket" in text:
         return (
             f"bucket {bucket!r} does not exist {where}: create it, or correct the bucket name in the log URL "

@@ -9,7 +9,8 @@ these stores, so objects are complete-or-absent. Errors are normalised:
 * ``NoSuchBucket`` -> :class:`StorageError`: nothing was written
 * anything else -> :class:`UnknownOutcomeError` (resolved by reading back; see ``create_resolving``)
 
-A PermissionError on any request is a :class:`StoragePermissionError`. Messages put a hint first where the
+A write refused for permission is a :class:`StoragePermissionError`; a read s3fs answers with PermissionError
+stays a plain :class:`StorageError` (s3fs raises it for other 403s too). Messages put a hint first where the
 error shows a setup mistake (:mod:`txn_core.storage.hints`: a missing bucket, rejected credentials, no
 answer at the endpoint).
 
@@ -131,15 +132,18 @@ class ObjectStoreStorage(Storage):
         endpoint = self._options.get("endpoint_url") or (self._options.get("client_kwargs") or {}).get("endpoint_url")
         return hint(exc, self.root.partition("/")[0], endpoint)
 
-    def _refused(self, what: str, exc: BaseException, writing: bool = False) -> StoragePermissionError:
-        """The error of a request refused for want of permission (or for bad credentials, as the hint says).
-        A refused HEAD carries no body, so a wrong secret and a missing permission look alike there."""
-        why = self._hint(exc).removesuffix(": ") or (
-            "no permission (read-only credentials?)"
-            if writing
-            else "no permission (check the credentials, and that they may read this path)"
-        )
+    def _refused(self, what: str, exc: BaseException) -> StoragePermissionError:
+        """The error of a write refused for want of permission (or for bad credentials, as the hint says)."""
+        why = self._hint(exc).removesuffix(": ") or "no permission (read-only credentials?)"
         return StoragePermissionError(f"the store refused to {what}: {why}")
+
+    def _read_refused(self, what: str, exc: PermissionError) -> StorageError:
+        """A read, list or lookup s3fs answered with PermissionError: a plain :class:`StorageError`, not a
+        permission error, because s3fs raises it for other refusals too (an archived object, a skewed clock, an
+        expired token); its words name the likely causes, and the client's error is kept. A refused HEAD has
+        no body, so a wrong secret and a missing permission look alike there."""
+        why = self._hint(exc) or "refused (HTTP 403): check the credentials, and that they may read this path: "
+        return StorageError(f"{what} failed: {why}{exc!r}")
 
     def create(self, key: str, chunks: Chunks) -> None:
         data = chunks[0] if len(chunks) == 1 else b"".join(bytes(c) for c in chunks)
@@ -153,7 +157,7 @@ class ObjectStoreStorage(Storage):
             if kind is RetryableStorageError:
                 raise RetryableStorageError(f"store asked to retry the create of {key}: {exc}") from exc
             if kind is StoragePermissionError:
-                raise self._refused(f"create {key}", exc, writing=True) from exc
+                raise self._refused(f"create {key}", exc) from exc
             if kind is StorageError:
                 raise StorageError(f"create of {key} failed: {self._hint(exc)}{exc!r}") from exc
             raise UnknownOutcomeError(
@@ -168,7 +172,7 @@ class ObjectStoreStorage(Storage):
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{key} does not exist") from exc
         except PermissionError as exc:
-            raise self._refused(f"read {key}", exc) from exc
+            raise self._read_refused(f"read of {key}", exc) from exc
         except Exception as exc:
             codes = _status_codes(exc)
             if "404" in codes or "NoSuchKey" in codes:
@@ -188,7 +192,7 @@ class ObjectStoreStorage(Storage):
         except TypeError:
             return bool(self.fs.exists(self._path(key)))
         except PermissionError as exc:
-            raise self._refused(f"look up {key}", exc) from exc
+            raise self._read_refused(f"existence check of {key}", exc) from exc
         except Exception as exc:
             raise StorageError(f"existence check of {key} failed: {self._hint(exc)}{exc!r}") from exc
 
@@ -201,7 +205,7 @@ class ObjectStoreStorage(Storage):
         except FileNotFoundError:
             return False
         except PermissionError as exc:
-            raise self._refused(f"look up {key}", exc) from exc
+            raise self._read_refused(f"existence check of {key}", exc) from exc
         except Exception as exc:
             codes = _status_codes(exc)
             if "404" in codes or "NoSuchKey" in codes or "NotFound" in codes:
@@ -237,7 +241,7 @@ class ObjectStoreStorage(Storage):
         except FileNotFoundError:
             return []
         except PermissionError as exc:
-            raise self._refused(f"list {prefix or 'the log'}", exc) from exc
+            raise self._read_refused(f"list of {prefix or 'the log'}", exc) from exc
         except Exception as exc:
             raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
         out = []
@@ -261,5 +265,5 @@ class ObjectStoreStorage(Storage):
             if "404" in codes or "NoSuchKey" in codes:
                 return
             if isinstance(exc, PermissionError) or "403" in codes or "AccessDenied" in codes:
-                raise self._refused(f"delete {key}", exc, writing=True) from exc
+                raise self._refused(f"delete {key}", exc) from exc
             raise StorageError(f"delete of {key} failed: {self._hint(exc)}{exc!r}") from exc
