@@ -175,13 +175,14 @@ def shared_scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_help_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
     top = txnlog("--help")
-    for noun in ("topics", "transactions", "groups", "dump", "maintenance", "demo"):
+    for noun in ("topics", "transactions", "groups", "subscriptions", "dump", "maintenance", "demo"):
         assert noun in top.out
     assert "examples:" in top.out
     verbs = {
         "topics": ["create", "list", "describe", "add-partitions", "set-retention"],
         "transactions": ["list", "describe", "abort", "find-hanging", "expire"],
         "groups": ["list", "describe"],
+        "subscriptions": ["list", "describe", "skip-lost"],
         "maintenance": ["snapshot", "compact", "retention", "roll", "sweep-staging", "damaged", "mark-lost"],
     }
     for noun, names in verbs.items():
@@ -382,6 +383,40 @@ def test_groups_list_and_describe_lag_against_the_last_stable_offset(
     assert described["total_lag"] == rows[0]["lag"] + 10
     assert text.out.splitlines()[0].split()[:6] == ["topic", "partition", "committed", "LSO", "log", "end"]
     assert "total lag: " in text.out
+
+
+def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Path, here: Callable[..., Result]) -> None:
+    from txn_core import maintenance
+
+    log = txn_core.open_log(str(tmp_path / "log"))
+    log.create_topic("orders", 2, pa.schema([("id", pa.int64())]))
+    p = log.producer()
+    for i in range(6):
+        p.send("orders", pa.table({"id": [i]}), partition=0)
+        p.flush()
+    c = log.subscribe("orders", 0, "billing")
+    c.acknowledge(c.receive(2))  # 0-1 acknowledged, 2-5 not
+    c.close()
+    log.subscribe("orders", 1, "audit").close()
+    time.sleep(0.01)
+    maintenance.apply_retention(log, "orders", retention_ms=1, min_age_ms=0, check_min_age=False)
+    p.send("orders", pa.table({"id": [6]}), partition=0)
+    p.flush()
+    url = str(tmp_path / "log")
+    listed = here("subscriptions", "list", url, "--json").json()
+    assert listed == [
+        {"topic": "orders", "partition": 0, "subscription": "billing"},
+        {"topic": "orders", "partition": 1, "subscription": "audit"},
+    ]
+    before = here("subscriptions", "describe", url, "orders", "0", "billing", "--json").json()
+    assert before["mark_delete"] == 2 and before["backlog"] == 5
+    skipped = txnlog("subscriptions", "skip-lost", url, "orders", "0", "billing")
+    assert "gave up 4 offset(s) removed by retention; the subscription goes on from 6" in skipped.out
+    again = here("subscriptions", "skip-lost", url, "orders", "0", "billing", "--json").json()
+    assert again == {"skipped": 0, "mark_delete": 6}
+    assert txn_core.open_log(url).subscribe("orders", 0, "billing").receive(10)["id"].to_pylist() == [6]
+    one_error_line(here("subscriptions", "describe", url, "orders", "0", "bill", code=1), "'bill'", "billing")
+    one_error_line(here("subscriptions", "skip-lost", url, "orders", "2", "billing", code=1), "no partition 2")
 
 
 # --- dump ----------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import os
 import sys
 import traceback
 
-from txn_core.cli import demo, dump, groups, maintenance, produce, topics, transactions
+from txn_core.cli import demo, dump, groups, maintenance, produce, subscriptions, topics, transactions
 from txn_core.cli.common import PROG, HelpFormatter, Parser, common_options
 from txn_core.errors import TxnLogError
 
@@ -37,6 +37,7 @@ examples:
   txnlog transactions find-hanging /data/log
   txnlog transactions abort /data/log copier-1
   txnlog groups describe /data/log billing
+  txnlog subscriptions describe /data/log orders 0 billing
   txnlog maintenance retention /data/log --topic orders
   txnlog topics list s3://bucket/log -o client_kwargs.endpoint_url=http://127.0.0.1:9000 --json
 
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     topics.register(sub, common)
     transactions.register(sub, common)
     groups.register(sub, common)
+    subscriptions.register(sub, common)
     dump.register(sub, common)
     produce.register(sub, common)
     maintenance.register(sub, common)
