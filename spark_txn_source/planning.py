@@ -41,7 +41,7 @@ from txn_core.parallel import parallel_map, submit
 from txn_core.partition import PartitionLog
 from txn_core.ranges import OffsetRange, available_end, plan_range, split_range
 from txn_core.reader import PartitionState
-from txn_core.storage import open_storage
+from txn_core.storage import has_log, open_storage
 from txn_core.timeindex import offset_for_timestamp
 from txn_core.topics import TopicMeta
 
@@ -73,7 +73,7 @@ def damage_hint(exc: CorruptDataError) -> SourceCorruptDataError:
 def open_existing_log(url: str, storage_options: Mapping[str, object]) -> Log:
     """The log at ``url``; a URL with no txnlog is an error (a reader never creates a log)."""
     storage = open_storage(url, dict(storage_options) or None)
-    if not storage.exists(paths.FORMAT_KEY):
+    if not has_log(storage):
         raise ConfigurationError(
             f"no txnlog at {storage.url!r} (option 'path'): check the URL; a log is created by its first "
             "producer or by txn_core.open_log"
@@ -270,7 +270,7 @@ class LogView:
             pieces = math.ceil(rng.size / MAX_OFFSETS_PER_TASK)
             if min_partitions and total:
                 pieces = max(pieces, math.ceil(min_partitions * rng.size / total))
-            out.extend(split_range(plog, rng, pieces))
+            out.extend(split_range(plog, rng, pieces, max_size=MAX_OFFSETS_PER_TASK))
         log.info("planned %d offsets of %d partitions as %d tasks", total, len(ranges), len(out))
         return out
 

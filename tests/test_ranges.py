@@ -347,3 +347,20 @@ def test_split_cuts_inside_entries_larger_than_a_quarter_piece() -> None:
     assert [i for r in split for b in read_range(log.partition_log(PATH), r) for i in b["id"].to_pylist()] == list(
         range(1000)
     )
+
+
+def test_cuts_moved_to_entry_edges_keep_every_piece_under_the_cap() -> None:
+    log = new_log()
+    p = log.producer()
+    for i in range(5):  # five entries of 594 records: edges fall far from the even cuts
+        send(p, list(range(i * 594, (i + 1) * 594)))
+    state = log.partition_state(PATH, shared=False)
+    state.scan_to_end()
+    rng = plan_range(state, "t", 0, 0, state.read_bound(), READ_COMMITTED)
+    assert rng.size == 2970
+    loose = [r.size for r in split_range(state.log, rng, 3)]
+    assert max(loose) > 1000  # snapped to the edges at 594 and 2376: a middle piece of 1,782
+    capped = split_range(state.log, rng, 3, max_size=1000)
+    assert all(r.size <= 1000 for r in capped) and sum(r.size for r in capped) == 2970, [r.size for r in capped]
+    ids = [i for r in capped for b in read_range(log.partition_log(PATH), r) for i in b["id"].to_pylist()]
+    assert ids == list(range(2970))

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pytest
 
 import txn_core
-from txn_core.errors import StorageError, StoragePermissionError
+from txn_core.errors import ConfigurationError, StorageError, StoragePermissionError
+from txn_core.storage import has_log, open_storage
 from txn_core.storage.hints import hint
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -41,6 +42,23 @@ def test_a_missing_bucket_is_named_with_the_fix(moto_s3: Any, client: str) -> No
     message = str(info.value)
     assert f"bucket {bucket!r} does not exist at {moto_s3.endpoint}" in message, message
     assert "create it, or correct the bucket name" in message
+
+
+def test_a_reader_told_of_no_log_hears_of_a_missing_bucket_instead(moto_s3: Any) -> None:
+    """A reader (Spark, the CLI) checks the log exists before reading: a lookup of one object cannot tell a
+    missing bucket from a missing log, so a missing one is confirmed by listing, which can."""
+    bucket = f"typo-{uuid.uuid4().hex[:8]}"
+    storage = open_storage(f"s3://{bucket}/log", moto_s3.storage_options(), self_test=False)
+    with pytest.raises(StorageError, match=f"bucket {bucket!r} does not exist"):
+        has_log(storage)
+    empty = open_storage(f"s3://{moto_s3.new_bucket()}/log", moto_s3.storage_options(), self_test=False)
+    assert not has_log(empty)
+
+
+def test_a_misspelt_client_kwargs_option_is_refused_naming_the_right_one(moto_s3: Any) -> None:
+    options = {**moto_s3.storage_options(), "client_kwargs": {"endpoint": moto_s3.endpoint}}
+    with pytest.raises(ConfigurationError, match=r"client_kwargs\.'endpoint' \(did you mean 'endpoint_url'\?\)"):
+        txn_core.open_log(f"s3://{moto_s3.new_bucket()}/log", options)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -87,6 +105,7 @@ class _ClientError(Exception):
         (OSError("<Error><Code>NoSuchBucket</Code></Error>"), "bucket 'b' does not exist at http://e"),
         (OSError("HTTP error: error sending request ... HttpError { kind: Connect, source"), "nothing answered at"),
         (OSError("HTTP error: error sending request ... HttpError { kind: Request, source"), ""),  # reset, timeout
+        (OSError("Error performing PUT http://169.254.169.254/latest/api/token"), "no credentials were found"),
         (OSError("slot 00000000000000000404 is broken"), ""),
     ],
 )

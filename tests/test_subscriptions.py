@@ -533,7 +533,7 @@ def test_records_retention_removed_before_they_were_acknowledged_are_given_up_wi
     other = _sub(_log(name, clock), consumer_name="b", create=False)  # another process of the subscription
     with pytest.raises(DataLossError, match=r"offset 3 was removed by retention.*Call skip_lost\(\)"):
         other.receive(10)
-    assert other.skip_lost() == 9  # offsets 3-11: 3 unacknowledged, 4-7 held, 8-11 never delivered
+    assert other.skip_lost() == 9  # from 3 to 12: 3 unacknowledged, 4-7 held, 8-11 never delivered
     assert other.skip_lost() == 0
     assert other.state().mark_delete == 12 and not other.state().txns
     p.commit_transaction()  # what it held was given up: its commit changes nothing
@@ -542,6 +542,46 @@ def test_records_retention_removed_before_they_were_acknowledged_are_given_up_wi
     c.close()
     again = Subscription(_log(name, clock), "in", 0, "s")  # every replica folds the ack log alike
     assert again.state().mark_delete == 12 and again.skip_lost() == 0
+
+
+def test_a_receive_that_meets_removed_offsets_first_hands_out_what_it_took(env: Any) -> None:
+    log, clock, _ = env
+    t0 = clock.now
+    _produce(log, list(range(8)))  # entries [0, 4), [4, 8)
+    a = _sub(log, consumer_name="a")
+    assert _offsets(a.receive(8)) == list(range(8))
+    a.acknowledge(list(range(1, 8)))  # 0 stays unacknowledged
+    clock.now = t0 + 6000
+    _produce(log, list(range(8, 12)))
+    assert _offsets(a.receive(8)) == [8, 9, 10, 11]  # a leases their range
+    a.acknowledge([8, 9, 10, 11])
+    clock.now = t0 + 11_000  # the first range's lease ran out
+    _produce(log, list(range(12, 16)))
+    maintenance.apply_retention(log, "in", retention_ms=10_500, min_age_ms=0, check_min_age=False)  # start 8
+    assert _offsets(a.receive(8)) == [12, 13, 14, 15]  # from its lease, before it meets offset 0's loss
+    with pytest.raises(DataLossError, match="offset 0 was removed by retention"):
+        a.receive(8)
+    a.acknowledge([12, 13, 14, 15])
+    assert a.skip_lost() == 8 and a.state().mark_delete == 16  # to the log start, then over 8-15 acknowledged
+
+
+def test_a_consumer_whose_buffer_lags_reads_on_after_retention_removed_only_acknowledged_entries(env: Any) -> None:
+    log, clock, name = env
+    t0 = clock.now
+    _produce(log, [0, 1, 2, 3])
+    a = _sub(log, consumer_name="a", range_size=4)
+    b = _sub(_log(name, clock), consumer_name="b", create=False, range_size=4)  # another process
+    b.acknowledge(_offsets(b.receive(8)))
+    clock.now = t0 + 1000
+    _produce(log, list(range(4, 12)))
+    a.acknowledge(_offsets(a.receive(8)))
+    assert not b.receive(8).num_rows  # b's reader has seen the log up to offset 4 only
+    clock.now = t0 + 2000
+    _produce(log, list(range(12, 20)))
+    clock.now = t0 + 2500  # b learned the log start less than 5 s ago: it does not ask again by itself
+    retained = maintenance.apply_retention(log, "in", retention_ms=900, min_age_ms=0, check_min_age=False)
+    assert retained[0].new_start == 12 == a.state().mark_delete  # nothing unacknowledged was removed
+    assert _offsets(b.receive(8)) == list(range(12, 20))  # was: ObjectNotFoundError for a removed slot
 
 
 # --- bad input -----------------------------------------------------------------------------------------

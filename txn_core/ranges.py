@@ -180,8 +180,9 @@ def _check_not_removed(plog: PartitionLog, start: int) -> None:
         )
 
 
-def split_range(plog: PartitionLog, rng: OffsetRange, pieces: int) -> list[OffsetRange]:
-    """``rng`` cut into up to ``pieces`` consecutive ranges of near-equal offset counts.
+def split_range(plog: PartitionLog, rng: OffsetRange, pieces: int, *, max_size: int | None = None) -> list[OffsetRange]:
+    """``rng`` cut into up to ``pieces`` consecutive ranges of near-equal offset counts, none larger than
+    ``max_size`` when ``pieces * max_size`` covers the range (an engine's cap on a task).
 
     A cut moves to the nearer edge of the entry it falls in when that edge lies within a quarter of a
     piece: an entry cut in two is fetched, verified and decoded by both tasks, and a piece of a few
@@ -194,10 +195,16 @@ def split_range(plog: PartitionLog, rng: OffsetRange, pieces: int) -> list[Offse
         return [rng]
     pieces = min(pieces, rng.size)
     slack = rng.size // (4 * pieces)
+    cap = rng.size if max_size is None else max_size
     cuts, slots = [rng.start], [rng.start_slot]
     stops: list[int | None] = []
     for i in range(1, pieces):
-        ideal = rng.start + rng.size * i // pieces
+        # A piece never passes the cap, and leaves the pieces after it room to stay under it.
+        ideal = min(rng.start + rng.size * i // pieces, cuts[-1] + cap)
+
+        def fits(edge: int, rest: int = pieces - i) -> bool:
+            return cuts[-1] < edge < rng.end and edge - cuts[-1] <= cap and rng.end - edge <= rest * cap
+
         slot = plog.slot_for_offset(ideal)  # as every split did; the span below then costs no request
         try:
             _, base, after = plog.entry_span(ideal)
@@ -205,7 +212,7 @@ def split_range(plog: PartitionLog, rng: OffsetRange, pieces: int) -> list[Offse
         except (DamagedEntryError, ObjectNotFoundError):  # unreadable, or just removed: cut where planned,
             base, after, edges = -1, -1, []  # and the read reports the damage or the loss
         cut, at = next(
-            ((edge, s) for away, edge, s in edges if away <= slack and cuts[-1] < edge < rng.end),
+            ((edge, s) for away, edge, s in edges if away <= slack and fits(edge)),
             (ideal, slot),
         )
         if cut > cuts[-1]:

@@ -44,7 +44,7 @@ from txn_core.errors import (
 from txn_core.ids import TxnId
 from txn_core.logs import get_logger
 from txn_core.lost import ABORT, COMMIT, ONGOING, UNKNOWN, LostEntry
-from txn_core.partition import Entry, PartitionLog, entry_of_lost
+from txn_core.partition import Entry, LogStart, PartitionLog, entry_of_lost
 from txn_core.producer_state import gap_error
 from txn_core.readahead import HeaderReadAhead, ReadAhead
 from txn_core.records import MetadataColumns, StagedDataMissingError, entry_table
@@ -422,8 +422,17 @@ class PartitionReader:
 
     def seek(self, offset: int) -> None:
         """Deliver from ``offset`` on. Below the log start raises :class:`DataLossError`; past a damaged
-        entry the buffer cannot pass, its :class:`DamagedEntryError`. A seek that raises changes nothing."""
-        start = self.log.log_start_for(offset)
+        entry the buffer cannot pass, its :class:`DamagedEntryError`. A seek that raises changes nothing.
+
+        The log start is the one this process learned a moment ago (:meth:`PartitionLog.log_start_for`);
+        an entry the scan needs that retention removed since is a reason to ask again, not an error: the
+        seek is retried once against the fresh log start (rebuilding the buffer past what was removed)."""
+        try:
+            self._seek(offset, self.log.log_start_for(offset))
+        except ObjectNotFoundError:
+            self._seek(offset, self.log.log_start(refresh=True))
+
+    def _seek(self, offset: int, start: LogStart) -> None:
         if offset < start.offset:
             raise DataLossError(
                 f"{self.log.path}: offset {offset} was removed by retention; the log starts at {start.offset}"

@@ -20,7 +20,7 @@ from txn_core import paths
 from txn_core.cli.schemaspec import SchemaSpecError, parse_schema
 from txn_core.errors import ConfigurationError, CorruptDataError, TopicNotFoundError
 from txn_core.log import Log
-from txn_core.storage import open_storage
+from txn_core.storage import has_log, open_storage
 from txn_core.storage.options import nest_storage_options
 from txn_core.topics import TopicMeta
 
@@ -189,7 +189,7 @@ def open_existing(args: argparse.Namespace) -> Log:
     """The log at ``args.url``, which must exist: a typo in a URL never creates an empty log."""
     options = storage_options(args.storage_options)
     storage = open_storage(args.url, options, self_test=False)
-    if not storage.exists(paths.FORMAT_KEY):
+    if not has_log(storage):
         raise ConfigurationError(
             f"no txnlog at {storage.url} (it has no {paths.FORMAT_KEY}): check the URL and storage options, or "
             f"create a log with '{PROG} topics create {args.url} TOPIC --partitions N --schema SPEC'"

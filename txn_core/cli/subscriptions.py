@@ -114,12 +114,15 @@ def describe(args: argparse.Namespace) -> int:
 def skip_lost(args: argparse.Namespace) -> int:
     log = open_existing(args)
     subscription = _subscription(log, args)
-    given_up = subscription.skip_lost()
+    moved = subscription.skip_lost()
     mark_delete = subscription.state().mark_delete
     if args.json:
-        print_json({"skipped": given_up, "mark_delete": mark_delete})
-    elif given_up:
-        print(f"gave up {given_up} offset(s) removed by retention; the subscription goes on from {mark_delete}")
+        print_json({"moved": moved, "mark_delete": mark_delete})
+    elif moved:
+        print(
+            f"moved the subscription from {mark_delete - moved} to {mark_delete}, past offsets retention removed "
+            "before they were acknowledged"
+        )
     else:
         print(f"nothing was lost: the subscription is at {mark_delete}, at or above the partition's log start")
     return 0

@@ -1,7 +1,7 @@
 """The storage contract and its backends (PROTOCOL.md section "Storage")."""
 
 from txn_core.storage.base import Storage, create_resolving
-from txn_core.storage.factory import open_storage, redact_url, self_test_storage
+from txn_core.storage.factory import has_log, open_storage, redact_url, self_test_storage
 from txn_core.storage.local import LocalStorage
 from txn_core.storage.memory import MemoryStorage
 from txn_core.storage.objectstore import ObjectStoreStorage
@@ -12,6 +12,7 @@ __all__ = [
     "ObjectStoreStorage",
     "Storage",
     "create_resolving",
+    "has_log",
     "open_storage",
     "redact_url",
     "self_test_storage",

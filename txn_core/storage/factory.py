@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
+from txn_core import paths
 from txn_core.errors import (
     ConfigurationError,
     ObjectExistsError,
@@ -87,6 +88,16 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
     return storage
 
 
+def has_log(storage: Storage) -> bool:
+    """Whether ``storage`` holds a log (its format object). Before answering no, the log's root is listed
+    once: a lookup of one object cannot tell a missing bucket from a missing log, a listing can, and a
+    missing bucket then raises its own error naming the bucket and the fix (:mod:`.hints`)."""
+    if storage.exists(paths.FORMAT_KEY):
+        return True
+    storage.list("")
+    return False
+
+
 #: Values of the ``client`` storage option: which library talks to an object store.
 CLIENTS = ("auto", "obstore", "fsspec")
 
@@ -100,6 +111,8 @@ def _object_store(url: str, protocol: str, root: str, options: dict[str, Any]) -
             f"storage option client={client!r} is not one of {list(CLIENTS)}: 'obstore' (S3 only, one round "
             "trip per request), 'fsspec' (s3fs, gcsfs, adlfs) or 'auto' (obstore where it applies)"
         )
+    if protocol == "s3":
+        _check_client_kwargs(options)
     if protocol == "s3" and client != "fsspec":
         kwargs = obstore_config(options)
         if kwargs is not None and obstore_available():
@@ -146,17 +159,46 @@ def _check_s3fs_options(options: dict[str, Any]) -> None:
     except ImportError:  # pragma: no cover - s3fs is a dependency; fsspec names what is missing
         return
     known = {n for n in inspect.signature(s3fs.S3FileSystem.__init__).parameters if n not in ("self", "kwargs")}
-    known |= _S3FS_PASSED_ON
-    unknown = sorted(n for n in options if n not in known)
+    _refuse_unknown(
+        options,
+        known | _S3FS_PASSED_ON,
+        "",
+        "S3 takes {known} (endpoint_url for a custom endpoint, key and secret for credentials)",
+    )
+
+
+def _check_client_kwargs(options: dict[str, Any]) -> None:
+    """Refuse a ``client_kwargs`` key botocore's client does not take (``client_kwargs.endpoint`` for
+    ``client_kwargs.endpoint_url``), naming the closest one: unchecked, it made the default client give way
+    to s3fs, which failed at the first request with a TypeError from inside aiobotocore."""
+    client_kwargs = options.get("client_kwargs")
+    if client_kwargs is None:
+        return
+    if not isinstance(client_kwargs, dict):
+        raise ConfigurationError(
+            f"storage option client_kwargs must be a mapping (e.g. client_kwargs.endpoint_url=...), got "
+            f"{type(client_kwargs).__name__}"
+        )
+    try:
+        from botocore.session import Session
+    except ImportError:  # pragma: no cover - s3fs brings botocore; without it s3fs names what is missing
+        return
+    known = {n for n in inspect.signature(Session.create_client).parameters if n not in ("self", "service_name")}
+    _refuse_unknown(client_kwargs, known, "client_kwargs.", "client_kwargs takes {known}")
+
+
+def _refuse_unknown(given: dict[str, Any], known: set[str], prefix: str, takes: str) -> None:
+    """:class:`ConfigurationError` naming each of ``given``'s keys not in ``known`` with the closest known one."""
+    unknown = sorted(str(n) for n in given if n not in known)
     if unknown:
         hints = [
-            f"{n!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(n, known, 1)) else repr(n)
+            f"{prefix}{n!r} (did you mean {close[0]!r}?)"
+            if (close := difflib.get_close_matches(n, known, 1))
+            else f"{prefix}{n!r}"
             for n in unknown
         ]
-        raise ConfigurationError(
-            f"unknown S3 storage option(s) {', '.join(hints)}; S3 takes {', '.join(sorted(known))} "
-            "(endpoint_url for a custom endpoint, key and secret for credentials)"
-        )
+        takes = takes.format(known=", ".join(sorted(known)))
+        raise ConfigurationError(f"unknown S3 storage option(s) {', '.join(hints)}; {takes}")
 
 
 def self_test_storage(storage: Storage) -> None:

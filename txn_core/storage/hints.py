@@ -6,6 +6,8 @@ mistake nor the fix (a 404 on a listing, a 403 on a read, "error sending request
 * the bucket does not exist (a typo in the URL, or not created yet): S3 code ``NoSuchBucket``;
 * the credentials are wrong: ``SignatureDoesNotMatch`` (secret), ``InvalidAccessKeyId`` (key),
   ``InvalidToken``/``ExpiredToken`` (session token);
+* no credentials at all (object_store then asks the cloud's instance metadata address, and reports its
+  refusal);
 * nothing answers at the endpoint (a wrong ``endpoint_url``, a store that is down).
 
 :func:`hint` returns a sentence naming the cause and the fix, put before the client's own message. It is a
@@ -19,6 +21,9 @@ from __future__ import annotations
 
 #: S3 error codes meaning the credentials themselves were refused (not a missing permission).
 _BAD_CREDENTIALS = ("SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken", "ExpiredToken")
+#: What the clients say when they found no credentials (botocore; object_store falls back to the cloud's
+#: instance metadata address, whose refusal is then all its error shows).
+_NO_CREDENTIALS = ("NoCredentialsError", "Unable to locate credentials", "169.254.169.254")
 #: What the clients say when no connection could be made (botocore; object_store/reqwest, whose generic
 #: "error sending request" also covers timeouts and connections reset mid-request, which are not this).
 _NO_CONNECTION = ("EndpointConnectionError", "ConnectTimeoutError", "kind: Connect,", "ConnectError(")
@@ -56,6 +61,12 @@ def hint(exc: BaseException, bucket: str, endpoint: str | None) -> str:
         return (
             "the credentials were rejected (a wrong key or secret, or an expired token): check the key, secret "
             "and token passed as storage options, or the environment's AWS credentials: "
+        )
+    if any(sign in text for sign in _NO_CREDENTIALS):
+        return (
+            "no credentials were found: pass key and secret as storage options, set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, run where the cloud provides instance credentials, or pass anon=true for a "
+            "public bucket: "
         )
     if any(sign in text for sign in _NO_CONNECTION):
         return (

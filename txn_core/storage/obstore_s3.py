@@ -192,7 +192,9 @@ class ObstoreS3Storage(Storage):
     def _refused(self, what: str, exc: BaseException, writing: bool = False) -> StoragePermissionError:
         """The error of a request refused for want of permission (or for bad credentials, as the hint says)."""
         why = self._hint(exc).removesuffix(": ") or (
-            "no permission (read-only credentials?)" if writing else "no permission"
+            "no permission (read-only credentials?)"
+            if writing
+            else "no permission (check the credentials: key, secret and token; and that they may read this path)"
         )
         return StoragePermissionError(f"the store refused to {what}: {why}")
 

@@ -160,8 +160,9 @@ class AckLog:
 
     def give_up_lost(self, by: str) -> int:
         """Append a ``lost`` record moving the mark-delete position to the topic partition's log start, if
-        retention removed offsets above it; returns how many offsets were given up (0: none). The log start
-        only grows, so the record never gives up an offset that can still be read."""
+        retention removed offsets above it; returns how far the mark-delete position moved (0: nothing was
+        lost), offsets acknowledged above it and markers included. The log start only grows, so the record
+        never gives up an offset that can still be read."""
         state = self.refresh(resolve=True)
         topic = self.log.partition_log(paths.partition_log_path(self.ref.topic, self.ref.partition))
         upto = topic.log_start(refresh=True).offset

@@ -271,7 +271,8 @@ class SubscriptionConsumer:
     def skip_lost(self) -> int:
         """Give up the records retention removed before they were acknowledged: the subscription goes on
         from the topic partition's log start (Pulsar's cursor reset, Kafka's ``auto.offset.reset``), for every
-        consumer of it. Returns how many offsets were given up (0 when none were lost).
+        consumer of it. Returns how far its mark-delete position moved (0 when nothing was lost; offsets
+        acknowledged above the old position and markers count too).
 
         One non-transactional ``lost`` record in the ack log: the mark-delete position moves to the log
         start, whatever acknowledgements or transactions held below it (a transaction holding some still

@@ -29,7 +29,7 @@ import pyarrow as pa
 from sortedcontainers import SortedDict
 
 from txn_core import paths
-from txn_core.errors import InvalidOffsetError, OffsetOutOfRangeError
+from txn_core.errors import DataLossError, InvalidOffsetError, OffsetOutOfRangeError
 from txn_core.reader import READ_COMMITTED, PartitionReader
 from txn_core.records import with_metadata_schema
 from txn_core.subscriptions.acklog import AckLog
@@ -109,16 +109,22 @@ class Dispatcher:
             del self.others[k]
         out: list[pa.Table] = []
         budget = max_records
-        for k in sorted(self.owned):
-            if budget <= 0:
-                break
-            for t in self._deliver_owned(k, budget, now):
-                out.append(t)
-                budget -= t.num_rows
-        if budget > 0:
-            for t in self._claim_and_deliver(budget, now):
-                out.append(t)
-                budget -= t.num_rows
+        try:
+            for k in sorted(self.owned):
+                if budget <= 0:
+                    break
+                for t in self._deliver_owned(k, budget, now):
+                    out.append(t)
+                    budget -= t.num_rows
+            if budget > 0:
+                for t in self._claim_and_deliver(budget, now):
+                    out.append(t)
+                    budget -= t.num_rows
+        except DataLossError:
+            # Records taken before it are in flight now: hand them out, or nobody would until their lease
+            # runs out. The loss is raised by the next call, which reaches the same range again.
+            if not any(t.num_rows for t in out):
+                raise
         tables = [t for t in out if t.num_rows]
         if not tables:
             return self.schema.empty_table()

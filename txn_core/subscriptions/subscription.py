@@ -76,7 +76,8 @@ class Subscription:
 
     def skip_lost(self) -> int:
         """Give up the records retention removed before they were acknowledged, for every consumer (see
-        :meth:`SubscriptionConsumer.skip_lost`): for an operator when no consumer runs."""
+        :meth:`SubscriptionConsumer.skip_lost`; returns how far the mark-delete position moved): for an
+        operator when no consumer runs."""
         return self.acklog.give_up_lost("admin")
 
     def trim(
