@@ -123,3 +123,34 @@ def test_hints_read_codes_and_messages_along_the_cause_chain(exc: BaseException,
 def test_a_hint_never_repeats_credentials_of_an_endpoint_url() -> None:
     got = hint(OSError("ConnectError(tcp connect error)"), "b", "http://user:hunter2@127.0.0.1:9")
     assert got.startswith("nothing answered at http://127.0.0.1:9:") and "hunter2" not in got
+
+
+def test_botocore_timeouts_bound_a_stalled_store_and_keep_the_one_round_trip_client() -> None:
+    """s3fs's ``config_kwargs`` timeouts and retries map to obstore's: a store that accepts connections and
+    never answers fails a request after the read timeout instead of holding it for minutes, and the option
+    no longer makes the default client give way to s3fs (two round trips per create)."""
+    from txn_core.storage.obstore_s3 import ObstoreS3Storage, obstore_config
+
+    options = {
+        "key": "k",
+        "secret": "s",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:1"},
+        "config_kwargs": {"connect_timeout": "2", "read_timeout": 1.5, "retries": {"max_attempts": "0"}},
+    }
+    kwargs = obstore_config(options)
+    assert kwargs is not None
+    assert kwargs["client_options"]["read_timeout"].total_seconds() == 1.5
+    assert kwargs["client_options"]["connect_timeout"].total_seconds() == 2
+    assert kwargs["retry_config"] == {"max_retries": 0}
+    assert obstore_config({**options, "config_kwargs": {"read_timeout": "soon"}}) is None  # s3fs decides then
+    assert obstore_config({**options, "config_kwargs": {"signature_version": "s3v4"}}) is None
+
+    with socket.socket() as server:  # accepts connections, never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+        stalled = {**options, "client_kwargs": {"endpoint_url": endpoint}}
+        storage = open_storage("s3://bucket/log", stalled, self_test=False)
+        assert isinstance(storage, ObstoreS3Storage)
+        with pytest.raises(StorageError, match="timed out|timeout|Timeout"):
+            storage.read("_txnlog/format")

@@ -8,11 +8,12 @@ txnlog operation is a chain of such requests. s3fs stays the client for options 
 
 The user-facing interface does not change: ``s3://bucket/prefix`` URLs and s3fs-style ``storage.*``
 options (``key``, ``secret``, ``token``, ``anon``, ``endpoint_url``, ``client_kwargs.endpoint_url``,
-``client_kwargs.region_name``); ``client`` picks the library (``auto``, ``obstore``, ``fsspec``). Credentials
-from an AWS config profile (``AWS_PROFILE``, ``~/.aws/credentials``), which object_store does not read,
-keep s3fs unless keys are given. Options win over the environment, as with s3fs: an endpoint given as an
-option is used whatever ``AWS_ENDPOINT_URL_S3`` says, and keys given as options are used alone (no session
-token or other credential from the environment is mixed in).
+``client_kwargs.region_name``, and ``config_kwargs.connect_timeout``/``read_timeout``/``retries``, the
+botocore settings that bound a stalled store); ``client`` picks the library (``auto``, ``obstore``,
+``fsspec``). Credentials from an AWS config profile (``AWS_PROFILE``, ``~/.aws/credentials``), which
+object_store does not read, keep s3fs unless keys are given. Options win over the environment, as with
+s3fs: an endpoint given as an option is used whatever ``AWS_ENDPOINT_URL_S3`` says, and keys given as
+options are used alone (no session token or other credential from the environment is mixed in).
 
 Errors are classified by exception type, never by message text:
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import os
 import threading
+from datetime import timedelta
 from typing import Any
 
 from txn_core.errors import (
@@ -68,6 +70,7 @@ def obstore_config(options: dict[str, Any]) -> dict[str, Any] | None:
     obstore equivalent (then s3fs serves the URL, and every option keeps its s3fs meaning)."""
     config: dict[str, Any] = {}
     client: dict[str, Any] = {}
+    retry: dict[str, Any] = {}
     for name, value in options.items():
         if name in _IGNORED:
             continue
@@ -90,6 +93,9 @@ def obstore_config(options: dict[str, Any]) -> dict[str, Any] | None:
                     config["region"] = v
                 else:
                     return None
+        elif name == "config_kwargs" and isinstance(value, dict):
+            if not _botocore_timeouts(value, client, retry):
+                return None
         else:
             return None
     if "access_key_id" not in config and not config.get("skip_signature") and _profile_credentials():
@@ -99,7 +105,54 @@ def obstore_config(options: dict[str, Any]) -> dict[str, Any] | None:
         client["allow_http"] = True
     if endpoint and "region" not in config:
         config["region"] = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return {"config": config, "client_options": client}
+    kwargs: dict[str, Any] = {"config": config, "client_options": client}
+    if retry:
+        kwargs["retry_config"] = retry
+    return kwargs
+
+
+def _botocore_timeouts(config_kwargs: dict[str, Any], client: dict[str, Any], retry: dict[str, Any]) -> bool:
+    """Put s3fs's ``config_kwargs`` (botocore's ``Config``) timeouts and retries into obstore's client and retry
+    options; False if any key has no equivalent. ``connect_timeout`` and ``read_timeout`` (seconds; a read
+    timeout bounds each read of a response, as in botocore) keep a stalled store from holding a request for
+    long; ``retries.max_attempts`` (retries after the first attempt) or ``retries.total_max_attempts`` bound
+    how often a timed-out request is tried again (obstore's default: 10 times within 3 minutes)."""
+    for key, value in config_kwargs.items():
+        if key in ("connect_timeout", "read_timeout"):
+            seconds = _seconds(value)
+            if seconds is None:
+                return False
+            client[key] = timedelta(seconds=seconds)
+        elif key == "retries" and isinstance(value, dict):
+            for k, v in value.items():
+                n = _count(v)
+                if k == "max_attempts" and n is not None:
+                    retry["max_retries"] = n
+                elif k == "total_max_attempts" and n is not None and n >= 1:
+                    retry["max_retries"] = n - 1
+                elif k != "mode":  # botocore's retry mode: obstore has one, with backoff
+                    return False
+        else:
+            return False
+    return True
+
+
+def _seconds(value: object) -> float | None:
+    """A positive number of seconds (Spark and the CLI pass option values as text), else None."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds > 0 and not isinstance(value, bool) else None
+
+
+def _count(value: object) -> int | None:
+    """A whole number >= 0 (or its text), else None."""
+    try:
+        n = int(str(value))
+    except ValueError:
+        return None
+    return n if n >= 0 and not isinstance(value, bool) else None
 
 
 def _static_credentials(config: dict[str, Any]) -> dict[str, Any] | None:
