@@ -388,30 +388,34 @@ def test_groups_list_and_describe_lag_against_the_last_stable_offset(
 def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Path, here: Callable[..., Result]) -> None:
     from txn_core import maintenance
 
-    log = txn_core.open_log(str(tmp_path / "log"))
+    url = str(tmp_path / "log")
+    log = txn_core.open_log(url)
     log.create_topic("orders", 2, pa.schema([("id", pa.int64())]))
     p = log.producer()
-    for i in range(6):
+    for i in range(7):
+        if i == 4:
+            time.sleep(0.05)  # 0-3 older than 4-6
         p.send("orders", pa.table({"id": [i]}), partition=0)
         p.flush()
     c = log.subscribe("orders", 0, "billing")
-    c.acknowledge(c.receive(2))  # 0-1 acknowledged, 2-5 not
+    got = c.receive(10)
+    c.acknowledge([0, 1, 4, 5])  # 2-3 and 6 not: the mark-delete is 2
     c.close()
     log.subscribe("orders", 1, "audit").close()
-    time.sleep(0.01)
-    maintenance.apply_retention(log, "orders", retention_ms=1, min_age_ms=0, check_min_age=False)
-    p.send("orders", pa.table({"id": [6]}), partition=0)
-    p.flush()
-    url = str(tmp_path / "log")
+    newer = int(got["_timestamp"][4].as_py().timestamp() * 1000)
+    retained = maintenance.apply_retention(
+        log, "orders", retention_ms=20, now_ms=newer + 5, min_age_ms=0, check_min_age=False
+    )
+    assert retained[0].new_start == 4  # 2-3 removed unacknowledged; 4-5 acknowledged; 6 not
     listed = here("subscriptions", "list", url, "--json").json()
     assert listed == [
         {"topic": "orders", "partition": 0, "subscription": "billing"},
         {"topic": "orders", "partition": 1, "subscription": "audit"},
     ]
     before = here("subscriptions", "describe", url, "orders", "0", "billing", "--json").json()
-    assert before["mark_delete"] == 2 and before["backlog"] == 5
+    assert before["mark_delete"] == 2 and before["backlog"] == 5 and before["acked_above_mark_delete"] == 2
     skipped = txnlog("subscriptions", "skip-lost", url, "orders", "0", "billing")
-    assert "moved the subscription from 2 to 6, past offsets retention removed" in skipped.out
+    assert "moved the subscription from 2 to 6, past offsets retention removed" in skipped.out, skipped.out
     again = here("subscriptions", "skip-lost", url, "orders", "0", "billing", "--json").json()
     assert again == {"moved": 0, "mark_delete": 6}
     assert txn_core.open_log(url).subscribe("orders", 0, "billing").receive(10)["id"].to_pylist() == [6]

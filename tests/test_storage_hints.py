@@ -152,5 +152,33 @@ def test_botocore_timeouts_bound_a_stalled_store_and_keep_the_one_round_trip_cli
         stalled = {**options, "client_kwargs": {"endpoint_url": endpoint}}
         storage = open_storage("s3://bucket/log", stalled, self_test=False)
         assert isinstance(storage, ObstoreS3Storage)
-        with pytest.raises(StorageError, match="timed out|timeout|Timeout"):
+        with pytest.raises(StorageError, match=r"timed out|timeout|Timeout"):
             storage.read("_txnlog/format")
+
+
+def test_config_kwargs_given_as_text_reach_either_client_as_numbers(moto_s3: Any) -> None:
+    """Spark options and the CLI's -o give every value as text; botocore compared them with numbers and
+    failed with a TypeError at the first request whenever s3fs served the URL."""
+    from txn_core.storage.objectstore import ObjectStoreStorage
+    from txn_core.storage.obstore_s3 import obstore_config
+
+    text = {"connect_timeout": "2", "read_timeout": "5", "retries": {"max_attempts": "9", "total_max_attempts": "3"}}
+    options = {**moto_s3.storage_options(), "config_kwargs": text, "client": "fsspec"}
+    storage = open_storage(f"s3://{moto_s3.new_bucket()}/log", options, self_test=False)
+    assert isinstance(storage, ObjectStoreStorage)
+    typed = storage._options["config_kwargs"]
+    assert typed == {
+        "connect_timeout": 2.0,
+        "read_timeout": 5.0,
+        "retries": {"max_attempts": 9, "total_max_attempts": 3},
+    }
+    assert not has_log(storage)  # requests go out with them (was: TypeError from botocore)
+    kwargs = obstore_config({**moto_s3.storage_options(), "config_kwargs": typed})
+    assert kwargs is not None and kwargs["retry_config"] == {
+        "max_retries": 2
+    }  # total_max_attempts wins, as in botocore
+    for bad in ({"read_timeout": "soon"}, {"read_timeout": "inf"}, {"connect_timeout": "0"}, {"read_timeout": True}):
+        with pytest.raises(ConfigurationError, match=r"config_kwargs\.\w+_timeout"):
+            open_storage("s3://b/log", {**moto_s3.storage_options(), "config_kwargs": bad}, self_test=False)
+    with pytest.raises(ConfigurationError, match=r"client_kwargs\.'config'.*config_kwargs"):
+        open_storage("s3://b/log", {**moto_s3.storage_options(), "client_kwargs": {"config": {}}}, self_test=False)

@@ -9,6 +9,7 @@ from txn_core.cli.common import Parser, SubParsers, add_noun, add_verb, get_topi
 from txn_core.cli.output import Progress, print_json, print_table
 from txn_core.errors import ConfigurationError
 from txn_core.log import Log
+from txn_core.subscriptions.errors import SubscriptionNotFoundError
 from txn_core.subscriptions.store import list_subscriptions
 from txn_core.subscriptions.subscription import Subscription
 
@@ -89,7 +90,14 @@ def _subscription(log: Log, args: argparse.Namespace) -> Subscription:
         raise ConfigurationError(
             f"topic {meta.name!r} has no partition {args.partition}: its partitions are 0..{meta.partitions - 1}"
         )
-    return log.subscription(args.topic, args.partition, args.name)  # its error names the existing ones
+    try:
+        return log.subscription(args.topic, args.partition, args.name)
+    except SubscriptionNotFoundError as exc:
+        names = list_subscriptions(log.storage, args.topic, args.partition)
+        raise SubscriptionNotFoundError(
+            f"subscription {args.name!r} of {args.topic}-{args.partition} does not exist; its subscriptions: "
+            f"{', '.join(names) if names else '(none: a consumer creates one when it subscribes)'}"
+        ) from exc
 
 
 def describe(args: argparse.Namespace) -> int:

@@ -94,7 +94,7 @@ def has_log(storage: Storage) -> bool:
     missing bucket then raises its own error naming the bucket and the fix (:mod:`.hints`)."""
     if storage.exists(paths.FORMAT_KEY):
         return True
-    storage.list("")
+    storage.list(paths.FORMAT_KEY.rpartition("/")[0] + "/")  # the log's own directory: small wherever it is
     return False
 
 
@@ -113,6 +113,7 @@ def _object_store(url: str, protocol: str, root: str, options: dict[str, Any]) -
         )
     if protocol == "s3":
         _check_client_kwargs(options)
+        _type_config_kwargs(options)
     if protocol == "s3" and client != "fsspec":
         kwargs = obstore_config(options)
         if kwargs is not None and obstore_available():
@@ -183,8 +184,53 @@ def _check_client_kwargs(options: dict[str, Any]) -> None:
         from botocore.session import Session
     except ImportError:  # pragma: no cover - s3fs brings botocore; without it s3fs names what is missing
         return
-    known = {n for n in inspect.signature(Session.create_client).parameters if n not in ("self", "service_name")}
-    _refuse_unknown(client_kwargs, known, "client_kwargs.", "client_kwargs takes {known}")
+    # s3fs passes botocore's Config itself, built from config_kwargs: a client_kwargs.config would clash
+    known = {
+        n for n in inspect.signature(Session.create_client).parameters if n not in ("self", "service_name", "config")
+    }
+    _refuse_unknown(
+        client_kwargs, known, "client_kwargs.", "client_kwargs takes {known} (botocore settings go in config_kwargs)"
+    )
+
+
+#: botocore Config settings txnlog reads as numbers when given as text (Spark and the CLI pass text).
+_CONFIG_SECONDS = ("connect_timeout", "read_timeout")
+_CONFIG_COUNTS = ("max_attempts", "total_max_attempts")
+
+
+def _type_config_kwargs(options: dict[str, Any]) -> None:
+    """Turn ``config_kwargs`` timeouts (seconds) and retry counts given as text into numbers, in place, for
+    both clients (botocore compares them with numbers and fails with a TypeError on text); refuse a value
+    that is no positive finite number of seconds, or no whole count, naming the option."""
+    config_kwargs = options.get("config_kwargs")
+    if not isinstance(config_kwargs, dict):
+        return
+    typed = dict(config_kwargs)
+    for key in _CONFIG_SECONDS:
+        if key in typed:
+            typed[key] = _number(typed[key], f"config_kwargs.{key}", float)
+            if not 0 < typed[key] < 1e9:
+                raise ConfigurationError(f"storage option config_kwargs.{key} must be a positive number of seconds")
+    retries = typed.get("retries")
+    if isinstance(retries, dict):
+        retries = dict(retries)
+        for key in _CONFIG_COUNTS:
+            if key in retries:
+                retries[key] = _number(retries[key], f"config_kwargs.retries.{key}", int)
+                if retries[key] < (1 if key == "total_max_attempts" else 0):
+                    raise ConfigurationError(f"storage option config_kwargs.retries.{key} is too small")
+        typed["retries"] = retries
+    options["config_kwargs"] = typed
+
+
+def _number(value: object, name: str, kind: type[float] | type[int]) -> Any:
+    """``value`` (a number or its text) as ``kind``; a whole count is never taken from a fraction."""
+    if isinstance(value, bool) or value is None:
+        raise ConfigurationError(f"storage option {name} must be a number, got {value!r}")
+    try:
+        return kind(str(value))
+    except ValueError as exc:
+        raise ConfigurationError(f"storage option {name} must be a number, got {value!r}") from exc
 
 
 def _refuse_unknown(given: dict[str, Any], known: set[str], prefix: str, takes: str) -> None:

@@ -124,35 +124,38 @@ def _botocore_timeouts(config_kwargs: dict[str, Any], client: dict[str, Any], re
                 return False
             client[key] = timedelta(seconds=seconds)
         elif key == "retries" and isinstance(value, dict):
-            for k, v in value.items():
-                n = _count(v)
-                if k == "max_attempts" and n is not None:
-                    retry["max_retries"] = n
-                elif k == "total_max_attempts" and n is not None and n >= 1:
-                    retry["max_retries"] = n - 1
-                elif k != "mode":  # botocore's retry mode: obstore has one, with backoff
-                    return False
+            if set(value) - {"max_attempts", "total_max_attempts", "mode"}:  # mode: obstore has one, with backoff
+                return False
+            total, retries = _count(value.get("total_max_attempts")), _count(value.get("max_attempts"))
+            if total is not None and total >= 1:  # botocore: it wins over max_attempts
+                retry["max_retries"] = total - 1
+            elif retries is not None:
+                retry["max_retries"] = retries
+            elif "total_max_attempts" in value or "max_attempts" in value:
+                return False
         else:
             return False
     return True
 
 
 def _seconds(value: object) -> float | None:
-    """A positive number of seconds (Spark and the CLI pass option values as text), else None."""
+    """A positive, finite number of seconds (Spark and the CLI pass option values as text), else None."""
     try:
         seconds = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-    return seconds if seconds > 0 and not isinstance(value, bool) else None
+    return seconds if 0 < seconds < 1e9 and not isinstance(value, bool) else None
 
 
 def _count(value: object) -> int | None:
-    """A whole number >= 0 (or its text), else None."""
+    """A whole number >= 0 (or its text), else None (None too)."""
+    if value is None or isinstance(value, bool):
+        return None
     try:
         n = int(str(value))
     except ValueError:
         return None
-    return n if n >= 0 and not isinstance(value, bool) else None
+    return n if n >= 0 else None
 
 
 def _static_credentials(config: dict[str, Any]) -> dict[str, Any] | None:

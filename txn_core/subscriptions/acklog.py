@@ -161,8 +161,8 @@ class AckLog:
     def give_up_lost(self, by: str) -> int:
         """Append a ``lost`` record moving the mark-delete position to the topic partition's log start, if
         retention removed offsets above it; returns how far the mark-delete position moved (0: nothing was
-        lost), offsets acknowledged above it and markers included. The log start only grows, so the record
-        never gives up an offset that can still be read."""
+        lost): to the log start, and on over what was acknowledged right above it. The log start only
+        grows, so the record never gives up an offset that can still be read."""
         state = self.refresh(resolve=True)
         topic = self.log.partition_log(paths.partition_log_path(self.ref.topic, self.ref.partition))
         upto = topic.log_start(refresh=True).offset
@@ -170,7 +170,7 @@ class AckLog:
         if upto <= behind:
             return 0
         self.append(AckRecord(AckOp.LOST, (), upto, (), by))
-        return upto - behind
+        return self.refresh().mark_delete - behind
 
     def verdict(self, slot: int) -> Verdict:
         """The verdict of the ack record at ``slot`` (replaying up to it)."""

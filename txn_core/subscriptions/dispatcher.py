@@ -30,6 +30,7 @@ from sortedcontainers import SortedDict
 
 from txn_core import paths
 from txn_core.errors import DataLossError, InvalidOffsetError, OffsetOutOfRangeError
+from txn_core.logs import get_logger
 from txn_core.reader import READ_COMMITTED, PartitionReader
 from txn_core.records import with_metadata_schema
 from txn_core.subscriptions.acklog import AckLog
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 
 #: Skip ranges remembered for the next ack record (older ones are rediscovered if dropped).
 MAX_SKIPS = 1024
+
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +120,14 @@ class Dispatcher:
                     out.append(t)
                     budget -= t.num_rows
             if budget > 0:
-                for t in self._claim_and_deliver(budget, now):
-                    out.append(t)
-                    budget -= t.num_rows
-        except DataLossError:
+                self._claim_and_deliver(budget, now, out)
+        except DataLossError as exc:
             # Records taken before it are in flight now: hand them out, or nobody would until their lease
-            # runs out. The loss is raised by the next call, which reaches the same range again.
+            # runs out. The loss is raised by a later call, once the ranges this consumer leases give
+            # nothing more (their records go first).
             if not any(t.num_rows for t in out):
                 raise
+            logger.warning("%s; delivering records already taken first", exc)
         tables = [t for t in out if t.num_rows]
         if not tables:
             return self.schema.empty_table()
@@ -192,14 +195,15 @@ class Dispatcher:
                 self.scan[k] = scanned_to
         return out
 
-    def _claim_and_deliver(self, budget: int, now: int) -> list[pa.Table]:
+    def _claim_and_deliver(self, budget: int, now: int, out: list[pa.Table]) -> None:
+        """Claim ranges with deliverable records and take them into ``out`` (the caller's: what was taken
+        before an error is still handed out)."""
         if sum(1 for o in self.inflight if self._current(o)) >= self.max_unacked:
-            return []
+            return
         state = self.acklog.state
         end_offset = self.topic_log.readable_end()
         k = state.mark_delete // self.size
         examined = 0
-        out: list[pa.Table] = []
         while k * self.size < end_offset and budget > 0 and examined < self.max_ranges:
             first, end = self._range(k)
             first = max(first, state.mark_delete)
@@ -237,7 +241,6 @@ class Dispatcher:
             out.append(taken)
             budget -= taken.num_rows
             k += 1
-        return out
 
     def _current(self, offset: int) -> bool:
         d = self.inflight[offset]
