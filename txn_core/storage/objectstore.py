@@ -238,7 +238,9 @@ class ObjectStoreStorage(Storage):
         try:
             self.fs.invalidate_cache(base)
             entries = self.fs.ls(base, detail=True)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if "NoSuchBucket" in _status_codes(exc):  # s3fs says "not found" for a missing bucket too
+                raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
             return []
         except PermissionError as exc:
             raise self._read_refused(f"list of {prefix or 'the log'}", exc) from exc
