@@ -759,11 +759,9 @@ class PartitionLog:
             rolled = self.segments.slot_for_offset(offset)
             if rolled is not None:
                 return rolled
-            idx = self._index.bisect_right(offset) - 1
-            if idx >= 0:
-                base, (slot, count) = self._index.peekitem(idx)
-                if base <= offset < base + count:
-                    return int(slot)
+            known = self._remembered(offset)
+            if known is not None and offset < known[2]:
+                return known[0]
         tail_slot, end = self.readable_tail()
         if offset < start.offset or offset > end:
             raise OffsetOutOfRangeError(f"offset {offset} is outside {self.path}'s range [{start.offset}, {end}]")
@@ -792,13 +790,13 @@ class PartitionLog:
             tail = self._tail
         if tail is not None and offset == tail[1]:
             return tail[0]
-        idx = self._index.bisect_right(offset) - 1
-        if idx >= 0:
-            base, (slot, count) = self._index.peekitem(idx)
+        known = self._remembered(offset)
+        if known is not None:
+            slot, base, after = known
             if base == offset:
-                return int(slot)
-            if base < offset <= base + count:
-                return int(slot) + 1
+                return slot
+            if offset <= after:
+                return slot + 1
         span = self.segments.entry_span(offset)
         if span is not None:
             slot, base, _ = span
@@ -811,13 +809,20 @@ class PartitionLog:
         Costs :meth:`slot_for_offset`'s requests, then none when the entry is remembered (the search
         remembers every header it reads) or in an opened segment, else one header read."""
         slot = self.slot_for_offset(offset)
-        idx = self._index.bisect_right(offset) - 1
-        if idx >= 0:
-            base, (known, count) = self._index.peekitem(idx)
-            if known == slot and base <= offset < base + count:
-                return slot, int(base), int(base) + int(count)
+        known = self._remembered(offset)
+        if known is not None and known[0] == slot and offset < known[2]:
+            return known
         header = self.fetch_header(slot)
         return slot, header.base_offset, header.next_offset
+
+    def _remembered(self, offset: int) -> tuple[int, int, int] | None:
+        """``(slot, base offset, next offset)`` of the remembered entry beginning nearest at or below
+        ``offset`` (it holds ``offset`` only if ``offset < next offset``), or None (no request)."""
+        idx = self._index.bisect_right(offset) - 1
+        if idx < 0:
+            return None
+        base, (slot, count) = self._index.peekitem(idx)
+        return int(slot), int(base), int(base) + int(count)
 
     def _base_at(self, slot: int) -> tuple[int, EntryHeader | None]:
         """Where the entry at ``slot`` begins, with its header to remember; the previous entry's end and None
