@@ -19,6 +19,8 @@ message (the response body it quotes).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 #: S3 error codes meaning the credentials themselves were refused (not a missing permission).
 _BAD_CREDENTIALS = ("SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken", "ExpiredToken")
 #: What the clients say when they found no credentials (botocore; object_store falls back to the cloud's
@@ -29,18 +31,25 @@ _NO_CREDENTIALS = ("NoCredentialsError", "Unable to locate credentials", "169.25
 _NO_CONNECTION = ("EndpointConnectionError", "ConnectTimeoutError", "kind: Connect,", "ConnectError(")
 
 
-def _text(exc: BaseException) -> str:
-    """Type names and messages of ``exc`` and its causes, and botocore's response error codes."""
-    parts: list[str] = []
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the errors it was raised from (``__cause__``, else ``__context__``), each once: clients
+    such as s3fs keep the error with the response as the cause of the one they raise."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _text(exc: BaseException) -> str:
+    """Type names and messages of ``exc`` and its causes, and botocore's response error codes."""
+    parts: list[str] = []
+    for cur in causes(exc):
         parts.append(f"{type(cur).__name__}: {cur}")
         response = getattr(cur, "response", None)
         if isinstance(response, dict):
             parts.append(str(response.get("Error", {}).get("Code", "")))
-        cur = cur.__cause__ or cur.__context__
     return "\n".join(parts)
 
 

@@ -31,7 +31,7 @@ from txn_core.errors import (
     UnknownOutcomeError,
 )
 from txn_core.storage.base import Chunks, Storage
-from txn_core.storage.hints import hint
+from txn_core.storage.hints import causes, hint
 
 _RETRY_CODES = {
     "409",
@@ -55,10 +55,7 @@ def _status_codes(exc: BaseException) -> set[str]:
     holds object keys that end in zero-padded slot numbers (``...00412``). s3fs keeps botocore's error, with
     its response, as the cause of the error it raises. No code at all means an unknown outcome."""
     codes: set[str] = set()
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
+    for cur in causes(exc):
         response = getattr(cur, "response", None)
         if isinstance(response, dict):
             meta = response.get("ResponseMetadata", {})
@@ -72,7 +69,6 @@ def _status_codes(exc: BaseException) -> set[str]:
             value = getattr(cur, attr, None)
             if isinstance(value, int | str) and value:
                 codes.add(str(value))
-        cur = cur.__cause__ or cur.__context__
     return codes
 
 
