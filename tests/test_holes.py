@@ -386,3 +386,30 @@ def test_a_stale_miss_read_ahead_does_not_make_a_finished_transaction_a_zombie_w
     assert state.decide(txn) is True
     assert not state.buffer.skips.covers(0), "the committed records were dropped as a zombie write"
     assert state.read_bound() == 3 and not stale[0]
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_a_foreign_object_one_slot_past_the_end_is_damage_not_a_raw_miss(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    """A stray object at ``end + 1`` (the slot at ``end`` missing): the last entry is damaged and a hole lies
+    before it. Appends and ``describe`` used to fail with a bare "does not exist" of the hole (the search for
+    the last readable entry stepped back over the damaged one and read the hole); now the hole is named as
+    damage, appends refuse with it (never writing into it), and readers deliver what precedes it."""
+    location = make_location(backend, request, tmp_path)
+    build(location.open())
+    log = location.open()
+    slots = log.partition_log(PATH).entries
+    log.storage.create(slots.key(ENTRIES + 1), [b"garbage\n"])
+
+    fresh = location.open()
+    with pytest.raises(DamagedEntryError) as refused, fresh.producer() as producer:
+        producer.send("t", pa.table({"x": [100]}, schema=SCHEMA), partition=0)
+    assert slots.key(ENTRIES) in str(refused.value) and "missing" in str(refused.value)
+    assert not location.open().partition_log(PATH).entries.exists(ENTRIES), "nothing written into the hole"
+
+    part = location.open().describe_topic("t").partitions[0]
+    assert [d.key for d in part.damaged_entries][:1] == [slots.key(ENTRIES)]
+    got, error, _ = consume(location.open())
+    assert got == list(range(2 * ENTRIES))
+    assert isinstance(error, DamagedEntryError) and slots.key(ENTRIES) in str(error), error

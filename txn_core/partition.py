@@ -263,13 +263,35 @@ class PartitionLog:
     def _after_last_readable(self, slot: int, start: LogStart) -> tuple[int, int]:
         """``(s, next offset)`` for the highest ``s <= slot`` whose previous entry is readable (or the log
         start): the entries before ``slot`` normally (one read); short of a damaged run at the end, which
-        :meth:`_advance_tail_locked` then meets."""
+        :meth:`_advance_tail_locked` then meets, or an append at ``s`` collides with.
+
+        A run may hold missing slots: below a present (damaged) slot, a miss is a hole, not the end. If the
+        run begins with one, nothing would collide with an append there (its offsets would be reused by
+        the entries after it): the hole's :class:`DamagedEntryError` is raised instead, with its first
+        offset, so appends refuse and readers stop at it (:meth:`readable_tail`)."""
         s = slot
+        holes: dict[int, DamagedEntryError] = {}
+        asked: set[int] = set()
         while s > start.slot:
             try:
-                return s, self.read_header(s - 1).next_offset
-            except DamagedEntryError:
+                offset = self.read_header(s - 1).next_offset
+            except DamagedEntryError as exc:
+                if exc.check == MISSING_CHECK:
+                    holes[s - 1] = exc
                 s -= 1
+                continue
+            except ObjectNotFoundError:
+                # Slot ``s`` is present (the search found it, or it was read damaged): a miss below it is a
+                # hole once a fresh look says so (a miss read with a stale segment listing is raised as one).
+                if s == slot or s - 1 in asked or not self.is_hole(s - 1):
+                    raise
+                asked.add(s - 1)
+                continue  # read it again: now a hole (damage), or its lost record
+            hole = holes.get(s)
+            if hole is not None:
+                hole.first_offset = offset
+                raise hole
+            return s, offset
         return start.slot, start.offset
 
     def _advance_tail_locked(self, slot: int, offset: int) -> tuple[int, int]:
