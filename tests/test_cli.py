@@ -614,6 +614,31 @@ def test_maintenance_damaged_reports_a_damaged_transaction_log_record(
     one_error_line(here(*mark, "--yes", code=1), "partition 3 does not exist")
 
 
+def test_maintenance_damaged_and_describe_name_a_deleted_transaction_log_record(
+    tmp_path: Path, here: Callable[..., Result]
+) -> None:
+    """A coordinator record deleted by hand with later records present: ``damaged`` said "no damaged entries"
+    (exit 0) and ``transactions describe`` showed a stale state. Both now fail naming the missing record."""
+    from txn_core.coordinator.service import coordinator_for
+
+    url = tmp_path / "log"
+    log = txn_core.open_log(str(url))
+    log.create_topic("orders", 1, SCHEMA)
+    with log.producer("w") as producer:
+        producer.init_transactions()
+        for i in range(3):
+            producer.begin_transaction()
+            producer.send("orders", pa.table({"id": [i], "name": ["a"]}))
+            producer.commit_transaction()
+    record = url / paths.coordinator_log(coordinator_for("w", log.coordinator_partitions)) / paths.slot_name(2)
+    record.unlink()
+
+    failed = here("maintenance", "damaged", url, code=1)
+    assert str(record.relative_to(url)) in failed.err and "missing" in failed.err, failed.err
+    described = here("transactions", "describe", url, "w", code=1)
+    assert str(record.relative_to(url)) in described.err and "restored from a backup" in described.err
+
+
 def test_a_topic_with_damaged_metadata_does_not_hide_the_others(tmp_path: Path, here: Callable[..., Result]) -> None:
     """One flipped byte in a topic's newest metadata version failed ``topics list`` and ``maintenance damaged``
     for the whole log, with no way out. They now go on with the other topics and exit 1 naming the object

@@ -502,3 +502,73 @@ def test_a_failing_coordinator_snapshot_never_fails_the_committed_append(monkeyp
     p.close()
     assert NoSnapshots.failures >= 3
     assert ids(txn_core.Log(inner), parts=1) == [0, 1, 2, 3]
+
+
+def _committed_three(url: str) -> tuple[txn_core.Log, int]:
+    """Three committed transactions of id ``w``; returns the log and w's coordinator partition."""
+    from txn_core.coordinator.service import coordinator_for
+
+    log = txn_core.open_log(url)
+    log.create_topic("t", 1, SCHEMA)
+    with log.producer("w") as p:
+        p.init_transactions()
+        for i in range(3):
+            p.begin_transaction()
+            p.send("t", pa.table({"id": [i]}), partition=0)
+            p.commit_transaction()
+    return log, coordinator_for("w", log.coordinator_partitions)
+
+
+def test_a_deleted_transaction_log_record_is_damage_and_nothing_is_written_into_its_slot() -> None:
+    """A coordinator record deleted by hand (or lost by the store) with later records present: replay took the
+    missing slot for the end, showed a stale state, and the next ``init_transactions`` created a different
+    record there (a restore from backup then impossible) before failing on the intact record after it.
+    Now every fresh view fails naming the missing record and the way out, and nothing is appended."""
+    url = f"memory://{uuid.uuid4().hex}"
+    log, c = _committed_three(url)
+    slots = log.views.get(c).slots
+    hole = 2
+    before = log.storage.read(slots.key(hole))
+    log.storage.delete(slots.key(hole))
+    assert slots.exists(hole + 1), "the case this test is about: later records exist"
+
+    fresh = txn_core.open_log(url)
+    with pytest.raises(txn_core.CorruptDataError) as failed:
+        fresh.producer("w").init_transactions()
+    message = str(failed.value)
+    assert slots.key(hole) in message and "missing" in message and "restored from a backup" in message
+    assert not slots.exists(hole), "nothing was written into the hole"
+    with pytest.raises(txn_core.CorruptDataError, match="missing"):
+        txn_core.open_log(url).describe_transaction("w")
+
+    log.storage.create(slots.key(hole), [before])  # restored from a backup: everything works again
+    with txn_core.open_log(url).producer("w") as p:
+        p.init_transactions()
+        p.begin_transaction()
+        p.send("t", pa.table({"id": [3]}), partition=0)
+        p.commit_transaction()
+    assert ids(txn_core.open_log(url), parts=1) == [0, 1, 2, 3]
+
+
+def test_a_record_created_between_the_miss_and_the_probe_is_not_a_hole() -> None:
+    """A refresh reads slot n (missing) while another writer creates n and n + 1: the probe of n + 1 sees it.
+    Only a second read of n, asked after n + 1 was seen, tells a race from a hole."""
+    from txn_core.storage.base import DelegatingStorage
+
+    url = f"memory://{uuid.uuid4().hex}"
+    log, c = _committed_three(url)
+    key = log.views.get(c).slots.key(2)
+
+    class LateFirstRead(DelegatingStorage):
+        missed = False
+
+        def read(self, k: str, start: int | None = None, end: int | None = None) -> bytes:
+            if k == key and not LateFirstRead.missed:
+                LateFirstRead.missed = True  # as if the read had been answered before the record landed
+                raise txn_core.ObjectNotFoundError(f"{k} does not exist", k)
+            return self.inner.read(k, start, end)
+
+    racing = txn_core.Log(LateFirstRead(log.storage))
+    described = racing.describe_transaction("w")
+    assert LateFirstRead.missed
+    assert described.state == "CompleteCommit", described

@@ -50,6 +50,7 @@ from txn_core.errors import (
 )
 from txn_core.ids import TxnId
 from txn_core.logs import get_logger
+from txn_core.parallel import submit
 from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
 from txn_core.storage.guarded import opportunistic
@@ -65,6 +66,9 @@ SNAPSHOT_EVERY = 500
 SNAPSHOTS_KEPT = 2
 #: Compaction deletes only records older than this; a view idle for half of it re-checks snapshots.
 COMPACTION_MIN_AGE_MS = 3600 * 1000
+#: How often a view's refresh also asks whether a record follows the slot it finds missing (a hole,
+#: PROTOCOL.md "Damage"): at its first refresh, then at most this often (seconds).
+HOLE_RECHECK_S = 5.0
 
 
 #: A finished transactional id idle this long (coordinator log time) expires (Kafka's
@@ -134,6 +138,7 @@ class CoordinatorPartition:
         self._queue: list[_Append] = []
         self._queue_lock = threading.Lock()
         self._last_refresh = self._monotonic()
+        self._hole_checked: float | None = None  # when a refresh last probed past the slot it missed
         #: coordinator log time: the newest record timestamp applied; finished ids expire by it
         self.log_time_ms = 0
 
@@ -163,23 +168,64 @@ class CoordinatorPartition:
         self.log_time_ms = int(snap.get("log_time_ms", max((t.updated_ms for t in self.tids.values()), default=0)))
 
     def refresh(self) -> None:
-        """Apply every record written since the last refresh (one GET per new slot, plus one miss)."""
+        """Apply every record written since the last refresh (one GET per new slot, plus one miss).
+
+        A missing slot with a later record present is a **hole** (a record deleted by hand, or lost by the
+        store), never the end: an append there would take the slot of a decision the records after it were
+        built on. The first refresh of a view, and one every :data:`HOLE_RECHECK_S`, asks beside each read
+        whether the next slot exists (one request more per read, no round trip more); a hole raises the
+        record's damage (:meth:`_confirm_hole`)."""
         with self._lock:
             if self.next_slot < 0:
                 self._load()
+            probe = self._hole_check_due()
             while True:
+                after = submit(self.slots.exists, self.next_slot + 1, leaf=True) if probe else None
                 try:
                     data = self.slots.read(self.next_slot)
                 except ObjectNotFoundError:
                     if self._compacted_past_us():
                         self._load()
                         continue
-                    break
+                    if after is None or not after.result():
+                        break
+                    found = self._confirm_hole(self.next_slot)
+                    if found is None:  # compaction removed it: start again from the newest snapshot
+                        self._load()
+                        continue
+                    data = found
                 self._apply_record(self.next_slot, data)
                 self.next_slot += 1
             snapshot = self._snapshot_due()
         if snapshot is not None:
             self._maintain(snapshot)
+
+    def _hole_check_due(self) -> bool:
+        now = self._monotonic()
+        if self._hole_checked is not None and now - self._hole_checked < HOLE_RECHECK_S:
+            return False
+        self._hole_checked = now
+        return True
+
+    def _confirm_hole(self, slot: int) -> bytes | None:
+        """``slot`` was missing while ``slot + 1`` was present. Read it again, asked after the later one was
+        seen: a record created between the two requests is no hole (returned). A snapshot past it means
+        compaction removed it (None: reload). Otherwise it is a hole: slot ``n + 1`` is only created by a
+        writer that replayed slot ``n``, and only compaction deletes records; raise its damage."""
+        try:
+            return self.slots.read(slot)
+        except ObjectNotFoundError:
+            pass
+        if self._newest_snapshot() > slot:
+            return None
+        key = self.slots.key(slot)
+        check = "missing: the record is gone although later records exist"
+        raise self._damaged(CorruptDataError(f"{key}: {check}.", key, check), key, missing=True)
+
+    def _newest_snapshot(self) -> int:
+        """The slot of the newest snapshot listed (0 without one)."""
+        names = self.storage.list(paths.coordinator_snapshots(self.coordinator))
+        return max((int(n) for n in names if n.isdigit()), default=0)
 
     def _current_enough(self) -> bool:
         """Whether an append may create at ``next_slot`` without first reading it (PROTOCOL.md "Transaction
@@ -196,9 +242,7 @@ class CoordinatorPartition:
         idle, self._last_refresh = now - self._last_refresh, now
         if idle < COMPACTION_MIN_AGE_MS / 2000:
             return False
-        names = self.storage.list(paths.coordinator_snapshots(self.coordinator))
-        newest = max((int(n) for n in names if n.isdigit()), default=0)
-        return newest > self.next_slot
+        return self._newest_snapshot() > self.next_slot
 
     def _apply_record(self, slot: int, data: bytes) -> None:
         key = self.slots.key(slot)
@@ -212,14 +256,20 @@ class CoordinatorPartition:
             raise self._damaged(exc, key) from exc
         self._commit(steps, record.ts)
 
-    def _damaged(self, exc: CorruptDataError, key: str) -> CorruptDataError:
-        """What a damaged record stops, and the way out: the transaction log holds the decisions, which
-        nothing else can rebuild (PROTOCOL.md "Damage")."""
+    def _damaged(self, exc: CorruptDataError, key: str, *, missing: bool = False) -> CorruptDataError:
+        """What a damaged (or ``missing``) record stops, and the way out: the transaction log holds the
+        decisions, which nothing else can rebuild (PROTOCOL.md "Damage")."""
+        last = (
+            "Nothing is written into its slot meanwhile: a record there would replace the one the records after it "
+            "were built on."
+            if missing
+            else "Do not delete it: the records after it would be overwritten."
+        )
         return CorruptDataError(
             f"{exc} It is a record of the transaction log of coordinator partition {self.coordinator}: until it "
             "is restored from a backup of that object, the transactional ids of this coordinator partition can "
             "neither begin nor end transactions, and readers cannot decide their open ones (other coordinator "
-            "partitions are unaffected). Do not delete it: the records after it would be overwritten.",
+            f"partitions are unaffected). {last}",
             key,
             exc.check,
         )
