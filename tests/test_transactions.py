@@ -264,6 +264,32 @@ def test_a_dead_producer_cannot_hold_readers_beyond_its_timeout(log: txn_core.Lo
         dead.commit_transaction()
 
 
+def test_a_commit_after_the_timeout_nobody_else_noticed_aborts_and_says_so(log: txn_core.Log, clock: FakeClock) -> None:
+    """Nobody met the transaction while it ran past its timeout: its own commit used to succeed, though any
+    reader looking a moment earlier would have aborted it. The producer's commit now records the abort a
+    reader would have (fencing the producer, markers written) and raises TransactionTimedOutError."""
+    slow = tx(log, timeout=1_000)
+    slow.begin_transaction()
+    send(slow, [1, 2], partition=0)
+    slow.flush()
+    clock.now += 1_500
+    with pytest.raises(TransactionTimedOutError, match=r"exceeded its timeout of 1000 ms \(500 ms before commit"):
+        slow.commit_transaction()
+    st = log.coordinator.state("tx")
+    assert st is not None and st.state == CoordinatorState.COMPLETE_ABORT and st.abort_reason == "timeout"
+    assert ids(log) == [] and ids(log, "read_uncommitted") == [1, 2]
+    assert log.describe_topic("t").partitions[0].aborted_transactions == 1, "its abort marker was written"
+    with pytest.raises(ProducerFencedError):
+        slow.begin_transaction()
+
+    within = tx(log, "within", timeout=1_000)
+    within.begin_transaction()
+    send(within, [3], partition=0)
+    clock.now += 900
+    within.commit_transaction()  # within its timeout: committed as before
+    assert ids(log) == [3]
+
+
 def test_expire_transactions_aborts_every_late_one(log: txn_core.Log, clock: FakeClock) -> None:
     for i in range(4):
         p = tx(log, f"late-{i}", timeout=1_000)

@@ -215,7 +215,8 @@ class TransactionalIdTakenOverError(ProducerFencedError):
 
 
 class TransactionTimedOutError(ProducerFencedError):
-    """The transaction exceeded its timeout and was aborted by another participant."""
+    """The transaction exceeded its timeout and was aborted: by another participant that met it, or by its own
+    producer's commit, which records the abort instead of the commit it asked for."""
 
 
 class InvalidTxnStateError(TxnLogError):

@@ -34,6 +34,7 @@ from txn_core.errors import (
     ConcurrentTransactionsError,
     InvalidTxnStateError,
     ProducerFencedError,
+    StorageError,
     StoragePermissionError,
     TransactionTimedOutError,
 )
@@ -246,15 +247,48 @@ class TransactionCoordinator:
             ):
                 _check_repeated_end(cur, tid, producer_id, epoch, txn, commit)
                 return done or None
+            if commit and cur is not None and cur.txn == txn and cur.state == _C.ONGOING:
+                late = self.clock() - cur.deadline_ms
+                if late > 0:  # past its timeout: aborted as any participant meeting it would abort it
+                    timed_out.append(late)
+                    return [*done, Prepare(tid, producer_id, epoch, txn, "ABORT", None, epoch + 1, "timeout")]
             return [*done, Prepare(tid, producer_id, epoch, txn, outcome, metadata)]
 
+        timed_out: list[int] = []
         state = view.append(tid, build)
         if state is None:  # pragma: no cover
             raise InvalidTxnStateError(f"transactional id {tid!r}: no state", transactional_id=tid)
+        if timed_out and state.txn == txn and state.abort_reason == "timeout":
+            self._timed_out_at_commit(state, timed_out[-1])
         logger.info("%s %s: transaction %s decided %s", outcome.lower(), tid, txn, state.state.name)
         if state.state.is_prepared and complete:
             state = self.complete(state)
         return state
+
+    def _timed_out_at_commit(self, aborted: TidState, late_ms: int) -> None:
+        """A commit asked for a transaction already past its timeout: ``end`` recorded its abort (with the
+        bumped epoch and reason ``timeout``) instead, as a reader meeting it would have. Its markers and
+        Complete are written here (left to whoever meets it after the grace if that fails: the abort is
+        durable), and the producer hears it as :class:`TransactionTimedOutError`. Without this, a commit
+        raced every reader's timeout check: it succeeded only if nobody looked in time."""
+        try:
+            self.complete(aborted)
+        except StorageError as exc:
+            logger.warning(
+                "abort %s: markers of timed-out transaction %s left to readers: %s", aborted.tid, aborted.txn, exc
+            )
+        raise TransactionTimedOutError(
+            f"transactional id {aborted.tid!r}: transaction {aborted.txn} exceeded its timeout of "
+            f"{aborted.timeout_ms} ms ({late_ms} ms before commit_transaction() was called), so it was aborted "
+            "instead of committed; nothing of it is visible. This producer is fenced: create a new one, call "
+            "init_transactions() and redo the work; give transactions that need longer a larger "
+            "transaction_timeout_ms.",
+            transactional_id=aborted.tid,
+            producer_id=aborted.producer_id,
+            epoch=aborted.epoch - 1,
+            current_producer_id=aborted.producer_id,
+            current_epoch=aborted.epoch,
+        )
 
     # --- second phase -------------------------------------------------------------------------
 
