@@ -534,9 +534,8 @@ def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Call
     assert "(entries younger than 0 ms and data of open transactions are kept)" in text
 
 
-def test_maintenance_damaged_and_mark_lost_round_trip(tmp_path: Path, here: Callable[..., Result]) -> None:
-    """A damaged entry is listed with what its bytes still tell, marking it lost asks for --yes, and once
-    marked, describe says by whom and why and dump reads past it (PROTOCOL.md "Damage")."""
+def _three_entries(tmp_path: Path) -> Path:
+    """A log whose topic ``orders`` holds three entries of two records each (ids 0..5); returns its path."""
     url = tmp_path / "log"
     log = txn_core.open_log(str(url))
     log.create_topic("orders", 1, SCHEMA)
@@ -544,18 +543,54 @@ def test_maintenance_damaged_and_mark_lost_round_trip(tmp_path: Path, here: Call
         for n in range(3):
             producer.send("orders", pa.table({"id": [2 * n, 2 * n + 1], "name": ["a", "b"]}), partition=0)
             producer.flush()
+    return url
+
+
+def test_dump_shows_what_precedes_damage_and_a_range_before_it_is_clean(
+    tmp_path: Path, here: Callable[..., Result]
+) -> None:
+    """The table output of ``dump`` printed nothing when the read met a damaged entry (``--json`` streamed the
+    records before it), and ``--to`` just before the damage still failed: the read polled on into it."""
+    url = _three_entries(tmp_path)
+    entry = url / paths.entries(paths.partition_log_path("orders", 0)) / paths.slot_name(2)
+    data = bytearray(entry.read_bytes())
+    data[-3] ^= 0x01  # the payload checksum no longer matches
+    entry.write_bytes(bytes(data))
+
+    for extra in ([], ["--show-control"]):
+        failed = here("dump", url, "orders", *extra, code=1)
+        ids = [line.split()[4 + (2 if extra else 0)] for line in failed.out.splitlines()[1:]]
+        assert ids == ["0", "1", "2", "3"], failed.out
+        assert "is damaged" in failed.err and "payload checksum mismatch" in failed.err
+    before = here("dump", url, "orders", "--to", "4", "--json")
+    assert [json.loads(line)["id"] for line in before.out.splitlines()] == [0, 1, 2, 3]
+    assert here("dump", url, "orders", "--to", "4").out.count("\n") == 5  # header and four records, exit 0
+    limited = here("dump", url, "orders", "--limit", "4")
+    assert "showing the first 4 records" in limited.err
+
+    # A truncated payload under an intact header: the error's hint names the check that lists it.
+    entry.write_bytes(bytes(data[: len(data) // 2]))
+    truncated = here("dump", url, "orders", code=1)
+    assert "truncated" in truncated.err and "'txnlog maintenance damaged URL --verify-payloads'" in truncated.err
+    assert "truncated" in here("maintenance", "damaged", url, "--verify-payloads", code=1).out
+
+
+def test_maintenance_damaged_and_mark_lost_round_trip(tmp_path: Path, here: Callable[..., Result]) -> None:
+    """A damaged entry is listed with what its bytes still tell, marking it lost asks for --yes, and once
+    marked, describe says by whom and why and dump reads past it (PROTOCOL.md "Damage")."""
+    url = _three_entries(tmp_path)
     entry = url / paths.entries(paths.partition_log_path("orders", 0)) / paths.slot_name(1)
     data = bytearray(entry.read_bytes())
     data[20] ^= 0x01  # the header checksum no longer matches
     entry.write_bytes(bytes(data))
     key = f"{paths.entries(paths.partition_log_path('orders', 0))}{paths.slot_name(1)}"
 
-    listed = txnlog("maintenance", "damaged", url)
+    listed = here("maintenance", "damaged", url, code=1)  # damage not resolved: exit status 1
     assert listed.out.splitlines()[0].split()[:4] == ["topic", "partition", "slot", "offsets"]
     row = listed.out.splitlines()[1]
     assert row.split()[:4] == ["orders", "0", "1", "[2,"] and "header checksum mismatch" in row and row.endswith("no")
     assert f"{key}: the payload reads as an Arrow stream of 2 records" in listed.out
-    (found,) = here("maintenance", "damaged", url, "--json").json()
+    (found,) = here("maintenance", "damaged", url, "--json", code=1).json()
     assert (found["slot"], found["first_offset"], found["next_offset"], found["marked_lost"]) == (1, 2, 4, None)
     failed = here("dump", url, "orders", code=1)
     assert f"{key} is damaged" in failed.err and "mark-lost" in failed.err

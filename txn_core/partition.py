@@ -740,8 +740,9 @@ class PartitionLog:
         return lost
 
     def damaged(self, slot: int, exc: CorruptDataError, header: EntryHeader | None = None) -> DamagedEntryError:
-        """The error for the damaged entry at ``slot`` (``exc`` says which check failed)."""
-        return damaged_entry_error(self.path, slot, exc, header)
+        """The error for the damaged entry at ``slot`` (``exc`` says which check failed). With its ``header``
+        intact, the damage lies past it: ``txnlog maintenance damaged`` lists it with ``--verify-payloads``."""
+        return damaged_entry_error(self.path, slot, exc, header, payload=header is not None)
 
     def remember(self, slot: int, header: EntryHeader) -> None:
         """Learn from a header read at ``slot``: where its offsets are, and the tail if it lies past it.

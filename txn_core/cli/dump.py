@@ -21,7 +21,7 @@ from txn_core import paths
 from txn_core.cli.common import Parser, SubParsers, add_verb, get_topic, non_negative_int, open_existing, warn
 from txn_core.cli.output import Progress, json_line, print_table
 from txn_core.entry import decode_json
-from txn_core.errors import ConfigurationError, DamagedEntryError
+from txn_core.errors import ConfigurationError, CorruptDataError, DamagedEntryError
 from txn_core.log import Log
 from txn_core.readahead import HeaderReadAhead
 from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED
@@ -97,6 +97,7 @@ class _Partition:
     count: int = 0  # records read
     reached: int = 0  # records before this offset were considered
     more: bool = False  # the limit stopped the read while records were left
+    error: CorruptDataError | None = None  # damage the read stopped at (the records before it were read)
 
 
 def dump(args: argparse.Namespace) -> int:
@@ -116,6 +117,7 @@ def dump(args: argparse.Namespace) -> int:
     total = 0
     table_rows: list[list[Any]] = []
     truncated = False
+    failure: CorruptDataError | None = None
 
     def emit(rows: list[dict[str, Any]]) -> None:
         for r in rows:
@@ -157,10 +159,15 @@ def dump(args: argparse.Namespace) -> int:
             done += max(0, got.reached - first)
             bar.update(done)
             truncated = truncated or got.more
+            if got.error is not None:  # what was read before it is shown, then the error (exit status 1)
+                failure = got.error
+                break
     if not args.json:
         print_table(headers, table_rows, empty=f"no records in {meta.name} for these offsets and isolation level")
     if truncated:
         warn(f"showing the first {limit} records; pass --limit N for more (--limit 0 for all)")
+    if failure is not None:
+        raise failure
     return 0
 
 
@@ -184,7 +191,9 @@ def _read_partition(
     sink: Callable[[list[dict[str, Any]]], None] | None,
     progress: Callable[[int], None],
 ) -> _Partition:
-    """Read records ``[start, stop)`` (at most ``limit``); hand them to ``sink`` as they come, or keep them."""
+    """Read records ``[start, stop)`` (at most ``limit``); hand them to ``sink`` as they come, or keep them.
+    Damage the read meets is kept as ``error`` with what was read before it; damage at or past ``stop`` is no
+    concern of this read."""
     out = _Partition(partition)
     consumer = log.consumer(isolation_level=isolation)
 
@@ -200,9 +209,16 @@ def _read_partition(
         consumer.assign([tp])
         if start is not None:
             consumer.seek(tp, start)
-        while limit is None or out.count < limit:
+        while (limit is None or out.count < limit) and (stop is None or consumer.position(tp) < stop):
             want = POLL_RECORDS if limit is None else min(POLL_RECORDS, limit - out.count)
-            table = consumer.poll(max_records=want)
+            try:
+                table = consumer.poll(max_records=want)
+            except CorruptDataError as exc:
+                at = getattr(exc, "first_offset", None)
+                if stop is not None and at is not None and at >= stop:
+                    break  # every wanted record lies before it
+                out.error = exc
+                break
             if table.num_rows == 0:
                 break
             rows = [
@@ -217,7 +233,11 @@ def _read_partition(
             progress(consumer.position(tp))
         out.reached = consumer.position(tp) if stop is None else min(stop, consumer.position(tp))
         if limit is not None and out.count >= limit:
-            nxt = consumer.poll(max_records=1)
+            try:
+                nxt = consumer.poll(max_records=1)
+            except CorruptDataError:  # something is there; a larger limit meets (and reports) it
+                out.more = True
+                return out
             out.more = nxt.num_rows > 0 and (stop is None or nxt.column("_offset")[0].as_py() < stop)
         return out
     finally:

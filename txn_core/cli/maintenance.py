@@ -178,7 +178,8 @@ def register(sub: SubParsers, common: Parser) -> None:
         help="list and inspect damaged entries",
         description="List the damaged entries of every partition (or of the given topics and partitions): "
         "which check each fails, its size, the offsets its neighbours give it, what its bytes still tell, "
-        "and whether it is marked lost. Reads every entry header; --verify-payloads reads every record too.",
+        "and whether it is marked lost. Reads every entry header; --verify-payloads reads every record too. "
+        "Exits with status 1 while anything is damaged and not marked lost.",
         examples="  txnlog maintenance damaged /data/log\n"
         "  txnlog maintenance damaged /data/log --topic orders --partition 3 --verify-payloads",
     )
@@ -420,9 +421,11 @@ def damaged(args: argparse.Namespace) -> int:
                 found.extend(damage.find_damaged(log, meta.name, p, payloads=args.verify_payloads))
             bar.advance()
     records = damaged_metas + ([] if args.topic else damaged_coordinator_records(log))
+    # Exit status 1 when anything is damaged and not resolved (entries marked lost are): scripts can check.
+    unresolved = 1 if any(d.lost is None for d in found) else 0
     if args.json:
         print_json([damaged_json(d) for d in found])
-        return report_damage("metadata or transaction log", records)
+        return report_damage("metadata or transaction log", records) or unresolved
     checked = "headers and records" if args.verify_payloads else "headers; --verify-payloads checks every record"
     print_table(
         ["topic", "partition", "slot", "offsets", "size", "check failed", "marked lost"],
@@ -444,7 +447,7 @@ def damaged(args: argparse.Namespace) -> int:
     for d in found:
         if d.hint and d.lost is None:
             print(f"{d.key}: {d.hint}")
-    return report_damage("metadata or transaction log", records)
+    return report_damage("metadata or transaction log", records) or unresolved
 
 
 def damaged_coordinator_records(log: Any) -> list[CorruptDataError]:
