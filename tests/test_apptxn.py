@@ -245,6 +245,8 @@ def test_the_cli_produces_a_file_once_per_app_version(tmp_path: Path) -> None:
 
     assert "committed 3 rows" in run("--version", "20261123")
     assert "already committed" in run("--version", "20261123")
+    # An older version was never committed: it is skipped as one the application has passed, and says so.
+    assert "or older than the last version committed for it" in run("--version", "20261122")
     assert _ids(txn_core.open_log(url)) == [1, 2, 3]
     bad = subprocess.run(
         [*cli, "--version", "1", "--format", "csv"], capture_output=True, text=True, timeout=120, check=False

@@ -532,6 +532,9 @@ def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Call
     ]
     assert text.splitlines()[2].split() == ["orders", "1", "10", "10", "0", "0", "B"]  # held by fresh's transaction
     assert "(entries younger than 0 ms and data of open transactions are kept)" in text
+    # A topic without retention named with --topic: the way out is the CLI's own, not a Python call.
+    unset = here("maintenance", "retention", scenario, "--topic", "orders", "--no-age-check", code=1)
+    assert "'txnlog topics set-retention'" in unset.err and "Log.set_retention" not in unset.err
 
 
 def _three_entries(tmp_path: Path) -> Path:

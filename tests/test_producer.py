@@ -161,6 +161,9 @@ def test_bad_partition_is_a_clear_error() -> None:
     log = _log()
     with pytest.raises(ConfigurationError, match=r"partition 9 does not exist in topic 't' \(partitions 0..3\)"):
         log.producer().send("t", pa.table({"id": [1], "key": ["a"]}), partition=9)
+    for wrong in ("0", 1.0):  # a partition of the wrong type was reported as one that does not exist
+        with pytest.raises(ConfigurationError, match=rf"partition must be an int, got {wrong!r} \("):
+            log.producer().send("t", pa.table({"id": [1], "key": ["a"]}), partition=wrong)  # type: ignore[arg-type]
 
 
 def test_ambiguous_append_is_retried_without_a_duplicate() -> None:

@@ -282,6 +282,18 @@ def retention(args: argparse.Namespace) -> int:
     explicit = args.retention_ms is not None or args.retention_bytes is not None
     if args.topic:
         topics = [get_topic(log, t).name for t in args.topic]
+        keeps_all = [
+            t
+            for t in topics
+            if not explicit
+            and log.topics.get(t).config.retention_ms is None
+            and log.topics.get(t).config.retention_bytes is None
+        ]
+        if keeps_all:
+            raise ConfigurationError(
+                f"topic {keeps_all[0]!r} keeps everything (no retention setting): set one with 'txnlog topics "
+                "set-retention', or pass --retention-ms/--retention-bytes"
+            )
     else:
         topics = []
         for t in log.list_topics():

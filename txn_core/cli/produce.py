@@ -193,7 +193,10 @@ def produce(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
     elif result.outcome == "replayed":
-        print(f"version {args.version} of {args.app_id} was already committed: nothing written")
+        print(
+            f"version {args.version} of {args.app_id} is already committed, or older than the last version "
+            "committed for it (every version up to that one counts as written): nothing written"
+        )
     else:
         print(
             f"committed {result.rows} rows to {topic}"

@@ -540,9 +540,14 @@ class Producer:
         self, meta: TopicMeta, table: pa.Table, partition: int | None, key_column: str | None
     ) -> dict[int, pa.Table]:
         if partition is not None:
-            if not is_int(partition) or not 0 <= partition < meta.partitions:
+            if not is_int(partition):
+                raise ConfigurationError(
+                    f"partition must be an int, got {partition!r} ({type(partition).__name__}): pass e.g. "
+                    f"partition=0 (topic {meta.name!r} has partitions 0..{meta.partitions - 1})"
+                )
+            if not 0 <= partition < meta.partitions:
                 meta = self.log.topics.get(meta.name)
-                if not is_int(partition) or not 0 <= partition < meta.partitions:
+                if not 0 <= partition < meta.partitions:
                     raise ConfigurationError(
                         f"partition {partition!r} does not exist in topic {meta.name!r} "
                         f"(partitions 0..{meta.partitions - 1})"
