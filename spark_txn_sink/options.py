@@ -22,10 +22,12 @@ from txn_core.ids import validate_name
 from txn_core.maintenance import SAFE_ENTRY_AGE_MS
 from txn_core.rolling import MIN_AGE_MS, ROLL_BYTES, ROLL_ENTRIES
 from txn_core.storage.options import nest_storage_options
-from txn_core.topics import MAX_PARTITIONS
+from txn_core.topics import MAX_PARTITIONS, METADATA_COLUMNS
 
-#: Columns a txnlog source adds; the sink drops them so that a copy pipeline works as written.
-SOURCE_METADATA_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp")
+#: Columns a txnlog source adds, the names the core reserves (no topic has them). The sink drops them when a
+#: frame carries all of them in the source's types, so that a copy pipeline works as written, and refuses
+#: any other column with one of these names (:func:`spark_txn_sink.topic.ignored_columns`).
+SOURCE_METADATA_COLUMNS: tuple[str, ...] = METADATA_COLUMNS
 #: Upper bound of ``transactionTimeoutMs`` (the core's limit: 15 minutes).
 MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000

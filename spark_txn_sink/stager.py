@@ -24,7 +24,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_txn_sink.options import SOURCE_METADATA_COLUMNS
 from txn_core.routing import split_by_key
 from txn_core.schema import conform
 from txn_core.staging import StagedRef, write_staged
@@ -39,7 +38,9 @@ ROUTE_BYTES = 8 << 20
 
 @dataclass(frozen=True, slots=True)
 class TopicTarget:
-    """Where and how a task writes: everything a task needs, picklable."""
+    """Where and how a task writes: everything a task needs, picklable. ``ignored_columns`` are the frame's
+    columns the tasks drop: the txnlog source's metadata columns when the plan found the frame carries them
+    all (:func:`spark_txn_sink.topic.ignored_columns`), else none; any other column reaches the topic or fails."""
 
     url: str
     storage_items: tuple[tuple[str, Any], ...]
@@ -49,6 +50,7 @@ class TopicTarget:
     key_column: str | None
     object_bytes: int = DEFAULT_OBJECT_BYTES
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
+    ignored_columns: tuple[str, ...] = ()
 
     def open_storage(self) -> Storage:
         from txn_core.storage import open_storage
@@ -133,7 +135,7 @@ class PartitionStager:
         routed together: hashing and sorting cost per call, and Spark hands over batches of 10k rows.
         """
         t = self.target
-        drop = [c for c in SOURCE_METADATA_COLUMNS if c in batch.schema.names]
+        drop = [c for c in t.ignored_columns if c in batch.schema.names]
         if drop:
             batch = batch.drop_columns(drop)
         if batch.num_rows == 0:

@@ -1,7 +1,9 @@
 """Planning checks on the driver: the target topic exists (or will be created) and accepts the frame.
 
 Runs before any task starts, so a mismatch fails the query with nothing written. The frame's columns
-``_topic``, ``_partition``, ``_offset`` and ``_timestamp`` (added by a txnlog source) are ignored.
+``_topic``, ``_partition``, ``_offset`` and ``_timestamp`` (added by a txnlog source) are ignored when the
+frame carries all four in the source's types; a column with one of these names in any other frame is the
+user's own and is refused, never dropped (:func:`ignored_columns`).
 
 A missing topic is **not** created while Spark plans: it is created by the commit, right before the
 batch's transaction begins (:func:`create_planned_topic`), so a write that fails (a task error, a
@@ -20,18 +22,67 @@ import pyarrow as pa
 from spark_txn_sink.options import SOURCE_METADATA_COLUMNS, SinkOptions
 from txn_core import ConfigurationError, SchemaMismatchError, TopicExistsError, TopicNotFoundError
 from txn_core.log import Log
+from txn_core.logs import get_logger
+from txn_core.routing import partitions_for_column
 from txn_core.schema import conform
 from txn_core.topics import TopicMeta, normalize_schema
 
+logger = get_logger(__name__)
+
+#: ``(log URL, topic, partitions option)`` already warned about in this process (a stream plans every batch).
+_warned_partitions: set[tuple[str, str, int]] = set()
+
+
+def ignored_columns(spark_schema: Any) -> tuple[str, ...]:
+    """The frame's columns the sink ignores: all of :data:`~spark_txn_sink.options.SOURCE_METADATA_COLUMNS`
+    when the frame carries each of them once, in the type a txnlog source gives it (a frame read from a txnlog
+    source, or a view of one, ``INSERT INTO`` included); ``()`` when it carries none of them.
+
+    Invariant: the sink never drops a user's own column. A frame with any other mix of these names (some
+    missing, another type, a name twice) is refused with :class:`SchemaMismatchError` naming each column and
+    the fix, while Spark plans the write: no topic can store the names (the core reserves them,
+    :func:`txn_core.topics.normalize_schema`), so such a column could be neither written nor dropped silently.
+    """
+    from spark_txn_source.schema import spark_schema as source_spark_schema
+
+    source = {f.name: f.dataType for f in source_spark_schema(pa.schema([]), include_metadata=True).fields}
+    given = [f for f in spark_schema.fields if f.name in source]
+    if not given:
+        return ()
+    names = [f.name for f in given]
+    problems = [f"{n} is missing" for n in SOURCE_METADATA_COLUMNS if n not in names]
+    problems += [f"{n} appears {names.count(n)} times" for n in SOURCE_METADATA_COLUMNS if names.count(n) > 1]
+    problems += [
+        f"{f.name} is {f.dataType.simpleString()}, not {source[f.name].simpleString()}"
+        for f in given
+        if f.dataType != source[f.name]
+    ]
+    if not problems:
+        return SOURCE_METADATA_COLUMNS
+    kept = list(dict.fromkeys(names))
+    first = kept[0]
+    expected = ", ".join(f"{n} {t.simpleString()}" for n, t in source.items())
+    raise SchemaMismatchError(
+        f"the frame has column(s) {kept} with names txnlog reserves for the metadata columns its source adds "
+        f"({', '.join(SOURCE_METADATA_COLUMNS)}); no topic can store them. The sink ignores them only when a "
+        f"frame carries all {len(source)} in the source's types ({expected}), as a frame read from a txnlog source "
+        f"does, and this one does not ({'; '.join(problems)}). Nothing was written. To keep your column's values "
+        f"rename it, e.g. df.withColumnRenamed('{first}', 'event{first}'); to leave it out, drop it: "
+        f"df.drop({', '.join(repr(n) for n in kept)})."
+    )
+
 
 def frame_arrow_schema(spark_schema: Any) -> pa.Schema:
-    """The Arrow schema of the frame's data columns (metadata columns and field metadata removed).
+    """The Arrow schema of the frame's data columns (the source's metadata columns, when
+    :func:`ignored_columns` ignores them, and field metadata removed).
 
-    Types a topic cannot hold as themselves are refused here, while Spark plans the write, naming every
-    such column and what to write instead (:func:`unstorable_columns`).
+    A column with a name the core reserves that the sink does not ignore, and types a topic cannot hold as
+    themselves, are refused here, while Spark plans the write, naming every such column and what to write
+    instead (:func:`ignored_columns`, :func:`unstorable_columns`).
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    ignored = ignored_columns(spark_schema)
     refused = unstorable_columns(spark_schema)
     if refused:
         listing = "; ".join(f"{column} ({kind}): {fix}" for column, kind, fix in refused)
@@ -42,7 +93,7 @@ def frame_arrow_schema(spark_schema: Any) -> pa.Schema:
         arrow = to_arrow_schema(spark_schema, timezone="UTC")
     except Exception as exc:  # pyspark raises its own error types for unsupported types
         raise SchemaMismatchError(f"the frame has a column type Arrow cannot represent: {exc}") from exc
-    fields = [pa.field(f.name, _nullable(f.type), True) for f in arrow if f.name not in SOURCE_METADATA_COLUMNS]
+    fields = [pa.field(f.name, _nullable(f.type), True) for f in arrow if f.name not in ignored]
     if not fields:
         raise SchemaMismatchError(f"the frame has no data columns (only {[f.name for f in arrow]}); nothing to write")
     return pa.schema(fields)
@@ -50,7 +101,8 @@ def frame_arrow_schema(spark_schema: Any) -> pa.Schema:
 
 def unstorable_columns(spark_schema: Any) -> list[tuple[str, str, str]]:
     """``(column, type, what to write instead)`` for each value of ``spark_schema`` (at any depth, skipping
-    the source's metadata columns) that a topic cannot hold as itself.
+    columns with the source's metadata column names: :func:`ignored_columns` checks those) that a topic cannot
+    hold as itself.
 
     Spark hands a Python sink a variant, a geometry or geography value as a plain struct of binary fields,
     and a user-defined type as its underlying SQL type: written as they arrive, they would be read back as
@@ -130,13 +182,52 @@ def plan_topic(log: Log, opts: SinkOptions, frame: pa.Schema) -> PlannedTopic:
         if opts.partitions is None:  # pragma: no cover - refused above
             raise TopicNotFoundError(f"unknown topic {opts.topic!r}")
         normalize_schema(frame)  # reserved, duplicate or missing column names fail now, not at commit
-        if opts.key_column is not None and opts.key_column not in frame.names:
-            raise ConfigurationError(
-                f"keyColumn {opts.key_column!r} is not a column of the frame; its columns are {frame.names}"
-            )
+        check_key_column(opts, frame, frame)
         return PlannedTopic(opts.topic, frame, opts.partitions, create=True)
     check_schema(meta, frame, opts)
+    if opts.partitions is not None and opts.partitions != meta.partitions:
+        warn_partitions_ignored(opts, meta)
     return PlannedTopic(meta.name, meta.schema, meta.partitions, create=False)
+
+
+def warn_partitions_ignored(opts: SinkOptions, meta: TopicMeta) -> None:
+    """Warn (once per process, log, topic and value) that ``partitions`` does not change an existing topic."""
+    key = (opts.url, meta.name, opts.partitions or 0)
+    if key in _warned_partitions:
+        return
+    _warned_partitions.add(key)
+    logger.warning(
+        "topic %r exists with %d partition(s); option 'partitions' (%d) is ignored: it only applies when the "
+        "sink creates the topic. Writing to its %d partition(s); drop the option, or write to a new topic to "
+        "have %d",
+        meta.name,
+        meta.partitions,
+        opts.partitions,
+        meta.partitions,
+        opts.partitions,
+    )
+
+
+def check_key_column(opts: SinkOptions, frame: pa.Schema, topic: pa.Schema) -> None:
+    """``keyColumn`` must be a column of the frame whose type (the topic's: rows are routed after they are
+    conformed to it) the core's routing can hash (:func:`txn_core.routing.partitions_for_column`): every
+    scalar type can, structs, arrays and maps cannot. Raises :class:`ConfigurationError` naming the fix."""
+    key = opts.key_column
+    if key is None:
+        return
+    if key not in frame.names:
+        raise ConfigurationError(f"keyColumn {key!r} is not a column of the frame; its columns are {frame.names}")
+    kind = (topic if key in topic.names else frame).field(key).type
+    try:
+        partitions_for_column(pa.nulls(1, kind), 1)  # the routing the tasks run, on a value of the type
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        raise ConfigurationError(
+            f"keyColumn {key!r} has type {kind}, which rows cannot be routed by: txnlog hashes scalar keys "
+            "(strings, numbers, booleans, binary, dates, timestamps...), not structs, arrays or maps. Nothing was "
+            f"written. Key on a scalar column made from it, e.g. df.withColumn('{key}_key', F.to_json('{key}')) "
+            f"(or F.xxhash64('{key}')) with .option('keyColumn', '{key}_key'); it is written with the rows, so "
+            "an existing topic must have that column (or key on one of its scalar columns)"
+        ) from exc
 
 
 def create_planned_topic(log: Log, planned: PlannedTopic) -> None:
@@ -176,7 +267,4 @@ def check_schema(meta: TopicMeta, frame: pa.Schema, opts: SinkOptions) -> None:
             "the other columns to match.",
             exc.differences,
         ) from exc
-    if opts.key_column is not None and opts.key_column not in frame.names:
-        raise ConfigurationError(
-            f"keyColumn {opts.key_column!r} is not a column of the frame; its columns are {frame.names}"
-        )
+    check_key_column(opts, frame, meta.schema)

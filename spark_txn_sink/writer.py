@@ -29,7 +29,7 @@ from spark_txn_sink.messages import SinkCommitMessage, staged_refs
 from spark_txn_sink.options import SinkOptions, parse_sink_options
 from spark_txn_sink.pairing import group_offsets, group_start
 from spark_txn_sink.stager import PartitionStager, TopicTarget
-from spark_txn_sink.topic import PlannedTopic, create_planned_topic, frame_arrow_schema, plan_topic
+from spark_txn_sink.topic import PlannedTopic, create_planned_topic, frame_arrow_schema, ignored_columns, plan_topic
 from spark_txn_source import catalog
 from txn_core import ConfigurationError, open_log
 
@@ -63,7 +63,13 @@ def _plan(options: Mapping[str, str], schema: Any, *, streaming: bool) -> tuple[
     finally:
         log.close()
     target = TopicTarget(
-        opts.url, opts.storage_items, planned.name, planned.schema, planned.partitions, opts.key_column
+        opts.url,
+        opts.storage_items,
+        planned.name,
+        planned.schema,
+        planned.partitions,
+        opts.key_column,
+        ignored_columns=ignored_columns(schema),
     )
     return opts, target, planned
 

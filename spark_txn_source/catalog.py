@@ -141,6 +141,14 @@ def recover(options: Mapping[str, str], schema: Any) -> dict[str, str]:
     return merged
 
 
+def reads_table(options: Mapping[str, str], schema: Any) -> bool:
+    """Whether a reader opened with ``options`` and ``schema`` reads a catalog table: the options name no log
+    and the schema carries a table's options (:func:`recover` takes them from it). ``schema`` is then the
+    table's stored schema, which ``ALTER TABLE`` may have changed."""
+    given = normalise(options)
+    return not any(k.lower() == "path" for k in given) and stored_options(schema) is not None
+
+
 def stored_options(schema: Any) -> dict[str, str] | None:
     """The options a catalog table's schema carries, or None."""
     fields = getattr(schema, "fields", None) or []

@@ -42,12 +42,14 @@ class TxnLogDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         from spark_txn_source.reader import make_batch_reader
 
-        return make_batch_reader(catalog.recover(self.options, schema), catalog.strip(schema))
+        table = catalog.reads_table(self.options, schema)
+        return make_batch_reader(catalog.recover(self.options, schema), catalog.strip(schema), table=table)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 - Spark API
         from spark_txn_source.reader import make_stream_reader
 
-        return make_stream_reader(catalog.recover(self.options, schema), catalog.strip(schema))
+        table = catalog.reads_table(self.options, schema)
+        return make_stream_reader(catalog.recover(self.options, schema), catalog.strip(schema), table=table)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from spark_txn_sink.writer import make_batch_writer

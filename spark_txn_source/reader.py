@@ -67,22 +67,24 @@ def source_schema(options: dict[str, str]) -> StructType:
     return spark_schema(topic_arrow_schema(schemas), opts.include_metadata)
 
 
-def _checked(options: dict[str, str], schema: StructType, streaming: bool) -> SourceOptions:
+def _checked(options: dict[str, str], schema: StructType, streaming: bool, table: bool) -> SourceOptions:
+    """The parsed options, once ``schema`` (the one Spark asks for) is known to fit the topics' columns and types
+    (:func:`~spark_txn_source.schema.check_requested`; ``table``: it is a catalog table's stored schema)."""
     opts = parse_options(options, streaming=streaming)
-    check_requested(schema, source_schema(options))
+    check_requested(schema, source_schema(options), table=table)
     return opts
 
 
-def make_batch_reader(options: dict[str, str], schema: StructType) -> TxnLogBatchReader:
+def make_batch_reader(options: dict[str, str], schema: StructType, *, table: bool = False) -> TxnLogBatchReader:
     from spark_txn_source import batch
 
-    return batch.make(_checked(options, schema, streaming=False), schema)
+    return batch.make(_checked(options, schema, streaming=False, table=table), schema)
 
 
-def make_stream_reader(options: dict[str, str], schema: StructType) -> TxnLogStreamReader:
+def make_stream_reader(options: dict[str, str], schema: StructType, *, table: bool = False) -> TxnLogStreamReader:
     from spark_txn_source.stream import TxnLogStreamReader
 
-    return TxnLogStreamReader(_checked(options, schema, streaming=True), schema)
+    return TxnLogStreamReader(_checked(options, schema, streaming=True, table=table), schema)
 
 
 # --- executor side ------------------------------------------------------------------------------

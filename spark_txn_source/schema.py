@@ -7,18 +7,31 @@ timezone="UTC")`` exactly (names, order, ``string`` not ``large_string``, nullab
 columns are built in the target's own types (:func:`metadata_fields`: nullable, ``_timestamp`` in
 microseconds), so a batch of a topic whose columns Spark represents as they are already equals the target
 and is handed over as it is. Any other batch is rebuilt against the target: columns are taken by name
-(zero-copy when the type already matches), cast when the topic's type differs, and null-filled when a
-topic lacks a column another topic has.
+(zero-copy when the type already matches), cast when the type differs, and null-filled when a topic lacks a
+column another topic has. A topic column's cast only changes its representation, never its values (Arrow's
+``large_string`` to ``string``, milliseconds to Spark's microseconds, a time zone to UTC): a requested schema
+that gives a topic column another Spark type is refused while Spark plans the read (:func:`check_requested`).
+Only the metadata columns may be retyped by a requested schema, and are then cast.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    CharType,
+    DataType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    VarcharType,
+)
 
 from txn_core.errors import ConfigurationError
 from txn_core.records import METADATA_FIELDS, buildable_metadata_field
+from txn_core.topics import METADATA_COLUMNS
 
 
 def topic_arrow_schema(schemas: dict[str, pa.Schema]) -> pa.Schema:
@@ -49,15 +62,73 @@ def spark_schema(arrow_schema: pa.Schema, include_metadata: bool) -> StructType:
     return StructType(out)
 
 
-def check_requested(requested: StructType, available: StructType) -> None:
-    """A user-given schema may only name columns the read provides."""
+#: What to do when a catalog table's stored schema does not match its topics.
+TABLE_SCHEMA_FIX = (
+    "This is a txnlog catalog table, whose stored schema no longer matches its topics: it may have been changed "
+    "(ALTER TABLE ... ADD COLUMNS, ALTER COLUMN and the like are not honoured by txnlog tables), or the topics "
+    "were recreated. DROP TABLE it and CREATE TABLE it again with the same OPTIONS (dropping a txnlog table "
+    "leaves the log and its topics intact)"
+)
+
+
+def check_requested(requested: StructType, available: StructType, *, table: bool = False) -> None:
+    """A requested schema (a user's ``.schema(...)``, or a catalog table's stored schema when ``table``) may
+    only name columns the read provides, each of a topic column's own type: txnlog never converts a topic's
+    values (:func:`conform` casts only the metadata columns, which a requested schema may retype, as txnlog
+    builds them). Differences that leave values unchanged are accepted: nullability at any depth, field
+    metadata, string collations and CHAR/VARCHAR for strings. Raises :class:`ConfigurationError` naming
+    every offending column and the fix, while Spark plans the read (before any task)."""
     names = set(available.fieldNames())
     missing = [f.name for f in requested.fields if f.name not in names]
     if missing:
         raise ConfigurationError(
             f"the schema given to the txnlog source names column(s) {missing} that the topics do not have; "
-            f"available columns: {', '.join(available.fieldNames())}"
+            f"available columns: {', '.join(available.fieldNames())}. "
+            + (
+                TABLE_SCHEMA_FIX
+                if table
+                else "Drop .schema(...) to read the topics' columns, or name only available ones"
+                " (a txnlog catalog table's stored schema may have been changed with ALTER TABLE, which txnlog"
+                " tables do not honour: DROP TABLE and CREATE TABLE it again; dropping a txnlog table leaves"
+                " the log intact)"
+            )
         )
+    own = {f.name: f.dataType for f in available.fields}
+    retyped = [
+        (f.name, f.dataType, own[f.name])
+        for f in requested.fields
+        if f.name not in METADATA_COLUMNS and _plain(f.dataType) != _plain(own[f.name])
+    ]
+    if retyped:
+        listing = "; ".join(
+            f"column {n!r} is requested as {want.simpleString()}, the topics store {have.simpleString()}"
+            for n, want, have in retyped
+        )
+        name, want, _ = retyped[0]
+        fix = (
+            TABLE_SCHEMA_FIX
+            if table
+            else "Drop .schema(...) to read the topics' own types, or cast after loading: "
+            f".load(URL).withColumn({name!r}, F.col({name!r}).cast({want.simpleString()!r}))"
+        )
+        raise ConfigurationError(
+            f"the schema given to the txnlog source does not match the topics' types: {listing}. txnlog does not "
+            f"convert a topic's values on read (a cast would change them, or fail inside a task). {fix}"
+        )
+
+
+def _plain(dt: DataType) -> DataType:
+    """``dt`` without what does not change its values: nullability at any depth, field metadata, a string's
+    collation, CHAR/VARCHAR (strings in a frame)."""
+    if isinstance(dt, StructType):
+        return StructType([StructField(f.name, _plain(f.dataType), True) for f in dt.fields])
+    if isinstance(dt, ArrayType):
+        return ArrayType(_plain(dt.elementType), True)
+    if isinstance(dt, MapType):
+        return MapType(_plain(dt.keyType), _plain(dt.valueType), True)
+    if isinstance(dt, StringType | CharType | VarcharType):
+        return StringType()
+    return dt
 
 
 def arrow_target(schema: StructType) -> pa.Schema:

@@ -166,6 +166,58 @@ def test_source_metadata_columns_are_ignored(sspark: Any, log: txn_core.Log, tmp
     assert ids(read_topic(log, "out")) == list(range(10))
 
 
+@pytest.mark.parametrize(
+    ("select", "problem"),
+    [
+        ("id;value;current_timestamp() as _timestamp", "_topic is missing; _partition is missing; _offset is missing"),
+        (
+            "id;value;'t' as _topic;0 as _partition;cast(id as string) as _offset;current_timestamp() as _timestamp",
+            "_offset is string, not bigint",
+        ),
+    ],
+)
+def test_a_stream_with_its_own_metadata_named_column_is_refused_before_anything_is_written(
+    sspark: Any, log: txn_core.Log, tmp_path: Path, select: str, problem: str
+) -> None:
+    """A column named like a metadata column is the user's own unless the frame carries the source's whole set
+    in its types: refused, not dropped."""
+    log.create_topic("out", 2, pa.schema([("id", pa.int64()), ("value", pa.string())]))
+    err = run_copy_failing(sspark, log.url, tmp_path / "chk", total=10, per_batch=10, select=select)
+    assert problem in err and "withColumnRenamed(" in err
+    assert read_topic(log, "out").num_rows == 0
+    assert staged_objects(log) == []
+
+
+def test_a_batch_write_of_a_users_own_timestamp_column_is_refused_not_dropped(sspark: Any, log: txn_core.Log) -> None:
+    """The user's repro: ``_timestamp`` of a frame that never saw a txnlog source was dropped, and the topic
+    created without it."""
+    df = sspark.sql("SELECT 1L AS id, TIMESTAMP '2024-01-01 00:00:00' AS _timestamp")
+    writer = df.write.format("txnlog").mode("append").option("topic", "events").option("partitions", "1")
+    with pytest.raises(Exception, match=r"the frame has column\(s\) \['_timestamp'\]") as info:
+        writer.save(log.url)
+    assert "df.withColumnRenamed('_timestamp', 'event_timestamp')" in str(info.value)
+    assert "events" not in log.list_topics()
+    df.withColumnRenamed("_timestamp", "event_timestamp").write.format("txnlog").mode("append").option(
+        "topic", "events"
+    ).option("partitions", "1").save(log.url)
+    out = read_topic(log, "events")
+    assert out.column_names[:2] == ["id", "event_timestamp"] and out.column("event_timestamp").null_count == 0
+
+
+def test_a_key_column_rows_cannot_be_routed_by_is_refused_before_any_task(sspark: Any, log: txn_core.Log) -> None:
+    """A struct key failed inside every task with pyarrow's ArrowNotImplementedError (dictionary_encode)."""
+    df = sspark.sql("SELECT id, named_struct('a', cast(id AS int)) AS k FROM range(3)")
+    writer = df.write.format("txnlog").mode("append").option("topic", "keyed").option("partitions", "2")
+    with pytest.raises(Exception, match=r"keyColumn 'k' has type struct<a: int32>") as info:
+        writer.option("keyColumn", "k").save(log.url)
+    assert "F.to_json('k')" in str(info.value) and "ArrowNotImplementedError" not in str(info.value)
+    assert "keyed" not in log.list_topics()
+    df.selectExpr("id", "k", "to_json(k) AS k_key").write.format("txnlog").mode("append").option(
+        "topic", "keyed"
+    ).option("partitions", "2").option("keyColumn", "k_key").save(log.url)
+    assert sorted(ids(read_topic(log, "keyed"))) == [0, 1, 2]
+
+
 def test_schema_mismatch_fails_before_anything_is_written(sspark: Any, log: txn_core.Log, tmp_path: Path) -> None:
     log.create_topic("out", 2, pa.schema([("id", pa.int64()), ("value", pa.int32())]))
     err = run_copy_failing(sspark, log.url, tmp_path / "chk", total=10, per_batch=10, select="id;key;value")

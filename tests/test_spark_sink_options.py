@@ -97,7 +97,6 @@ def test_types_a_topic_cannot_hold_are_named_with_what_to_write_instead() -> Non
             st.StructField("point", ExamplePointUDT()),
             st.StructField("spans", st.MapType(st.StringType(), st.CalendarIntervalType())),
             st.StructField("docs", st.ArrayType(st.StructType([st.StructField("doc", st.VariantType())]))),
-            st.StructField("_topic", st.VariantType()),  # a source's metadata column: dropped, not checked
         ]
     )
     assert [(column, kind) for column, kind, _ in unstorable_columns(schema)] == [

@@ -356,6 +356,24 @@ def test_a_bad_option_fails_the_query_at_start_with_a_clear_error(
         ).start().awaitTermination(60)
 
 
+def test_a_read_schema_retyping_a_topic_column_is_refused_before_any_task(spark: Any, tmp_path: Path) -> None:
+    """The user's repro: ``.schema("id timestamp")`` on a bigint column read wrong instants (and a string gave
+    text); now the read fails while Spark creates the reader, naming the column, both types and the fix."""
+    url, log = new_log(tmp_path)
+    with log.producer() as p:
+        send(p, [1], "a", 0)
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
+    for wanted in ("timestamp", "string"):
+        df = spark.read.format("txnlog").schema(f"id {wanted}").option("topic", "t").load(url)
+        with pytest.raises(Exception, match=f"column 'id' is requested as {wanted}, the topics store bigint") as info:
+            df.collect()
+        assert "Failed to initialize Python data source reader" in str(info.value)  # planning, not a task
+        assert "Drop .schema(...)" in str(info.value)
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs  # no Spark job ran
+    df = spark.read.format("txnlog").schema("id bigint not null, txn string").option("topic", "t").load(url)
+    assert [tuple(r) for r in df.collect()] == [(1, "a")]  # the topic's own types read as before
+
+
 # --- other deployments: S3 through storage options, Spark Connect, executors in separate processes ----
 
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, Not
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
-from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 import txn_core
 from spark_txn_source.batch import TxnLogBatchReader, TxnLogFilteringBatchReader
@@ -439,3 +439,60 @@ def test_a_batch_read_whose_starting_offsets_lie_past_the_end_is_refused(url: st
     reader = make_batch_reader(at_end, source_schema(at_end))
     assert read_ids(reader, reader.partitions()) == []
     open_txn.abort_transaction()
+
+
+def test_a_user_schema_giving_a_topic_column_another_type_is_refused_while_planning(url: str) -> None:
+    """A bigint read as a timestamp gave wrong instants, as a string gave text, and a failing cast a raw
+    ArrowInvalid inside a task naming no column: the reader now refuses it when Spark creates it, before any
+    task, naming the column, both types and the fix."""
+    write(url, 0, [1])
+    opts = {"path": url, "topic": "t", "startingOffsets": "earliest"}
+    for wanted in (TimestampType(), StringType(), IntegerType()):
+        schema = StructType([StructField("id", wanted)])
+        for make in (make_batch_reader, make_stream_reader):
+            with pytest.raises(txn_core.ConfigurationError) as info:
+                make(opts, schema)
+            assert f"column 'id' is requested as {wanted.simpleString()}, the topics store bigint" in str(info.value)
+            assert "Drop .schema(...)" in str(info.value)
+            assert f"F.col('id').cast('{wanted.simpleString()}')" in str(info.value)
+            assert "DROP TABLE" not in str(info.value)
+    stored = StructType([StructField("id", StringType())])  # a table's schema, changed with ALTER COLUMN
+    with pytest.raises(txn_core.ConfigurationError, match=r"requested as string.*DROP TABLE it and CREATE TABLE"):
+        make_batch_reader(opts, stored, table=True)
+
+
+def test_a_requested_schema_that_only_differs_in_nullability_collation_or_metadata_types_reads(url: str) -> None:
+    """What worked for a reason keeps working: a catalog table's stored schema, or a user's, may declare
+    columns non-null (at any depth), carry field metadata, give strings a collation, or retype the metadata
+    columns (txnlog builds those, and casts them)."""
+    log = txn_core.open_log(url)
+    nested = pa.schema([("id", pa.int64()), ("s", pa.struct([("a", pa.int32())])), ("n", pa.large_string())])
+    log.create_topic("n", 1, nested)
+    p = log.producer()
+    p.send("n", pa.table({"id": [1], "s": [{"a": 2}], "n": pa.array(["x"], pa.large_string())}, schema=nested))
+    p.flush()
+    schema = StructType(
+        [
+            StructField("id", LongType(), nullable=False, metadata={"comment": "the id"}),
+            StructField("s", StructType([StructField("a", IntegerType(), nullable=False)]), nullable=False),
+            StructField("n", StringType("UTF8_LCASE")),
+            StructField("_partition", LongType()),
+        ]
+    )
+    opts = {"path": url, "topic": "n", "startingOffsets": "earliest"}
+    reader = make_batch_reader(opts, schema)
+    (batch,) = [b for part in reader.partitions() for b in reader.read(part)]
+    assert batch.to_pylist() == [{"id": 1, "s": {"a": 2}, "n": "x", "_partition": 0}]
+
+
+def test_a_table_schema_naming_a_column_the_topics_lack_names_alter_table_and_the_fix(url: str) -> None:
+    schema = StructType([StructField("id", LongType()), StructField("z", IntegerType())])
+    opts = {"path": url, "topic": "t"}
+    with pytest.raises(txn_core.ConfigurationError) as info:
+        make_batch_reader(opts, schema, table=True)
+    message = str(info.value)
+    assert "names column(s) ['z'] that the topics do not have" in message
+    assert "ALTER TABLE ... ADD COLUMNS" in message
+    assert "DROP TABLE it and CREATE TABLE it again" in message and "leaves the log" in message
+    with pytest.raises(txn_core.ConfigurationError, match=r"\['z'\].*Drop .schema\(...\).*ALTER TABLE.*DROP TABLE"):
+        make_batch_reader(opts, schema)  # spark.read.schema(...): both causes named

@@ -65,6 +65,29 @@ def test_create_table_with_options_reads_and_streams_and_a_view_takes_inserts_by
     assert sorted(r.id for r in spark.table(f"{table}_m").collect()) == [0, 1, 2, 3, 4, 5]
 
 
+def test_a_table_changed_with_alter_table_fails_naming_alter_table_and_drop_and_create(spark: Any, orders: str) -> None:
+    """ALTER TABLE changes only the schema Spark stores, which is what a txnlog table's reader gets: every later
+    query failed naming a column the topic lacks. The error now says why and how to fix it; DROP TABLE and
+    CREATE TABLE make the table read again, and the log is untouched."""
+    added, retyped = name(), name()
+    for table in (added, retyped):
+        spark.sql(f"CREATE TABLE {table} USING txnlog OPTIONS (path '{orders}', topic 'orders')")
+    spark.sql(f"ALTER TABLE {added} ADD COLUMNS (z int)")
+    spark.sql(f"ALTER TABLE {retyped} ALTER COLUMN id TYPE string")
+    for table, problem in (
+        (added, r"names column\(s\) \['z'\] that the topics do not have"),
+        (retyped, "requested as string"),
+    ):
+        with pytest.raises(Exception, match=problem) as info:
+            spark.sql(f"SELECT count(*) FROM {table}").collect()
+        message = str(info.value)
+        assert "ALTER TABLE ... ADD COLUMNS, ALTER COLUMN and the like are not honoured by txnlog tables" in message
+        assert "DROP TABLE it and CREATE TABLE it again with the same OPTIONS" in message
+        spark.sql(f"DROP TABLE {table}")
+        spark.sql(f"CREATE TABLE {table} USING txnlog OPTIONS (path '{orders}', topic 'orders')")
+        assert sorted(r.id for r in spark.table(table).collect()) == [0, 1, 2, 3, 4]
+
+
 def test_create_table_with_location_and_without_metadata_reads_and_streams(spark: Any, orders: str) -> None:
     table = name()
     path = orders.removeprefix("file://")
