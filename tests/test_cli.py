@@ -1038,6 +1038,13 @@ def test_a_json_dump_produced_again_holds_the_same_values(tmp_path: Path, here: 
     src, dst = read("src"), read("dst")
     assert str(dst) == str(src) and len(src) == 3  # as text: NaN equals NaN
 
+    # A column of the file's own with a reserved name (not a dump: the other metadata columns are absent) was
+    # dropped silently like a dump's; it is refused, naming it.
+    own = tmp_path / "own.jsonl"
+    own.write_text('{"id": 9, "_timestamp": "2026-01-02T03:04:05Z"}\n')
+    one_error_line(here("produce", url, "dst", own, code=1), "['_timestamp']", "Nothing was written")
+    assert len(read("dst")) == 3
+
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 9, "raw": "AP9oaQ=="}\n{"id": 10, "raw": "not base64!"}\n')
     failed = here("produce", url, "dst", bad, code=1)

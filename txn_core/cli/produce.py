@@ -156,6 +156,27 @@ def _first_line_fields(file: Path) -> list[str]:
     return list(row) if isinstance(row, dict) else []
 
 
+#: The metadata columns every dump writes: a file holding them all is taken as a dump (or a source's output).
+DUMP_COLUMNS = frozenset(("_partition", "_offset", "_timestamp"))
+
+
+def _without_dump_columns(table: pa.Table, file: Any) -> pa.Table:
+    """``table`` without the metadata columns readers add (dump writes them; no topic can hold their names),
+    so that a dump loads again. Invariant: a user's own column is never dropped: a file with only some of
+    them (a column of its own named ``_timestamp``, say) is refused, naming the column and the fix."""
+    present = [name for name in METADATA_COLUMNS if name in table.column_names]
+    if not present:
+        return table
+    if DUMP_COLUMNS.issubset(present):
+        return table.drop_columns(present)
+    raise ConfigurationError(
+        f"{file}: column(s) {present} have names txnlog reserves for the metadata readers add, and no topic can "
+        f"hold them; they are dropped only from a file that has all of {sorted(DUMP_COLUMNS)} (what dump "
+        "writes), and this file does not. Nothing was written. Rename the column(s) to keep their values "
+        "(and add them to the topic), or remove them from the file"
+    )
+
+
 def produce(args: argparse.Namespace) -> int:
     if (args.app_id is None) != (args.version is None):
         raise ConfigurationError("--app-id and --version go together: both make the write idempotent, or neither")
@@ -164,9 +185,7 @@ def produce(args: argparse.Namespace) -> int:
     meta = get_topic(log, args.topic)
     topic = meta.name
     table = read_rows(args.file, args.format, meta.schema)
-    # What readers add (dump writes them): never a topic's columns (reserved names), dropped as the Spark sink
-    # drops them, so that a dump loads again.
-    table = table.drop_columns([name for name in METADATA_COLUMNS if name in table.column_names])
+    table = _without_dump_columns(table, args.file)
     if args.app_id is not None:
         unit = AppVersion(args.app_id, APP_MARK, args.run, args.version)
     else:
