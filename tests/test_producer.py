@@ -397,7 +397,7 @@ def test_no_new_epoch_while_a_staged_append_has_an_unknown_outcome() -> None:
         (lambda log: log.producer("x", transaction_timeout_ms=10**12), "in [1, 900000]"),
         (lambda log: log.producer("x", transaction_timeout_ms=0), "in [1, 900000]"),
         (lambda log: log.producer("x", transaction_timeout_ms=True), "in [1, 900000]"),
-        (lambda log: log.producer().send("t", pa.table({"id": [1], "key": ["a"]}), partition=True), "partition True"),
+        (lambda log: log.producer().send("t", pa.table({"id": [1], "key": ["a"]}), partition=True), "got True (bool)"),
         (lambda log: log.set_retention("t", retention_ms=-5), "retention_ms must be a whole number > 0"),
         (lambda log: log.set_retention("t", retention_bytes=0), "retention_bytes must be a whole number > 0"),
         (lambda log: log.create_topic("u", 1, SCHEMA, retention_ms=1.5), "retention_ms must be a whole number > 0"),
