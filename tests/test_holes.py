@@ -413,3 +413,44 @@ def test_a_foreign_object_one_slot_past_the_end_is_damage_not_a_raw_miss(
     got, error, _ = consume(location.open())
     assert got == list(range(2 * ENTRIES))
     assert isinstance(error, DamagedEntryError) and slots.key(ENTRIES) in str(error), error
+
+
+def test_a_hole_at_the_log_start_slot_followed_by_a_stray_object_is_not_appended_into() -> None:
+    """The first slot missing, a stray object after it: the search for the last readable entry stepped back
+    to the log start and took the hole there for the tail (an append then filled it)."""
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    log.create_topic("t", 1, SCHEMA)
+    with log.producer() as producer:
+        producer.send("t", pa.table({"x": [0, 1]}, schema=SCHEMA), partition=0)
+    slots = log.partition_log(PATH).entries
+    log.storage.delete(slots.key(0))
+    log.storage.create(slots.key(1), [b"garbage\n"])
+    with pytest.raises(DamagedEntryError, match="missing") as refused, txn_core.open_log(url).producer() as producer:
+        producer.send("t", pa.table({"x": [100]}, schema=SCHEMA), partition=0)
+    assert slots.key(0) in str(refused.value)
+    assert not slots.exists(0), "nothing written into the hole"
+
+
+def test_damage_with_a_hole_below_a_run_of_missing_slots_does_not_hide_the_entries_after_them() -> None:
+    """A hole and a damaged entry, then missing slots, then entries: the candidate tail before the missing run
+    raised the hole's damage before the probes past it said the log goes on; the tail lies after them."""
+    url = f"memory://{uuid.uuid4().hex}"
+    log = txn_core.open_log(url)
+    log.create_topic("t", 1, SCHEMA)
+    with log.producer() as producer:
+        for n in range(14):
+            producer.send("t", pa.table({"x": [2 * n, 2 * n + 1]}, schema=SCHEMA), partition=0)
+            producer.flush()
+    slots = log.partition_log(PATH).entries
+    log.storage.delete(slots.key(2))
+    data = bytearray(log.storage.read(slots.key(3)))
+    data[0] ^= 0xFF  # bad magic
+    log.storage.delete(slots.key(3))
+    log.storage.create(slots.key(3), [bytes(data)])
+    for s in range(4, 12):
+        log.storage.delete(slots.key(s))
+    assert txn_core.open_log(url).partition_log(PATH).tail(refresh=True) == (14, 28)
+    with txn_core.open_log(url).producer() as producer:
+        producer.send("t", pa.table({"x": [100]}, schema=SCHEMA), partition=0)
+    assert txn_core.open_log(url).partition_log(PATH).read_header(14).base_offset == 28

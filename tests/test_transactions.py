@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -598,3 +599,42 @@ def test_a_record_created_between_the_miss_and_the_probe_is_not_a_hole() -> None
     described = racing.describe_transaction("w")
     assert LateFirstRead.missed
     assert described.state == "CompleteCommit", described
+
+
+def test_a_hole_below_an_unreadable_newest_snapshot_is_reported_not_reloaded_for_ever() -> None:
+    """A record missing between two snapshots, the newer one unreadable: the listing's newer snapshot said
+    "compaction", the reload fell back to the older one below the hole, and the refresh went round for ever
+    holding the view's lock. One reload per missing slot; then the hole is reported."""
+    from txn_core import paths
+
+    url = f"memory://{uuid.uuid4().hex}"
+    log, c = _committed_three(url)
+    view = log.views.get(c)
+    older = view.snapshot_now()
+    with log.producer("w") as p:
+        p.init_transactions()
+        for i in range(3, 6):
+            p.begin_transaction()
+            p.send("t", pa.table({"id": [i]}), partition=0)
+            p.commit_transaction()
+    newer = view.snapshot_now()
+    key = paths.coordinator_snapshots(c) + paths.slot_name(newer)
+    data = bytearray(log.storage.read(key))
+    data[-5] ^= 1
+    log.storage.delete(key)
+    log.storage.create(key, [bytes(data)])
+    log.storage.delete(view.slots.key(older + 2))
+
+    outcome: list[BaseException] = []
+
+    def describe() -> None:
+        try:
+            txn_core.open_log(url).describe_transaction("w")
+        except txn_core.CorruptDataError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=describe, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the refresh went round for ever"
+    assert outcome and view.slots.key(older + 2) in str(outcome[0]) and "missing" in str(outcome[0])

@@ -287,12 +287,18 @@ class PartitionLog:
                     raise
                 asked.add(s - 1)
                 continue  # read it again: now a hole (damage), or its lost record
-            hole = holes.get(s)
-            if hole is not None:
-                hole.first_offset = offset
-                raise hole
-            return s, offset
-        return start.slot, start.offset
+            return self._unless_hole(holes, s, offset)
+        return self._unless_hole(holes, start.slot, start.offset)
+
+    @staticmethod
+    def _unless_hole(holes: dict[int, DamagedEntryError], slot: int, offset: int) -> tuple[int, int]:
+        """``(slot, offset)`` as the tail, unless ``slot`` is a hole: then its damage, with ``offset`` as its
+        first offset (an append there would collide with nothing)."""
+        hole = holes.get(slot)
+        if hole is not None:
+            hole.first_offset = offset
+            raise hole
+        return slot, offset
 
     def _advance_tail_locked(self, slot: int, offset: int) -> tuple[int, int]:
         """Follow slots created by others since the cached tail (one GET per new slot). A damaged entry
@@ -614,10 +620,15 @@ class PartitionLog:
         slot = self.entries.find_tail(lower, seen=seen)
         while True:
             later = self._probe_after(slot, HOLE_PROBES, seen)
-            got = beside(slot)
+            try:
+                got = beside(slot)
+            except CorruptDataError:  # damage before the candidate: raised only at the end (else the search goes on)
+                if not any(f.result() for _, f in later):
+                    raise
+            else:
+                if not any(f.result() for _, f in later):
+                    return slot, got
             found = [p for p, f in later if f.result()]
-            if not found:
-                return slot, got
             seen.clear()
             slot = self.entries.find_tail(max(found), seen=seen)
 

@@ -179,6 +179,7 @@ class CoordinatorPartition:
             if self.next_slot < 0:
                 self._load()
             probe = self._hole_check_due()
+            reloaded_for: int | None = None  # the missing slot a reload was made for: once per slot
             while True:
                 after = submit(self.slots.exists, self.next_slot + 1, leaf=True) if probe else None
                 try:
@@ -189,8 +190,9 @@ class CoordinatorPartition:
                         continue
                     if after is None or not after.result():
                         break
-                    found = self._confirm_hole(self.next_slot)
+                    found = self._confirm_hole(self.next_slot, compaction=reloaded_for != self.next_slot)
                     if found is None:  # compaction removed it: start again from the newest snapshot
+                        reloaded_for = self.next_slot
                         self._load()
                         continue
                     data = found
@@ -207,16 +209,18 @@ class CoordinatorPartition:
         self._hole_checked = now
         return True
 
-    def _confirm_hole(self, slot: int) -> bytes | None:
+    def _confirm_hole(self, slot: int, *, compaction: bool = True) -> bytes | None:
         """``slot`` was missing while ``slot + 1`` was present. Read it again, asked after the later one was
-        seen: a record created between the two requests is no hole (returned). A snapshot past it means
-        compaction removed it (None: reload). Otherwise it is a hole: slot ``n + 1`` is only created by a
-        writer that replayed slot ``n``, and only compaction deletes records; raise its damage."""
+        seen: a record created between the two requests is no hole (returned). With ``compaction``, a snapshot
+        listed past it means compaction may have removed it (None: reload from the newest readable snapshot;
+        the caller asks so once per slot, since a reload that lands below the slot again, the newer snapshot
+        unreadable, would otherwise go round for ever). Otherwise it is a hole: slot ``n + 1`` is only
+        created by a writer that replayed slot ``n``, and only compaction deletes records; raise its damage."""
         try:
             return self.slots.read(slot)
         except ObjectNotFoundError:
             pass
-        if self._newest_snapshot() > slot:
+        if compaction and self._newest_snapshot() > slot:
             return None
         key = self.slots.key(slot)
         check = "missing: the record is gone although later records exist"
