@@ -35,7 +35,14 @@ from typing import Any
 
 from spark_txn_sink.faults import CountingStorage, Faults
 from spark_txn_sink.options import SinkOptions
-from txn_core import Producer, ProducerFencedError, TransactionalIdTakenOverError, TxnLogError, open_log
+from txn_core import (
+    Producer,
+    ProducerFencedError,
+    TransactionalIdTakenOverError,
+    TransactionTimedOutError,
+    TxnLogError,
+    open_log,
+)
 from txn_core.apptxn import AppVersion, CommitResult, GroupPosition, abort_staged, commit_staged
 from txn_core.log import Log
 from txn_core.logs import get_logger
@@ -227,6 +234,9 @@ def commit_batch(
             other_run=exc.other_run,
             other_version=exc.other_version,
         ) from exc
+    except TransactionTimedOutError:
+        _forget(opts)
+        raise  # the batch's own transaction ran past transactionTimeoutMs: no other committer is involved
     except ProducerFencedError as exc:
         _forget(opts)
         if opts.consumer_group is None:

@@ -35,8 +35,8 @@ _warned_partitions: set[tuple[str, str, int]] = set()
 
 def ignored_columns(spark_schema: Any) -> tuple[str, ...]:
     """The frame's columns the sink ignores: all of :data:`~spark_txn_sink.options.SOURCE_METADATA_COLUMNS`
-    when the frame carries each of them once, in the type a txnlog source gives it (a frame read from a txnlog
-    source, or a view of one, ``INSERT INTO`` included); ``()`` when it carries none of them.
+    when the frame carries each of them once, in whatever type (a frame read from a txnlog source, which may
+    retype them, or a view of one, ``INSERT INTO`` included); ``()`` when it carries none of them.
 
     Invariant: the sink never drops a user's own column. A frame with any other mix of these names (some
     missing, another type, a name twice) is refused with :class:`SchemaMismatchError` naming each column and
@@ -52,11 +52,8 @@ def ignored_columns(spark_schema: Any) -> tuple[str, ...]:
     names = [f.name for f in given]
     problems = [f"{n} is missing" for n in SOURCE_METADATA_COLUMNS if n not in names]
     problems += [f"{n} appears {names.count(n)} times" for n in SOURCE_METADATA_COLUMNS if names.count(n) > 1]
-    problems += [
-        f"{f.name} is {f.dataType.simpleString()}, not {source[f.name].simpleString()}"
-        for f in given
-        if f.dataType != source[f.name]
-    ]
+    # Types are not compared: a source read may retype its metadata columns (``.schema("..., _timestamp
+    # bigint")``, documented), and a frame carrying all four names once is a source's frame whatever they hold.
     if not problems:
         return SOURCE_METADATA_COLUMNS
     kept = list(dict.fromkeys(names))
@@ -65,8 +62,8 @@ def ignored_columns(spark_schema: Any) -> tuple[str, ...]:
     raise SchemaMismatchError(
         f"the frame has column(s) {kept} with names txnlog reserves for the metadata columns its source adds "
         f"({', '.join(SOURCE_METADATA_COLUMNS)}); no topic can store them. The sink ignores them only when a "
-        f"frame carries all {len(source)} in the source's types ({expected}), as a frame read from a txnlog source "
-        f"does, and this one does not ({'; '.join(problems)}). Nothing was written. To keep your column's values "
+        f"frame carries all {len(source)} once each ({expected}), as a frame read from a txnlog source does, and "
+        f"this one does not ({'; '.join(problems)}). Nothing was written. To keep your column's values "
         f"rename it, e.g. df.withColumnRenamed('{first}', 'event{first}'); to leave it out, drop it: "
         f"df.drop({', '.join(repr(n) for n in kept)})."
     )

@@ -570,6 +570,7 @@ def test_dump_shows_what_precedes_damage_and_a_range_before_it_is_clean(
     assert here("dump", url, "orders", "--to", "4").out.count("\n") == 5  # header and four records, exit 0
     limited = here("dump", url, "orders", "--limit", "4")
     assert "showing the first 4 records" in limited.err
+    assert "showing the first" not in here("dump", url, "orders", "--limit", "4", "--to", "4").err  # all it wanted
 
     # A truncated payload under an intact header: the error's hint names the check that lists it.
     entry.write_bytes(bytes(data[: len(data) // 2]))

@@ -83,3 +83,22 @@ def test_a_kept_producer_commits_to_partitions_added_since_its_last_batch(log: t
     grown = txn_core.open_log(log.url)  # the tasks plan with the new partition count
     assert commit_batch(opts, ident(1), stage(grown, ident(1), 10, 40)).outcome == "committed"
     assert ids(read_topic(log, "out")) == list(range(40))
+
+
+def test_a_batch_whose_transaction_timed_out_says_so_not_that_another_query_took_over(
+    log: txn_core.Log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a consumerGroup, every fenced commit was reported as "taken over by another committer (a second
+    query on this group ...)"; a batch whose own transaction ran past its timeout is fenced too, and now
+    hears that."""
+    log.create_topic("out", 1, SCHEMA)
+    opts = options(log, consumergroup="g")
+    timed_out = txn_core.TransactionTimedOutError("transaction 0:1 exceeded its timeout of 1000 ms")
+
+    def late(*args: object, **kwargs: object) -> None:
+        raise timed_out
+
+    monkeypatch.setattr(commit_module, "commit_staged", late)
+    with pytest.raises(txn_core.TransactionTimedOutError) as raised:
+        commit_batch(opts, ident(0), stage(log, ident(0), 0, 10))
+    assert raised.value is timed_out and "taken over" not in str(raised.value)

@@ -214,7 +214,7 @@ def _read_partition(
             try:
                 table = consumer.poll(max_records=want)
             except CorruptDataError as exc:
-                at = getattr(exc, "first_offset", None)
+                at = _damage_start(exc)
                 if stop is not None and at is not None and at >= stop:
                     break  # every wanted record lies before it
                 out.error = exc
@@ -235,13 +235,23 @@ def _read_partition(
         if limit is not None and out.count >= limit:
             try:
                 nxt = consumer.poll(max_records=1)
-            except CorruptDataError:  # something is there; a larger limit meets (and reports) it
-                out.more = True
+            except CorruptDataError as exc:  # damage before --to: a larger limit meets (and reports) it
+                at = _damage_start(exc)
+                out.more = stop is None or at is None or at < stop
                 return out
             out.more = nxt.num_rows > 0 and (stop is None or nxt.column("_offset")[0].as_py() < stop)
         return out
     finally:
         consumer.close()
+
+
+def _damage_start(exc: CorruptDataError) -> int | None:
+    """The first offset of the damaged entry ``exc`` names, when known (from the reader, or its intact header)."""
+    if not isinstance(exc, DamagedEntryError):
+        return None
+    if exc.first_offset is not None:
+        return exc.first_offset
+    return exc.header.base_offset if exc.header is not None else None
 
 
 def _annotate(log: Log, topic: str, got: _Partition, first: int) -> None:

@@ -279,7 +279,8 @@ class TransactionCoordinator:
             )
         raise TransactionTimedOutError(
             f"transactional id {aborted.tid!r}: transaction {aborted.txn} exceeded its timeout of "
-            f"{aborted.timeout_ms} ms ({late_ms} ms before commit_transaction() was called), so it was aborted "
+            f"{aborted.timeout_ms} ms (it was {late_ms} ms past its deadline when its commit was decided), so it "
+            "was aborted "
             "instead of committed; nothing of it is visible. This producer is fenced: create a new one, call "
             "init_transactions() and redo the work; give transactions that need longer a larger "
             "transaction_timeout_ms.",
@@ -439,7 +440,8 @@ def _check_repeated_end(cur: TidState, tid: str, producer_id: int, epoch: int, t
     if decided_commit != commit and cur.abort_reason == "timeout":
         raise TransactionTimedOutError(
             f"transactional id {tid!r}: transaction {txn} exceeded its timeout of {cur.timeout_ms} ms "
-            "and was aborted by another participant; nothing of it is visible. This producer is "
+            "and was aborted (by a participant that met it, or by its own late commit); nothing of it is "
+            "visible. This producer is "
             "fenced: create a new one and call init_transactions(), then redo the work.",
             current_producer_id=cur.producer_id,
             current_epoch=cur.epoch,
