@@ -523,3 +523,64 @@ def test_a_fenced_append_in_a_shared_record_fails_alone() -> None:
     for t in (tids[0], tids[1], tids[3]):
         assert results[t].state == CoordinatorState.ONGOING, results[t]
     view._check()
+
+
+class HeldRecords(MemoryStorage):
+    """Holds the create of coordinator records while ``hold`` is clear (set it to let them through)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.hold = threading.Event()
+        self.hold.set()
+
+    def create(self, key: str, chunks: Any) -> None:
+        if "/coordinators/" in key and "/log/" in key:
+            self.hold.wait(10)
+        super().create(key, chunks)
+
+
+def test_begins_waiting_together_get_transaction_ids_of_their_own() -> None:
+    """Two begins queued behind one record go into two records: a transaction's id is the slot of its begin
+    record, and two transactions sharing one would be one to every reader. Here the second writer aborts
+    while the first commits, both in the same partition: the aborted row must stay invisible."""
+    storage = HeldRecords(uuid.uuid4().hex)
+    log = _log(storage)
+    tids = [t for t in (f"b{i}" for i in range(400)) if coordinator_for(t, log.coordinator_partitions) == 2][:3]
+    producers = [log.producer(t) for t in tids]
+    for p in producers:
+        p.init_transactions()
+    view = log.coordinator.views.get(2)
+    txns: dict[int, Any] = {}
+
+    def begin(i: int) -> None:
+        producers[i].begin_transaction()
+        producers[i].send("t", pa.table({"id": [i]}), partition=0)
+        producers[i].flush()
+        txns[i] = producers[i].transaction_id
+
+    storage.hold.clear()
+    first = threading.Thread(target=begin, args=(0,))
+    first.start()  # its begin record is held in flight ...
+    waiting = [threading.Thread(target=begin, args=(i,)) for i in (1, 2)]
+    for t in waiting:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(view._queue) < 2 and time.monotonic() < deadline:  # ... while the other two queue behind it
+        time.sleep(0.001)
+    assert len(view._queue) == 2
+    storage.hold.set()
+    for t in [first, *waiting]:
+        t.join()
+    assert len(set(txns.values())) == 3, txns
+    producers[0].commit_transaction()
+    producers[1].abort_transaction()
+    producers[2].commit_transaction()
+    for p in producers:
+        p.close()
+    consumer = txn_core.Log(storage).consumer(isolation_level="read_committed")
+    consumer.assign([("t", 0)])
+    seen: list[int] = []
+    for _ in range(3):
+        seen += consumer.poll().column("id").to_pylist()
+    assert sorted(seen) == [0, 2]
+    view._check()

@@ -38,7 +38,7 @@ from sortedcontainers import SortedDict
 
 from txn_core import envelope, paths
 from txn_core.clock import Clock, monotonic, system_clock
-from txn_core.coordinator.actions import Action, Record
+from txn_core.coordinator.actions import Action, Begin, Record
 from txn_core.coordinator.apply import apply
 from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.tidstate import Completing, TidState, TxnStatus
@@ -116,8 +116,9 @@ def _finished(before: TidState | None, after: TidState) -> list[tuple[TxnId, Coo
 class CoordinatorPartition:
     """Replayed state of one coordinator partition; appends validated records. Thread-safe.
 
-    Invariants (:meth:`_check`): ``open_txns`` maps the sequence of every transaction that is not complete
-    (each id's current and completing ones) to its id, and nothing else; ``outcomes`` holds at most
+    Invariants (:meth:`_check`): no two transactions share an id (a record begins at most one);
+    ``open_txns`` maps the sequence of every transaction that is not complete (each id's current and
+    completing ones) to its id, and nothing else; ``outcomes`` holds at most
     :data:`RECENT_OUTCOMES` final states; every transaction id's sequence is below ``next_slot``.
     """
 
@@ -335,7 +336,9 @@ class CoordinatorPartition:
     def _check(self) -> None:
         """Assert the invariants (the randomised model test calls it after every step)."""
         with self._lock:
-            expected = {txn.sequence: st.tid for st in self.tids.values() for txn in st.open_txns()}
+            opened = [(txn.sequence, st.tid) for st in self.tids.values() for txn in st.open_txns()]
+            expected = dict(opened)
+            assert len(expected) == len(opened), f"transactions sharing an id: {opened}"
             assert dict(self.open_txns) == expected, (dict(self.open_txns), expected)
             for st in self.tids.values():
                 st.check()
@@ -501,15 +504,17 @@ class CoordinatorPartition:
         **Group commit** (Pulsar's buffered transaction-log writer): appends of this process that wait for
         the partition while another is being created go into the next record together, one request for
         all of them (:meth:`_serve`); each one's actions are validated against the state its predecessors in
-        the record leave, and each caller gets its own result or error.
+        the record leave, and each caller gets its own result or error. A record begins at most one
+        transaction (its id is the record's slot): a second begin waits for the next record.
         """
         request = _Append(tid, build)
         with self._queue_lock:
             self._queue.append(request)
         snapshot: dict[str, Any] | None = None
         with self._lock:
-            if not request.done:
-                snapshot = self._serve()
+            while not request.done:  # a deferred request goes round again (or another thread serves it)
+                due = self._serve()
+                snapshot = snapshot or due
         if snapshot is not None:
             self._maintain(snapshot)
         if request.error is not None:
@@ -540,36 +545,51 @@ class CoordinatorPartition:
                 self.next_slot += 1
                 self._last_refresh = self._monotonic()  # the slot was free: nothing older was compacted away
                 for request in batch:
-                    if request.error is None and request.result is _PENDING:
+                    if request.error is None and request.result is _PENDING and not request.deferred:
                         request.result = self.tids.get(request.tid)
                 return self._snapshot_due()
         except BaseException as exc:
             for request in batch:
-                if request.error is None and request.result is _PENDING:
+                if request.error is None and request.result is _PENDING and not request.deferred:
                     request.error = exc
             if not isinstance(exc, Exception):
                 raise
             return None
         finally:
+            later = [request for request in batch if request.deferred]
             for request in batch:
-                request.done = True
+                request.done = not request.deferred
+            if later:  # first in line for the next record, served by whichever of their threads comes first
+                with self._queue_lock:
+                    self._queue[:0] = later
 
     def _build(self, batch: list[_Append], ts: int) -> tuple[list[Action], list[tuple[str, TidState | None, TidState]]]:
         """The actions of the next record and their steps: each queued append's ``build`` against the state
         the appends before it in the record leave. An append whose build raises, or whose actions are not
-        valid, gets that error and contributes nothing; one with nothing to do gets its current state."""
+        valid, gets that error and contributes nothing; one with nothing to do gets its current state.
+
+        A record holds at most one ``begin``: a transaction's id is the slot of its begin record, so two
+        begins in one record would be one transaction to every reader (one's marker would end the other's
+        data in a partition both wrote). An append whose actions begin a transaction when the record already
+        begins one is **deferred** (``request.deferred``) to the next record, untouched by this one."""
         actions: list[Action] = []
         steps: list[tuple[str, TidState | None, TidState]] = []
         states: dict[str, TidState | None] = {}
+        begins = False
         for request in batch:
-            request.result, request.error = _PENDING, None
+            request.result, request.error, request.deferred = _PENDING, None, False
             current = states[request.tid] if request.tid in states else self.tids.get(request.tid)
             try:
                 wanted = request.build(current)
                 if not wanted:
                     request.result = current
                     continue
+                begin = any(isinstance(action, Begin) for action in wanted)
+                if begin and begins:
+                    request.deferred = True
+                    continue
                 mine = self._fold(wanted, self.next_slot, ts, states)
+                begins = begins or begin
             except Exception as exc:  # this caller's error (fenced, invalid): the others' actions still go
                 request.error = exc
                 continue
@@ -593,6 +613,8 @@ class _Append:
     result: Any = _PENDING
     error: BaseException | None = None
     done: bool = False
+    #: left for the next record (its begin would share this record's slot with another begin)
+    deferred: bool = False
 
 
 @dataclass
