@@ -115,8 +115,9 @@ def _log_key(opts: SinkOptions) -> tuple[str, str, bool]:
 #: Producers of this process's last committed batch per (log, transactional id), with the progress that
 #: batch committed. A kept producer skips ``init_transactions`` and the progress read: as long as no other
 #: committer initialised the id, nothing else was committed for it, so its progress is the one kept; if
-#: one did, the kept producer is fenced, its first coordinator request (the begin) fails before anything
-#: of the batch is decided, and the commit starts again from storage alone.
+#: one did, the kept producer is fenced, its first coordinator request (the PrepareCommit of the transaction
+#: the previous batch's began ahead, or a begin or add) fails before anything of the batch is decided, and
+#: the commit starts again from storage alone.
 _PRODUCERS: dict[tuple[tuple[str, str, bool], str], tuple[Producer, dict[str, Any]]] = {}
 
 

@@ -11,6 +11,7 @@ and the last stable offset back at the log end.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,7 +24,7 @@ from faults import FaultyStorage, SimulatedCrash
 
 import txn_core
 from txn_core.coordinator.states import CoordinatorState
-from txn_core.producer import completion
+from txn_core.producer import client, completion
 from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -321,12 +322,24 @@ def test_ambiguous_write_in_a_fenced_commit_keeps_its_own_claim(k: int) -> None:
 FIRST = list(range(2000, 2012))  # committed just before TXN by the same producer
 
 
-def _back_to_back_txn(log: txn_core.Log, faulty: FaultyStorage | None = None) -> None:
+@contextlib.contextmanager
+def _begin_ahead(on: bool) -> Iterator[None]:
+    saved = client.BEGIN_AHEAD
+    client.BEGIN_AHEAD = on
+    try:
+        yield
+    finally:
+        client.BEGIN_AHEAD = saved
+
+
+def _back_to_back_txn(log: txn_core.Log, faulty: FaultyStorage | None = None, *, ahead: bool = False) -> None:
     """Two transactions of one producer, the second begun while the first's markers are still being
-    written: its begin record is created from PrepareCommit, which makes the first the id's completing
-    transaction, and its prepare record carries the first one's Complete. The markers are the background
-    thread's (held back until the second begin)."""
-    with _second_phase("background"):
+    written. Without begin ahead: its begin record is created from PrepareCommit, which makes the first the
+    id's completing transaction, and its prepare record carries the first one's Complete. With it: the first
+    one's prepare began the second ahead, which writes under that reservation with no record, and its
+    prepare (waiting for the first one's markers) carries the first one's Complete and begins a third ahead.
+    The markers are the background thread's (held back until the second transaction has written)."""
+    with _second_phase("background"), _begin_ahead(ahead):
         _back_to_back_in(log, faulty)
 
 
@@ -353,7 +366,7 @@ def _back_to_back_in(log: txn_core.Log, faulty: FaultyStorage | None) -> None:
     p.begin_transaction()
     p.send("t", pa.table({"id": TXN}), key_column="id")
     try:
-        p.flush()  # the begin record, from PrepareCommit
+        p.flush()  # the begin record, from PrepareCommit (or none: begun ahead)
     finally:
         second_begun.set()
     p.send_offsets_to_transaction({("t", 0): 7}, "grp")
@@ -381,25 +394,32 @@ def _decided(inner: Storage, clock: FakeClock) -> tuple[bool, bool]:
 
 #: The operation count varies by a few between runs: the first transaction's markers (a background thread)
 #: race the second one's appends to the same partitions, and a lost race costs a read and a retry.
-BACK_TO_BACK_RUNS = [_count_ops(_back_to_back_txn) for _ in range(3)]
-BACK_TO_BACK_OPS = max(BACK_TO_BACK_RUNS)
+BACK_TO_BACK_RUNS = {
+    ahead: [_count_ops(functools.partial(_back_to_back_txn, ahead=ahead)) for _ in range(3)] for ahead in (False, True)
+}
+BACK_TO_BACK_CASES = [(ahead, k) for ahead, runs in BACK_TO_BACK_RUNS.items() for k in range(max(runs))]
 
 
 @pytest.mark.parametrize("recover", ["reinit", "timeout"])
 @pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
-@pytest.mark.parametrize("k", range(BACK_TO_BACK_OPS))
-def test_crash_while_the_previous_transaction_is_completing_recovers_both(k: int, landed: bool, recover: str) -> None:
+@pytest.mark.parametrize(
+    "ahead, k", BACK_TO_BACK_CASES, ids=[f"{'ahead' if a else 'plain'}-{k}" for a, k in BACK_TO_BACK_CASES]
+)
+def test_crash_while_the_previous_transaction_is_completing_recovers_both(
+    ahead: bool, k: int, landed: bool, recover: str
+) -> None:
     """At every storage step of two back-to-back transactions (the second begun from PrepareCommit, its
-    prepare carrying the first one's Complete): each transaction ends all or nothing, committed iff its
-    PrepareCommit landed, and nothing holds the last stable offset afterwards."""
+    prepare carrying the first one's Complete; or begun ahead by the first one's prepare): each transaction
+    ends all or nothing, committed iff its PrepareCommit landed, and nothing holds the last stable offset
+    afterwards."""
     inner, clock = _setup()
     faulty = FaultyStorage(inner, crash_at=k, landed=landed)
     try:
-        _back_to_back_txn(txn_core.Log(faulty, clock=clock), faulty)
+        _back_to_back_txn(txn_core.Log(faulty, clock=clock), faulty, ahead=ahead)
     except SimulatedCrash:
         pass
     else:  # this run needed fewer operations (no lost append race): it ran to the end
-        assert k >= min(BACK_TO_BACK_RUNS), "the crash point was not reached"
+        assert k >= min(BACK_TO_BACK_RUNS[ahead]), "the crash point was not reached"
     first_decided, second_decided = _decided(inner, clock)
     if recover == "reinit":
         txn_core.Log(inner, clock=clock).producer(TID, transaction_timeout_ms=10_000).init_transactions()
@@ -420,22 +440,34 @@ def test_crash_while_the_previous_transaction_is_completing_recovers_both(k: int
     assert st is not None and (recover == "timeout" or not st.open_txns()), st
 
 
-def test_a_back_to_back_transaction_begins_while_the_previous_one_completes() -> None:
-    """The scenario above without a crash really takes the new path: the second begin record is created
-    from PrepareCommit (the first transaction completing), and both commit."""
+@pytest.mark.parametrize("ahead", [False, True], ids=["plain", "ahead"])
+def test_a_back_to_back_transaction_begins_while_the_previous_one_completes(ahead: bool) -> None:
+    """The scenario above without a crash really takes its path: without begin ahead, the second begin
+    record is created from PrepareCommit (the first transaction completing); with it, the second
+    transaction has no begin record, and its prepare carries the first one's Complete. Both commit."""
     inner, clock = _setup()
     log = txn_core.Log(inner, clock=clock)
     states: list[Any] = []
-    begin = log.coordinator.begin
+    begin, end = log.coordinator.begin, log.coordinator.end
+    ends: list[Any] = []
 
     def spy(*args: Any, **kw: Any) -> Any:
         st = begin(*args, **kw)
         states.append(st)
         return st
 
+    def end_spy(*args: Any, **kw: Any) -> Any:
+        ends.append(list(kw.get("completed", ())))
+        return end(*args, **kw)
+
     log.coordinator.begin = spy  # type: ignore[method-assign]
-    _back_to_back_txn(log)
-    assert [s.completing is not None for s in states] == [False, True]
+    log.coordinator.end = end_spy  # type: ignore[method-assign]
+    _back_to_back_txn(log, ahead=ahead)
+    if ahead:
+        assert [s.completing is not None for s in states] == [False], "only the first transaction has a begin"
+        assert len(ends) == 2 and len(ends[1]) == 1, "the second prepare carries the first one's Complete"
+    else:
+        assert [s.completing is not None for s in states] == [False, True]
     assert sorted(_read_all(txn_core.Log(inner, clock=clock))) == sorted(BASE + FIRST + TXN)
     final = txn_core.Log(inner, clock=clock).coordinator.state(TID)
     assert final is not None and final.completing is None and not final.open_txns()

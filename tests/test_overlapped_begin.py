@@ -15,7 +15,7 @@ import pytest
 import txn_core
 from txn_core.errors import CommitFailedError, CompletionFailedError, StorageError
 from txn_core.ids import TxnId
-from txn_core.producer import completion
+from txn_core.producer import client, completion
 from txn_core.storage import open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -60,6 +60,20 @@ def _record_overlaps(monkeypatch: pytest.MonkeyPatch) -> list[TxnId]:
 def test_the_first_writes_overlap_the_begin_and_commit_as_usual(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Only the first transaction has a begin record: each prepare begins the next one ahead.
+    assert _three_transactions(tmp_path, monkeypatch) == 1
+
+
+def test_without_begin_ahead_every_transaction_overlaps_its_begin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client, "BEGIN_AHEAD", False)
+    assert _three_transactions(tmp_path, monkeypatch) == 3
+
+
+def _three_transactions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Three committed transactions of one producer, alternating partitions, all readable; how many of
+    them wrote their first entries while their begin record was created."""
     log = _log(tmp_path)
     overlapped = _record_overlaps(monkeypatch)
     p = log.producer("overlap")
@@ -70,8 +84,8 @@ def test_the_first_writes_overlap_the_begin_and_commit_as_usual(
         p.commit_transaction()
         assert p.transaction_id is None
     p.close()
-    assert len(overlapped) == 3
     assert _ids(txn_core.open_log(str(tmp_path / "log"))) == [0, 1, 2, 10, 11, 12]
+    return len(overlapped)
 
 
 def test_a_wrong_guess_drops_the_staged_entries_and_writes_them_under_the_real_id(
@@ -117,7 +131,9 @@ def test_a_failed_marker_write_does_not_deadlock_the_next_overlapped_begin(
     """The markers of a transaction fail to be written in the background; the next transaction's first
     entry is staged behind its begin. The begin must not write those markers itself: they would queue
     behind that entry in the same partition, which waits for the begin. The markers are written at the
-    next commit instead, and both transactions are readable."""
+    next commit instead, and both transactions are readable. (Without begin ahead: with it, the next
+    transaction has no begin record, and its prepare writes the markers first.)"""
+    monkeypatch.setattr(client, "BEGIN_AHEAD", False)
     log = _log(tmp_path)
     original = log.coordinator.write_markers
     calls: list[TxnId | None] = []
@@ -170,8 +186,8 @@ def test_a_commit_refused_because_an_earlier_transaction_could_not_complete_says
 ) -> None:
     """The previous transaction's markers fail in the background and again when the next commit tries
     them first: that commit fails naming the earlier transaction (its markers), not its own writes or the
-    store refusing its decision, and it resumes once the store is back. On local disk the earlier
-    transaction is completed before the prepare (the begin overlapped the data), elsewhere before the begin."""
+    store refusing its decision, and it resumes once the store is back. The earlier transaction is completed
+    before the prepare: the second transaction was begun ahead, so its writes needed no begin record."""
     if store == "local":
         log = _log(tmp_path)
     else:

@@ -11,7 +11,17 @@ from typing import Any
 
 import pytest
 
-from txn_core.coordinator.actions import ACTION_TYPES, Add, Begin, Complete, Init, Prepare, Record, action_from_json
+from txn_core.coordinator.actions import (
+    ACTION_TYPES,
+    Add,
+    Begin,
+    Complete,
+    Init,
+    Prepare,
+    Record,
+    Withdraw,
+    action_from_json,
+)
 from txn_core.coordinator.states import COORDINATOR_TRANSITIONS, CoordinatorState
 from txn_core.errors import CorruptDataError
 from txn_core.ids import TxnId
@@ -58,6 +68,9 @@ EXAMPLES: list[Any] = [
     Prepare("copier", 7, 4, TxnId(11, 5), "COMMIT", {"batch": 3}),
     Prepare("copier", 7, 4, TxnId(11, 5), "ABORT", None, 5, "timeout"),
     Complete("copier", TxnId(11, 5)),
+    Begin("copier", 7, 5, 60_000, ("topics/orders/00000",), ahead=True),
+    Prepare("copier", 7, 5, TxnId(11, 8), "COMMIT", None, None, None, ("topics/orders/00000",)),
+    Withdraw("copier", 7, 6, TxnId(11, 9)),
 ]
 
 
@@ -76,6 +89,8 @@ def test_every_action_round_trips_through_json_with_only_its_fields(action: Any)
         {"action": "begin", "tid": "t"},
         {"action": "prepare", "tid": "t", "producer_id": 1, "epoch": 0, "txn": "1:2", "outcome": "MAYBE"},
         {"action": "complete", "tid": "t", "txn": "not-a-txn"},
+        {"action": "begin", "tid": "t", "producer_id": 1, "epoch": 0, "timeout_ms": 9, "ahead": "yes"},
+        {"action": "withdraw", "tid": "t", "producer_id": 1, "epoch": 0},
         {"action": "explode", "tid": "t"},
     ],
 )

@@ -33,17 +33,23 @@ def clock() -> FakeClock:
     return FakeClock(1_800_000_000_000)
 
 
-@pytest.fixture(
-    params=[
-        "memory",
-        pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
-        pytest.param("latency", marks=pytest.mark.latency),
-    ]
-)
+#: Where the transaction suite runs: on memory by default, on a real S3 server (SeaweedFS) in its tier, and
+#: on that server behind 25 ms of added round-trip time in the latency tier (where overlapped requests and
+#: read-ahead really overlap, and every request answers late).
+STORES = [
+    "memory",
+    pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
+    pytest.param("latency", marks=pytest.mark.latency),
+]
+
+
+@pytest.fixture(params=STORES)
 def log(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> txn_core.Log:
-    """The transaction suite runs on memory by default, on a real S3 server (SeaweedFS) in its tier, and
-    on that server behind 25 ms of added round-trip time in the latency tier (where overlapped requests
-    and read-ahead really overlap, and every request answers late)."""
+    return make_log(request, clock, tmp_path)
+
+
+def make_log(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> txn_core.Log:
+    """A log with topic ``t`` (3 partitions) on ``request.param``'s store (:data:`STORES`)."""
     if request.param == "memory":
         storage = MemoryStorage(uuid.uuid4().hex)
     else:
@@ -263,6 +269,20 @@ def test_a_dead_producer_cannot_hold_readers_beyond_its_timeout(log: txn_core.Lo
     assert st is not None and st.state == CoordinatorState.COMPLETE_ABORT and st.abort_reason == "timeout"
     with pytest.raises(TransactionTimedOutError, match="exceeded its timeout of 5000 ms"):
         dead.commit_transaction()
+
+
+def test_an_abort_after_a_reader_timed_the_transaction_out_says_so(log: txn_core.Log, clock: FakeClock) -> None:
+    """The application gives up on a transaction a reader has already aborted for its timeout: the abort
+    says why the producer is fenced (TransactionTimedOutError, what an application restarts on), not a bare
+    fencing."""
+    slow = tx(log, timeout=1_000)
+    slow.begin_transaction()
+    send(slow, [1], partition=0)
+    slow.flush()
+    clock.now += 1_500
+    assert ids(log) == []  # the reader aborts it
+    with pytest.raises(TransactionTimedOutError, match="exceeded its timeout of 1000 ms"):
+        slow.abort_transaction()
 
 
 def test_a_commit_after_the_timeout_nobody_else_noticed_aborts_and_says_so(log: txn_core.Log, clock: FakeClock) -> None:

@@ -30,6 +30,9 @@ class TransactionListing:
     state: str
     txn: TxnId | None
     coordinator: int
+    #: the transaction was begun ahead by its producer's last decision (PROTOCOL.md "Begin ahead"): open to
+    #: readers of any data written under it, idle otherwise; its start is its first write
+    begun_ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +43,15 @@ class TransactionDescription:
     state: str
     txn: TxnId | None
     timeout_ms: int
-    start_ms: int
+    #: None for a transaction begun ahead (its timeout runs from its first write, which only its data tells)
+    start_ms: int | None
     age_ms: int | None
     participants: tuple[str, ...]
     last_committed_metadata: dict[str, Any] | None
     abort_reason: str | None
+    #: the next transaction, begun ahead with the last decision (PROTOCOL.md "Begin ahead"): open wherever
+    #: its producer has written under it (readers time it out from its first entry), idle otherwise
+    ahead: TxnId | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +67,8 @@ class HangingTransaction:
 def _describe(log: Log, st: TidState) -> TransactionDescription:
     age = (
         log.clock() - st.start_ms
-        if st.state in (CoordinatorState.ONGOING, CoordinatorState.PREPARE_COMMIT, CoordinatorState.PREPARE_ABORT)
+        if st.start_ms is not None
+        and st.state in (CoordinatorState.ONGOING, CoordinatorState.PREPARE_COMMIT, CoordinatorState.PREPARE_ABORT)
         else None
     )
     return TransactionDescription(
@@ -75,6 +83,7 @@ def _describe(log: Log, st: TidState) -> TransactionDescription:
         st.participants,
         st.last_committed,
         st.abort_reason,
+        st.ahead.txn if st.ahead is not None else None,
     )
 
 
@@ -84,7 +93,9 @@ def list_transactions(log: Log, *, include_complete: bool = False) -> list[Trans
         view = log.views.get(c)
         view.refresh()
         states = list(view.tids.values()) if include_complete else view.open_states()
-        out.extend(TransactionListing(s.tid, s.producer_id, s.epoch, s.state.value, s.txn, c) for s in states)
+        out.extend(
+            TransactionListing(s.tid, s.producer_id, s.epoch, s.state.value, s.txn, c, s.begun_ahead) for s in states
+        )
     return sorted(out, key=lambda t: t.transactional_id)
 
 
@@ -122,11 +133,14 @@ def find_hanging_transactions(
                 view = log.views.get(o.txn.coordinator)
                 view.refresh()
                 status = view.status(o.txn)
-                age = now - status.start_ms if status is not None and status.start_ms else None
+                start = status.start_ms if status is not None else None
+                if status is not None and start is None:  # begun ahead: from its first write
+                    start = state.first_write_ms(o.txn)
+                age = now - start if start else None
                 reason = None
                 if status is None or status.state is None or status.finished:
                     reason = "the transaction log says it ended, but this partition has no marker for it"
-                elif status.state == CoordinatorState.ONGOING and now > status.start_ms + status.timeout_ms:
+                elif status.state == CoordinatorState.ONGOING and start is not None and now > start + status.timeout_ms:
                     reason = f"ongoing past its timeout of {status.timeout_ms} ms"
                 elif max_age_ms is not None and age is not None and age > max_age_ms:
                     reason = f"open for {age} ms (more than {max_age_ms} ms)"

@@ -56,6 +56,9 @@ class OngoingTxn:
     producer_id: int
     producer_epoch: int
     entries: int
+    #: timestamp of the transaction's first entry here (None from a snapshot older than the field): where
+    #: the timeout of a transaction begun ahead runs from, for this partition's readers
+    first_ms: int | None = None
 
 
 class TxnBuffer:
@@ -141,7 +144,15 @@ class TxnBuffer:
             return Disposition.SKIP
         cur = self.by_txn.get(txn)
         if cur is None:
-            cur = OngoingTxn(txn, header.base_offset, header.last_offset, header.producer_id, header.producer_epoch, 1)
+            cur = OngoingTxn(
+                txn,
+                header.base_offset,
+                header.last_offset,
+                header.producer_id,
+                header.producer_epoch,
+                1,
+                header.timestamp_ms,
+            )
             self.by_txn[txn] = cur
             self.ongoing[header.base_offset] = cur
         else:
@@ -263,7 +274,9 @@ class TxnBuffer:
         b = TxnBuffer(self.position, self.slot)
         b.ongoing = SortedDict(
             {
-                k: OngoingTxn(v.txn, v.first_offset, v.last_offset, v.producer_id, v.producer_epoch, v.entries)
+                k: OngoingTxn(
+                    v.txn, v.first_offset, v.last_offset, v.producer_id, v.producer_epoch, v.entries, v.first_ms
+                )
                 for k, v in self.ongoing.items()
             }
         )

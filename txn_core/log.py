@@ -289,7 +289,10 @@ class Log:
                 label = status.state.value
             else:
                 label = "Finished (no marker here)"
-            age = now - status.start_ms if status is not None and status.start_ms else None
+            started = status.start_ms if status is not None else None
+            if status is not None and started is None:  # begun ahead: its first write here
+                started = state.first_write_ms(o.txn)
+            age = now - started if started else None
             ongoing.append(
                 OngoingTransaction(
                     o.txn,

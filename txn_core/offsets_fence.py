@@ -16,6 +16,7 @@ is resolved by reading back its writer id (``create_resolving``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -73,6 +74,7 @@ def claim(
         "producer_id": producer_id,
         "epoch": epoch,
         "txn": str(txn),
+        "ts": log.clock(),
     }
     gen = 0
     while True:
@@ -86,7 +88,8 @@ def claim(
         if held.get("txn") == str(txn) and held.get("tid") == tid:
             return gen  # this transaction's own claim (a retried call)
         other = TxnId.parse(str(held.get("txn")))
-        status = log.coordinator.resolve(other)
+        written = held.get("ts")  # after its transaction's first write: where a begun-ahead one's timeout runs from
+        status = log.coordinator.resolve(other, functools.partial(int, written) if isinstance(written, int) else None)
         if status.state in (CoordinatorState.PREPARE_ABORT, CoordinatorState.COMPLETE_ABORT):
             gen += 1  # released: its transaction aborted
             continue

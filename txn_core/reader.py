@@ -20,10 +20,12 @@ restored. Offsets marked lost are passed over with a warning. A state or reader 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -55,7 +57,14 @@ READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"
 ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
-Resolver = Callable[[TxnId], TxnStatus]
+
+class Resolver(Protocol):
+    """:meth:`TransactionCoordinator.resolve`: a transaction's status, its timeout enforced; ``first_write``
+    tells when the caller's log saw its first entry (the start of a transaction begun ahead)."""
+
+    def __call__(self, txn: TxnId, first_write: Callable[[], int | None] | None = None) -> TxnStatus: ...
+
+
 log = get_logger(__name__)
 #: Entry headers a reader reads ahead for a transaction's marker before asking the transaction log.
 MARKER_LOOKAHEAD = 2
@@ -193,7 +202,7 @@ class PartitionState:
         recorded = self.buffer.lost_outcomes.get(txn, ONGOING)
         if recorded != ONGOING:  # open when a lost entry was passed, which may have held its marker
             return self._decide_after_loss(txn, recorded)
-        status = self.resolver(txn)
+        status = self.resolver(txn, functools.partial(self.first_write_ms, txn))
         if status.state is None or status.state == CoordinatorState.COMPLETE_COMMIT:
             # Finished: every participant has its marker, so this partition's marker lies ahead of the
             # data -- unless the data is a zombie write that landed after the marker (whose record aged
@@ -223,6 +232,17 @@ class PartitionState:
             return committed
         return None
 
+    def first_write_ms(self, txn: TxnId) -> int | None:
+        """When ``txn``'s first entry in this partition was written (its header's timestamp), while the buffer
+        holds it ongoing: kept by the buffer, or read from that entry's header where a snapshot older than
+        the field left it unknown. None when it is not ongoing here."""
+        ongoing = self.buffer.by_txn.get(txn)
+        if ongoing is None:
+            return None
+        if ongoing.first_ms is None:
+            ongoing.first_ms = self.log.read_header(self.log.slot_for_offset(ongoing.first_offset)).timestamp_ms
+        return ongoing.first_ms
+
     def _decide_after_loss(self, txn: TxnId, recorded: str | None) -> bool | None:
         """Decide a transaction whose marker may be in a lost entry (PROTOCOL.md "Damage"): a marker after
         it decides; else the outcome the lost-entry record gives (none recorded: the transaction log now).
@@ -233,7 +253,7 @@ class PartitionState:
         if blocked and recorded in (None, UNKNOWN):
             return None  # its marker may lie behind a damaged entry further on: wait for it
         if recorded is None:
-            status = self.resolver(txn)
+            status = self.resolver(txn, functools.partial(self.first_write_ms, txn))
             if status.state is not None and not status.decided:
                 return None
             committed = status.committed and (not status.participants or self.log.path in status.participants)

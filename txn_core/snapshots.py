@@ -150,7 +150,7 @@ class SnapshotStore:
             "parts": [p.to_json() for p in parts],
             "aborted": [tail.column(c).to_pylist() for c in ABORTED_SCHEMA.names],
             "ongoing": [
-                [txn_key(o.txn), o.first_offset, o.last_offset, o.producer_id, o.producer_epoch, o.entries]
+                [txn_key(o.txn), o.first_offset, o.last_offset, o.producer_id, o.producer_epoch, o.entries, o.first_ms]
                 for o in buffer.ongoing.values()
             ],
             "ended": [[txn_key(t), int(c), m] for t, (c, m) in list(buffer.ended.items())[-ENDED_KEPT:]],
@@ -237,8 +237,9 @@ class SnapshotStore:
         buffer = TxnBuffer(int(value["position"]), int(value["slot"]))
         buffer.where = where
         buffer.aborted = AbortedIndex.from_tables(tables)
-        for k, first, last, pid, epoch, entries in value["ongoing"]:
-            o = OngoingTxn(key_txn(int(k)), int(first), int(last), int(pid), int(epoch), int(entries))
+        for k, first, last, pid, epoch, entries, *since in value["ongoing"]:  # first_ms: newer snapshots only
+            first_ms = int(since[0]) if since and since[0] is not None else None
+            o = OngoingTxn(key_txn(int(k)), int(first), int(last), int(pid), int(epoch), int(entries), first_ms)
             buffer.ongoing[o.first_offset] = o
             buffer.by_txn[o.txn] = o
         for k, committed, marker in value.get("ended", []):

@@ -119,6 +119,7 @@ def describe_json(d: TransactionDescription) -> dict[str, Any]:
         "participants": list(d.participants),
         "last_committed_metadata": d.last_committed_metadata,
         "abort_reason": d.abort_reason,
+        "ahead": str(d.ahead) if d.ahead else None,
     }
 
 
@@ -143,11 +144,12 @@ def list_transactions(args: argparse.Namespace) -> int:
     for t in listing:
         st = log.views.get(t.coordinator).state(t.transactional_id)
         is_open = t.state in _OPEN
-        age = now - st.start_ms if st is not None and is_open and st.start_ms else None
+        age = now - st.start_ms if st is not None and is_open and st.start_ms and not t.begun_ahead else None
         rows.append(
             {
                 "transactional_id": t.transactional_id,
                 "state": t.state,
+                "begun_ahead": t.begun_ahead,
                 "producer_id": t.producer_id,
                 "producer_epoch": t.producer_epoch,
                 "txn": str(t.txn) if t.txn else None,
@@ -166,7 +168,7 @@ def list_transactions(args: argparse.Namespace) -> int:
         [
             [
                 r["transactional_id"],
-                r["state"],
+                f"{r['state']} (begun ahead)" if r["begun_ahead"] else r["state"],
                 r["txn"] if r["state"] in _OPEN or args.all else None,
                 r["producer_id"],
                 r["producer_epoch"],
@@ -190,11 +192,22 @@ def _print_description(d: TransactionDescription) -> None:
             ("producer", f"id {d.producer_id}, epoch {d.producer_epoch}"),
             ("transaction" if is_open else "last transaction", str(d.txn) if d.txn else None),
             ("timeout", format_duration(d.timeout_ms)),
-            ("started", format_time(d.start_ms) if d.txn else None),
+            (
+                "started",
+                (format_time(d.start_ms) if d.start_ms is not None else "at its first write (begun ahead)")
+                if d.txn
+                else None,
+            ),
             ("age", format_duration(d.age_ms) if is_open else None),
             ("participants", ", ".join(d.participants) if d.participants else None),
             ("last committed metadata", d.last_committed_metadata),
             ("abort reason", d.abort_reason),
+            (
+                "next transaction",
+                f"{d.ahead} (begun ahead: open wherever its producer has written under it, idle otherwise)"
+                if d.ahead
+                else None,
+            ),
         ]
     )
 

@@ -11,8 +11,10 @@ Example record (``Record.to_json``)::
 
     {"ts": 1795258451153, "actions": [
         {"action": "complete", "tid": "copier", "txn": "11:3"},
-        {"action": "begin", "tid": "copier", "producer_id": 7, "epoch": 4, "timeout_ms": 60000,
-         "participants": ["topics/orders/00000"]}]}
+        {"action": "prepare", "tid": "copier", "producer_id": 7, "epoch": 4, "txn": "11:5",
+         "outcome": "COMMIT", "participants": ["topics/orders/00000"]},
+        {"action": "begin", "tid": "copier", "producer_id": 7, "epoch": 5, "timeout_ms": 60000,
+         "participants": ["topics/orders/00000"], "ahead": true}]}
 
 The effect of each action on a transactional id's state is :func:`txn_core.coordinator.apply.apply`.
 """
@@ -50,7 +52,11 @@ class Init:
 
 @dataclass(frozen=True, slots=True)
 class Begin:
-    """A transaction starts with its first participants: -> Ongoing. Its TxnId is (coordinator, slot)."""
+    """A transaction starts with its first participants: -> Ongoing. Its TxnId is (coordinator, slot).
+
+    ``ahead`` (true or absent): begun by its producer ahead of need, in the record that decides its current
+    transaction (PROTOCOL.md "Begin ahead"): it waits beside the decided one until a record names it, and its
+    timeout runs from its first write, so an idle producer's next transaction never times out unused."""
 
     kind: ClassVar[str] = "begin"
     tid: str
@@ -58,9 +64,10 @@ class Begin:
     epoch: int
     timeout_ms: int
     participants: tuple[str, ...] = ()
+    ahead: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "action": self.kind,
             "tid": self.tid,
             "producer_id": self.producer_id,
@@ -68,6 +75,9 @@ class Begin:
             "timeout_ms": self.timeout_ms,
             "participants": list(self.participants),
         }
+        if self.ahead:
+            out["ahead"] = True
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +105,9 @@ class Add:
 @dataclass(frozen=True, slots=True)
 class Prepare:
     """The decision on ``txn``: -> PrepareCommit / PrepareAbort. ``new_epoch`` fences the producer
-    (timeouts, operator aborts, a new instance); ``metadata`` of a commit becomes ``last_committed``."""
+    (timeouts, operator aborts, a new instance); ``metadata`` of a commit becomes ``last_committed``.
+    ``participants``, set only by the transaction's own producer: the registered participants it wrote to
+    (or tried to); the others get no marker (a transaction begun ahead registers a guess)."""
 
     kind: ClassVar[str] = "prepare"
     tid: str
@@ -106,6 +118,7 @@ class Prepare:
     metadata: dict[str, Any] | None = None
     new_epoch: int | None = None
     reason: str | None = None
+    participants: tuple[str, ...] | None = None
 
     @property
     def commit(self) -> bool:
@@ -126,6 +139,8 @@ class Prepare:
             out["new_epoch"] = self.new_epoch
         if self.reason is not None:
             out["reason"] = self.reason
+        if self.participants is not None:
+            out["participants"] = list(self.participants)
         return out
 
 
@@ -141,9 +156,30 @@ class Complete:
         return {"action": self.kind, "tid": self.tid, "txn": str(self.txn)}
 
 
-Action = Init | Begin | Add | Prepare | Complete
+@dataclass(frozen=True, slots=True)
+class Withdraw:
+    """The transaction ``txn`` begun ahead is dropped unused (its producer wrote nothing under it: a closing
+    producer); the id's state is its decided transaction's again, as if it had never been begun."""
+
+    kind: ClassVar[str] = "withdraw"
+    tid: str
+    producer_id: int
+    epoch: int
+    txn: TxnId
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "action": self.kind,
+            "tid": self.tid,
+            "producer_id": self.producer_id,
+            "epoch": self.epoch,
+            "txn": str(self.txn),
+        }
+
+
+Action = Init | Begin | Add | Prepare | Complete | Withdraw
 #: Every action kind, by its JSON discriminator.
-ACTION_TYPES: dict[str, type[Action]] = {t.kind: t for t in (Init, Begin, Add, Prepare, Complete)}
+ACTION_TYPES: dict[str, type[Action]] = {t.kind: t for t in (Init, Begin, Add, Prepare, Complete, Withdraw)}
 
 
 def action_from_json(value: dict[str, Any], where: str = "") -> Action:
@@ -161,6 +197,7 @@ def action_from_json(value: dict[str, Any], where: str = "") -> Action:
                 int(value["epoch"]),
                 int(value["timeout_ms"]),
                 tuple(str(p) for p in value.get("participants", ())),
+                _flag(value.get("ahead")),
             )
         if kind == "add":
             return Add(
@@ -175,6 +212,7 @@ def action_from_json(value: dict[str, Any], where: str = "") -> Action:
             if outcome not in ("COMMIT", "ABORT"):
                 raise ValueError(f"outcome {outcome!r}")
             new_epoch = value.get("new_epoch")
+            written = value.get("participants")
             return Prepare(
                 tid,
                 int(value["producer_id"]),
@@ -184,12 +222,22 @@ def action_from_json(value: dict[str, Any], where: str = "") -> Action:
                 value.get("metadata"),
                 None if new_epoch is None else int(new_epoch),
                 value.get("reason"),
+                None if written is None else tuple(str(p) for p in written),
             )
         if kind == "complete":
             return Complete(tid, TxnId.parse(value["txn"]))
+        if kind == "withdraw":
+            return Withdraw(tid, int(value["producer_id"]), int(value["epoch"]), TxnId.parse(value["txn"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptDataError(f"{where}: transaction log action {value!r} is not valid: {exc!r}", where) from exc
     raise CorruptDataError(f"{where}: unknown transaction log action {value.get('action')!r}", where)
+
+
+def _flag(value: object) -> bool | None:
+    """An optional flag: true, or absent (None)."""
+    if value is not None and value is not True:
+        raise ValueError(f"expected true or nothing, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,12 @@ before creating the record (and persists nothing if it raises), and replay folds
 coordinator partition through it (where an error means a corrupt log). It validates the transition
 against the state machine (``states.py``), the producer id and epoch (fencing), and the transaction id.
 
+**Begin ahead** (PROTOCOL.md "Begin ahead"): a ``begin`` with ``ahead`` in the record that decides the
+id's current transaction reserves the next one beside it (:class:`~txn_core.coordinator.tidstate.Ahead`);
+the first action naming it (``add``, ``prepare``) makes it the current transaction (:meth:`TidState.activated`:
+Ongoing, no start, the decided one completing if it is not complete), and a ``withdraw`` drops it unused. A
+``prepare`` naming ``participants`` narrows them to those its producer wrote to.
+
 Epochs (KIP-890): every transaction runs at a fresh epoch. ``complete`` of the current transaction bumps
 the epoch, and the next ``begin`` uses it; a ``begin`` written while the previous transaction is still
 Prepare* (its markers landing) carries that bumped epoch itself, and the previous transaction becomes the
@@ -15,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from txn_core.coordinator.actions import Action, Add, Begin, Complete, Init, Prepare
+from txn_core.coordinator.actions import Action, Add, Begin, Complete, Init, Prepare, Withdraw
 from txn_core.coordinator.states import CoordinatorState, check_coordinator_transition
-from txn_core.coordinator.tidstate import Completing, TidState
+from txn_core.coordinator.tidstate import Ahead, Completing, TidState
 from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
 from txn_core.ids import TxnId
 
@@ -35,7 +41,15 @@ def apply(current: TidState | None, action: Action, coordinator: int, slot: int,
             transactional_id=action.tid,
         )
     if isinstance(action, Begin):
-        return _begin(current, action, coordinator, slot, ts)
+        return (
+            _begin_ahead(current, action, coordinator, slot, ts)
+            if action.ahead
+            else _begin(current, action, coordinator, slot, ts)
+        )
+    if isinstance(action, Withdraw):
+        return _withdraw(current, action)
+    if isinstance(action, (Add, Prepare)) and current.ahead is not None and action.txn == current.ahead.txn:
+        current = current.activated(ts)  # named by a record: the transaction begun ahead is the current one
     if isinstance(action, Add):
         _check_producer(current, action.producer_id, action.epoch, current.epoch)
         _check_txn(current, action.txn)
@@ -52,6 +66,12 @@ def apply(current: TidState | None, action: Action, coordinator: int, slot: int,
 
 
 def _init(current: TidState | None, action: Init, ts: int) -> TidState:
+    if current is not None and current.ahead is not None:
+        raise InvalidTxnStateError(
+            f"transactional id {action.tid!r}: transaction {current.ahead.txn} was begun ahead and may hold data: "
+            "abort it before a new producer instance starts",
+            transactional_id=action.tid,
+        )
     check_coordinator_transition(action.tid, current.state if current else None, _C.EMPTY)
     if current is not None and current.completing is not None:  # pragma: no cover - Empty/Complete* has none
         raise InvalidTxnStateError(
@@ -78,6 +98,12 @@ def _begin(current: TidState, action: Begin, coordinator: int, slot: int, ts: in
     prepared = current.state.is_prepared
     # From Prepare* the begin carries the epoch the previous transaction's Complete would have bumped to.
     _check_producer(current, action.producer_id, action.epoch, current.epoch + 1 if prepared else current.epoch)
+    if current.ahead is not None:  # its own producer: a fenced one failed above
+        raise InvalidTxnStateError(
+            f"transactional id {action.tid!r}: transaction {current.ahead.txn} was begun ahead; it is the next "
+            "transaction (or withdraw it first)",
+            transactional_id=action.tid,
+        )
     if current.state == _C.ONGOING:
         raise InvalidTxnStateError(
             f"transactional id {action.tid!r}: transaction {current.txn} is already ongoing; end it before "
@@ -119,6 +145,46 @@ def _begin(current: TidState, action: Begin, coordinator: int, slot: int, ts: in
     )
 
 
+def _begin_ahead(current: TidState, action: Begin, coordinator: int, slot: int, ts: int) -> TidState:
+    """Reserve the next transaction beside the decided current one. Valid only with nothing completing (the
+    current one becomes the completing one when this one is named) and nothing begun ahead already."""
+    prepared = current.state.is_prepared
+    _check_producer(current, action.producer_id, action.epoch, current.epoch + 1 if prepared else current.epoch)
+    if not (prepared or current.state.is_complete) or current.txn is None:
+        raise InvalidTxnStateError(
+            f"transactional id {action.tid!r}: a transaction is begun ahead only beside a decided one (state "
+            f"{current.state.value})",
+            transactional_id=action.tid,
+            current=current.state.value,
+        )
+    other = current.completing or current.ahead
+    if other is not None:
+        raise InvalidTxnStateError(
+            f"transactional id {action.tid!r}: transaction {other.txn} is still open beside {current.txn}; nothing "
+            "more can be begun ahead",
+            transactional_id=action.tid,
+            current=current.state.value,
+        )
+    ahead = Ahead(
+        TxnId(coordinator, slot), action.epoch, action.timeout_ms, tuple(dict.fromkeys(action.participants)), ts
+    )
+    return replace(current, ahead=ahead)
+
+
+def _withdraw(current: TidState, action: Withdraw) -> TidState:
+    """Drop the unused transaction begun ahead: the id's state is its decided transaction's again."""
+    a = current.ahead
+    if a is None or a.txn != action.txn:
+        raise InvalidTxnStateError(
+            f"transactional id {action.tid!r}: transaction {action.txn} is not begun ahead (current "
+            f"{current.txn}, {current.state.value}); nothing to withdraw",
+            transactional_id=action.tid,
+            current=current.state.value,
+        )
+    _check_producer(replace(current, epoch=a.epoch), action.producer_id, action.epoch, a.epoch)
+    return replace(current, ahead=None)
+
+
 def _prepare(current: TidState, action: Prepare, ts: int) -> TidState:
     target = _C.PREPARE_COMMIT if action.commit else _C.PREPARE_ABORT
     if current.state.is_prepared and current.state != target:
@@ -133,10 +199,21 @@ def _prepare(current: TidState, action: Prepare, ts: int) -> TidState:
     check_coordinator_transition(action.tid, current.state, target)
     if current.state == target:
         return current
+    participants = current.participants
+    if action.participants is not None:
+        extra = [p for p in action.participants if p not in participants]
+        if extra:
+            raise InvalidTxnStateError(
+                f"transactional id {action.tid!r}: transaction {current.txn} wrote to {extra[0]!r}, which it never "
+                "registered as a participant",
+                transactional_id=action.tid,
+            )
+        participants = tuple(dict.fromkeys(action.participants))
     committed = target == _C.PREPARE_COMMIT
     return replace(
         current,
         state=target,
+        participants=participants,
         epoch=current.epoch if action.new_epoch is None else action.new_epoch,
         updated_ms=ts,
         metadata=action.metadata,

@@ -26,9 +26,9 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 
 from txn_core.clock import Clock
-from txn_core.coordinator.actions import Action, Add, Begin, Complete, Init, Outcome, Prepare
+from txn_core.coordinator.actions import Action, Add, Begin, Complete, Init, Outcome, Prepare, Withdraw
 from txn_core.coordinator.states import CoordinatorState
-from txn_core.coordinator.txnlog import CoordinatorPartition, CoordinatorViews, TidState, TxnStatus
+from txn_core.coordinator.txnlog import TID_EXPIRATION_MS, CoordinatorPartition, CoordinatorViews, TidState, TxnStatus
 from txn_core.entry import EntryKind, Payload
 from txn_core.errors import (
     ConcurrentTransactionsError,
@@ -138,6 +138,8 @@ class TransactionCoordinator:
                 if prepared is not None:
                     self.complete(prepared)
                 continue
+            if current is not None and current.ahead is not None:
+                current = current.activated()  # it may hold data: aborted like any open transaction
             if current is not None and current.state == _C.ONGOING:
                 self._prepare_abort(view, current, reason="fenced by a new producer instance")
                 continue
@@ -222,40 +224,62 @@ class TransactionCoordinator:
         *,
         complete: bool = True,
         completed: Sequence[TxnId] = (),
+        started_ms: int | None = None,
+        written: Sequence[str] | None = None,
+        ahead: tuple[int, Sequence[str]] | None = None,
     ) -> TidState:
         """Decide and finish ``txn``: persist Prepare*, write markers, persist Complete*.
 
         A retried end of the same transaction with the same decision continues where the first stopped.
         With ``complete=False`` returns right after the decision is durable (markers not yet written).
-        ``completed`` as in :meth:`begin`.
+        ``completed`` as in :meth:`begin`. The transaction's own producer also passes ``started_ms`` (its
+        first write: the start of a transaction begun ahead, whose record has none) and ``written`` (the
+        participants it wrote to: only they get markers).
+
+        ``ahead`` (timeout, participants): also begin the producer's next transaction ahead in the same record
+        (PROTOCOL.md "Begin ahead") with that timeout, running from its first write, and those participants
+        (a guess: the producer passes those this one registered).
+        Only where the record leaves nothing else completing (an older decided transaction not folded into
+        ``completed`` keeps it out) and no other begin of a group commit takes the record; otherwise the
+        decision is written alone. The returned state's ``ahead`` is then the next transaction.
         """
         view = self.view_for(tid)
         outcome: Outcome = "COMMIT" if commit else "ABORT"
+        parts = None if written is None else tuple(written)
 
-        def build(cur: TidState | None) -> list[Action] | None:
+        def decide(cur: TidState | None) -> list[Action] | None:
             done = _completions(cur, completed)
-            if (
-                cur is not None
-                and cur.txn == txn
-                and cur.state
-                in (
-                    _C.PREPARE_COMMIT,
-                    _C.COMPLETE_COMMIT,
-                    _C.PREPARE_ABORT,
-                    _C.COMPLETE_ABORT,
-                )
-            ):
+            if cur is not None and cur.ahead is not None and cur.ahead.txn == txn:
+                cur = cur.activated()  # this prepare names the transaction begun ahead
+            if cur is not None and cur.txn == txn and cur.state != _C.ONGOING:
                 _check_repeated_end(cur, tid, producer_id, epoch, txn, commit)
                 return done or None
             if commit and cur is not None and cur.txn == txn and cur.state == _C.ONGOING:
-                late = self.clock() - cur.deadline_ms
+                deadline = cur.deadline_ms
+                if deadline is None and started_ms is not None:
+                    deadline = started_ms + cur.timeout_ms
+                late = 0 if deadline is None else self.clock() - deadline
                 if late > 0:  # past its timeout: aborted as any participant meeting it would abort it
                     timed_out.append(late)
-                    return [*done, Prepare(tid, producer_id, epoch, txn, "ABORT", None, epoch + 1, "timeout")]
-            return [*done, Prepare(tid, producer_id, epoch, txn, outcome, metadata)]
+                    return [*done, Prepare(tid, producer_id, epoch, txn, "ABORT", None, epoch + 1, "timeout", parts)]
+            return [*done, Prepare(tid, producer_id, epoch, txn, outcome, metadata, None, None, parts)]
+
+        def decide_and_begin(cur: TidState | None) -> list[Action] | None:
+            actions = decide(cur)
+            if not actions or ahead is None or cur is None or timed_out:
+                return actions
+            prepare = actions[-1]
+            if not isinstance(prepare, Prepare) or prepare.txn != txn:
+                return actions
+            now = cur.activated()
+            older = now.completing
+            if older is not None and all(not (isinstance(a, Complete) and a.txn == older.txn) for a in actions):
+                return actions  # an older transaction still completing: the id keeps at most one
+            timeout_ms, guess = ahead
+            return [*actions, Begin(tid, producer_id, epoch + 1, timeout_ms, tuple(guess), ahead=True)]
 
         timed_out: list[int] = []
-        state = view.append(tid, build)
+        state = view.append(tid, decide_and_begin, fallback=decide) if ahead is not None else view.append(tid, decide)
         if state is None:  # pragma: no cover
             raise InvalidTxnStateError(f"transactional id {tid!r}: no state", transactional_id=tid)
         if timed_out and state.txn == txn and state.abort_reason == "timeout":
@@ -263,6 +287,25 @@ class TransactionCoordinator:
         logger.info("%s %s: transaction %s decided %s", outcome.lower(), tid, txn, state.state.name)
         if state.state.is_prepared and complete:
             state = self.complete(state)
+        return state
+
+    def withdraw(
+        self, tid: str, producer_id: int, epoch: int, txn: TxnId, *, completed: Sequence[TxnId] = ()
+    ) -> TidState:
+        """Drop ``txn``, begun ahead and never written to (``withdraw``): no marker is due, nothing of it
+        exists. Only its own producer may call this, knowing it wrote nothing under ``txn``; a closing
+        producer does, folding ``completed`` into the same record."""
+        view = self.view_for(tid)
+
+        def build(cur: TidState | None) -> list[Action] | None:
+            done = _completions(cur, completed)
+            if cur is None or cur.ahead is None or cur.ahead.txn != txn:
+                return done or None
+            return [*done, Withdraw(tid, producer_id, epoch, txn)]
+
+        state = view.append(tid, build)
+        if state is None:  # pragma: no cover
+            raise InvalidTxnStateError(f"transactional id {tid!r}: no state", transactional_id=tid)
         return state
 
     def _timed_out_at_commit(self, aborted: TidState, late_ms: int) -> None:
@@ -352,9 +395,13 @@ class TransactionCoordinator:
     # --- timeouts, recovery, admin ------------------------------------------------------------
 
     def _prepare_abort(self, view: CoordinatorPartition, current: TidState, reason: str) -> TidState | None:
+        """Abort ``current``'s Ongoing transaction (or its activated one begun ahead), fencing its producer,
+        and complete it."""
         txn = current.txn
 
         def build(cur: TidState | None) -> list[Action] | None:
+            if cur is not None and cur.ahead is not None and cur.ahead.txn == txn:
+                cur = cur.activated()
             if cur is None or cur.txn != txn or cur.state != _C.ONGOING or txn is None:
                 return None
             return [Prepare(cur.tid, cur.producer_id, cur.epoch, txn, "ABORT", None, cur.epoch + 1, reason)]
@@ -368,8 +415,9 @@ class TransactionCoordinator:
         return state
 
     def abort_transaction(self, tid: str, reason: str = "aborted by an operator") -> TidState | None:
-        """An operator's abort of ``tid``'s ongoing transaction (fences its producer); completes a prepared
-        or completing one."""
+        """An operator's abort of ``tid``'s ongoing transaction (fences its producer), a transaction begun ahead
+        included (whether its producer wrote under it only the data tells); completes a prepared or
+        completing one."""
         view = self.view_for(tid)
         view.refresh()
         current = view.state(tid)
@@ -380,6 +428,8 @@ class TransactionCoordinator:
             if prepared is not None:
                 self.complete(prepared)
             current = view.state(tid) or current
+        if current.ahead is not None:
+            current = current.activated()
         if current.state == _C.ONGOING:
             return self._prepare_abort(view, current, reason)
         if current.state.is_prepared:
@@ -391,16 +441,29 @@ class TransactionCoordinator:
         now = self.clock() if now is None else now
         done = []
         for st in view.open_states():
-            if st.state == _C.ONGOING and now > st.deadline_ms:
+            deadline = st.deadline_ms
+            if st.state == _C.ONGOING and deadline is not None and now > deadline:
                 result = self._prepare_abort(view, st, reason="timeout")
+                if result is not None:
+                    done.append(result)
+            elif st.begun_ahead and now - st.updated_ms > TID_EXPIRATION_MS:
+                # Begun ahead and named by no record for as long as an idle id takes to expire: its producer is
+                # gone, or is fenced as Kafka's producer whose id mapping expired. Whether it wrote anything the
+                # coordinator cannot know: aborted with markers, as any timeout.
+                result = self._prepare_abort(view, st, reason="begun ahead and not used for 7 days")
                 if result is not None:
                     done.append(result)
             elif st.state.is_prepared and now - st.updated_ms > _grace_ms(st):
                 done.append(self.complete(st))
         return done
 
-    def resolve(self, txn: TxnId) -> TxnStatus:
-        """The status of ``txn`` for a reader, refreshing the coordinator view and enforcing its timeout."""
+    def resolve(self, txn: TxnId, first_write: Callable[[], int | None] | None = None) -> TxnStatus:
+        """The status of ``txn`` for a reader, refreshing the coordinator view and enforcing its timeout.
+
+        ``first_write``: when the reader's own log saw ``txn``'s first entry (its timestamp), asked only for a
+        transaction begun ahead, whose timeout runs from its first write (PROTOCOL.md "Timeouts"): an entry
+        is written after that first write, so the deadline a reader computes is never earlier than the
+        producer's own. Without it, such a transaction is not timed out here."""
         view = self.views.get(txn.coordinator)
         status = view.status(txn)
         if status is None or status.state == _C.ONGOING or (status.state is not None and status.state.is_prepared):
@@ -410,8 +473,10 @@ class TransactionCoordinator:
             # The begin record is always durable before any data of the transaction; a transaction id
             # the coordinator never issued is not a transaction anyone will end: treat it as finished.
             return TxnStatus(txn, None)
-        if status.state == _C.ONGOING and status.tid is not None and self.clock() > status.start_ms + status.timeout_ms:
+        if status.state == _C.ONGOING and status.tid is not None and _past_deadline(status, self.clock(), first_write):
             st = view.state(status.tid)
+            if st is not None and st.ahead is not None and st.ahead.txn == txn:
+                st = st.activated()  # begun ahead and written under: aborted as any open transaction
             if st is not None and st.txn == txn and not getattr(self.storage, "read_only", False):
                 try:
                     self._prepare_abort(view, st, reason="timeout")
@@ -432,12 +497,24 @@ class TransactionCoordinator:
         return status
 
 
+def _past_deadline(status: TxnStatus, now: int, first_write: Callable[[], int | None] | None) -> bool:
+    """Whether an Ongoing ``status`` is past its timeout at ``now``: from its start, or, begun ahead, from the
+    caller's first sight of its data (unknown: not past)."""
+    start = status.start_ms
+    if start is None:
+        start = first_write() if first_write is not None else None
+        if start is None:
+            return False
+    return now > start + status.timeout_ms
+
+
 def _check_repeated_end(cur: TidState, tid: str, producer_id: int, epoch: int, txn: TxnId, commit: bool) -> None:
     """A repeated end request for an already decided ``txn``: fine if it asks for the same decision from the
     same producer; otherwise the error that says why it cannot."""
     decided_commit = cur.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT)
     fenced = {"transactional_id": tid, "producer_id": producer_id, "epoch": epoch}
-    if decided_commit != commit and cur.abort_reason == "timeout":
+    if cur.abort_reason == "timeout" and (decided_commit != commit or cur.epoch not in (epoch, epoch + 1)):
+        # a commit refused, or an abort by a producer the timeout fenced: either way it must start afresh
         raise TransactionTimedOutError(
             f"transactional id {tid!r}: transaction {txn} exceeded its timeout of {cur.timeout_ms} ms "
             "and was aborted (by a participant that met it, or by its own late commit); nothing of it is "

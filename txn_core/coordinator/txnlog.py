@@ -86,7 +86,7 @@ _FINISHED = frozenset(
 def _expired(st: TidState, now: int) -> bool:
     """Whether ``st`` expires at log time ``now``: finished, idle past the expiration, and holding no
     progress an application relies on (no last committed metadata, or metadata marked ephemeral)."""
-    if st.state not in _FINISHED or now - st.updated_ms <= TID_EXPIRATION_MS:
+    if st.state not in _FINISHED or st.ahead is not None or now - st.updated_ms <= TID_EXPIRATION_MS:
         return False
     kept = st.last_committed
     return kept is None or kept.get(EPHEMERAL_KEY) is True
@@ -103,6 +103,14 @@ def _finished(before: TidState | None, after: TidState) -> list[tuple[TxnId, Coo
     ):
         c = before.completing
         out.append((c.txn, CoordinatorState.COMPLETE_COMMIT if c.committed else CoordinatorState.COMPLETE_ABORT))
+    a = before.ahead if before is not None else None
+    if (
+        a is not None
+        and after.ahead is None
+        and after.txn != a.txn
+        and (after.completing is None or after.completing.txn != a.txn)
+    ):
+        out.append((a.txn, CoordinatorState.COMPLETE_ABORT))  # withdrawn unused: nothing of it exists
     complete = after.state in (CoordinatorState.COMPLETE_COMMIT, CoordinatorState.COMPLETE_ABORT)
     if (
         after.txn is not None
@@ -457,6 +465,8 @@ class CoordinatorPartition:
             tid = self.open_txns.get(seq)
             if tid is not None:
                 st = self.tids[tid]
+                if st.ahead is not None and st.ahead.txn == txn:
+                    st = st.activated()  # begun ahead: Ongoing to readers, its start unknown here
                 if st.txn == txn:
                     return TxnStatus(txn, st.state, tid, st.start_ms, st.timeout_ms, st.participants)
                 c = st.completing
@@ -479,12 +489,15 @@ class CoordinatorPartition:
 
     def open_states(self) -> list[TidState]:
         """Every transaction that is not complete, as its id's state (a completing one as its completer
-        sees it, :meth:`TidState.prepared`), oldest first."""
+        sees it, :meth:`TidState.prepared`; one begun ahead as the current one it would be,
+        :meth:`TidState.activated`: Ongoing, start unknown), oldest first."""
         with self._lock:
             out = []
             for seq, tid in self.open_txns.items():
                 st = self.tids[tid]
-                if st.txn is not None and st.txn.sequence == seq:
+                if st.ahead is not None and st.ahead.txn.sequence == seq:
+                    out.append(st.activated())
+                elif st.txn is not None and st.txn.sequence == seq:
                     out.append(st)
                 elif st.completing is not None:
                     view = st.prepared(st.completing.txn)
@@ -494,7 +507,13 @@ class CoordinatorPartition:
 
     # --- append ---------------------------------------------------------------------------------
 
-    def append(self, tid: str, build: Callable[[TidState | None], Sequence[Action] | None]) -> TidState | None:
+    def append(
+        self,
+        tid: str,
+        build: Callable[[TidState | None], Sequence[Action] | None],
+        *,
+        fallback: Callable[[TidState | None], Sequence[Action] | None] | None = None,
+    ) -> TidState | None:
         """Append the actions ``build(current state)`` returns, validated against the latest state.
 
         ``build`` is called again after every lost race with the then-current state; it may raise (e.g.
@@ -505,9 +524,12 @@ class CoordinatorPartition:
         the partition while another is being created go into the next record together, one request for
         all of them (:meth:`_serve`); each one's actions are validated against the state its predecessors in
         the record leave, and each caller gets its own result or error. A record begins at most one
-        transaction (its id is the record's slot): a second begin waits for the next record.
+        transaction (its id is the record's slot): a second begin waits for the next record, unless the
+        append gives a ``fallback``, the actions it takes without its begin (a decision that would begin the
+        next transaction ahead goes alone rather than wait); the fallback also serves if the actions with
+        the begin are not valid.
         """
-        request = _Append(tid, build)
+        request = _Append(tid, build, fallback)
         with self._queue_lock:
             self._queue.append(request)
         snapshot: dict[str, Any] | None = None
@@ -580,24 +602,51 @@ class CoordinatorPartition:
             request.result, request.error, request.deferred = _PENDING, None, False
             current = states[request.tid] if request.tid in states else self.tids.get(request.tid)
             try:
-                wanted = request.build(current)
-                if not wanted:
-                    request.result = current
-                    continue
-                begin = any(isinstance(action, Begin) for action in wanted)
-                if begin and begins:
-                    request.deferred = True
-                    continue
-                mine = self._fold(wanted, self.next_slot, ts, states)
-                begins = begins or begin
+                folded = self._build_one(request, current, ts, states, begins)
             except Exception as exc:  # this caller's error (fenced, invalid): the others' actions still go
                 request.error = exc
                 continue
+            if folded is None:
+                request.deferred = True
+                continue
+            wanted, mine = folded
+            if not wanted:
+                request.result = current
+                continue
+            begins = begins or any(isinstance(action, Begin) for action in wanted)
             actions.extend(wanted)
             steps.extend(mine)
             for tid, _, after in mine:
                 states[tid] = after
         return actions, steps
+
+    def _build_one(
+        self,
+        request: _Append,
+        current: TidState | None,
+        ts: int,
+        states: dict[str, TidState | None],
+        begins: bool,
+    ) -> tuple[Sequence[Action], list[tuple[str, TidState | None, TidState]]] | None:
+        """One queued append's actions and their steps (none: nothing to do); None: deferred to the next
+        record (its begin would be the record's second). With a fallback, a begin that cannot go into this
+        record, or actions that are not valid, give way to the fallback's actions instead."""
+        builds = [request.build] if request.fallback is None else [request.build, request.fallback]
+        for i, build in enumerate(builds):
+            last = i == len(builds) - 1
+            wanted = build(current)
+            if not wanted:
+                return (), []
+            if begins and any(isinstance(action, Begin) for action in wanted):
+                if last:
+                    return None
+                continue
+            try:
+                return wanted, self._fold(wanted, self.next_slot, ts, states)
+            except TxnLogError:
+                if last:
+                    raise
+        return None  # pragma: no cover - the last build returns or raises
 
 
 #: A queued append's result before its record is decided.
@@ -610,6 +659,8 @@ class _Append:
 
     tid: str
     build: Callable[[TidState | None], Sequence[Action] | None]
+    #: the actions without a begin, where the caller would rather go without it than wait (see append)
+    fallback: Callable[[TidState | None], Sequence[Action] | None] | None = None
     result: Any = _PENDING
     error: BaseException | None = None
     done: bool = False

@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from txn_core import offsets_fence, paths
 from txn_core.coordinator.states import ClientState, check_client_transition
+from txn_core.coordinator.tidstate import Ahead
 from txn_core.coordinator.txnlog import TidState
 from txn_core.entry import EntryKind, Payload
 from txn_core.errors import (
@@ -73,6 +74,10 @@ if TYPE_CHECKING:
 _S = ClientState
 DEFAULT_BATCH_BYTES = 4 << 20
 MAX_ENTRY_BYTES = 64 << 20
+#: Whether a transactional producer begins its next transaction ahead, in the record that decides the current
+#: one (PROTOCOL.md "Begin ahead"): one coordinator record per transaction instead of two. Off only where a
+#: test or benchmark needs a transaction's own begin record.
+BEGIN_AHEAD = True
 #: Records one epoch can write to one partition: the header's base sequence is a signed 32-bit number.
 SEQUENCE_LIMIT = 2**31 - 1
 logger = get_logger("txnlog.producer")
@@ -134,6 +139,12 @@ class Producer:
         self._state = _S.UNINITIALIZED if transactional_id else _S.READY
         self._txn: TxnId | None = None
         self._participants: set[str] = set()
+        #: participants the current transaction wrote to (or tried to): only they get its markers
+        self._written: set[str] = set()
+        #: when the current transaction started (its begin record, or its first write if begun ahead)
+        self._started_ms: int | None = None
+        #: the next transaction, begun ahead by the record that decided the last one (PROTOCOL.md "Begin ahead")
+        self._ahead: Ahead | None = None
         self._error: BaseException | None = None
         if transactional_id is None:
             from txn_core.pidalloc import allocate_producer_id
@@ -160,6 +171,7 @@ class Producer:
     def _fatal(self, exc: BaseException) -> None:
         """Fenced or failed for good: every later call but ``close`` raises."""
         self._error = exc
+        self._ahead = None
         logger.warning("producer %s: fatal error, close it: %s", self.transactional_id, exc)
         self._transition(_S.FATAL_ERROR)
 
@@ -212,6 +224,7 @@ class Producer:
                 self._completions.finish()
             except TxnLogError as exc:  # init_producer below finishes whatever is left
                 logger.info("producer %s: previous transaction left to init: %s", self.transactional_id, exc)
+            self._ahead = None  # fenced with the instance it belonged to: init aborts it
             state = self.log.coordinator.init_producer(self.transactional_id or "", self.transaction_timeout_ms)
             self.producer_id, self.epoch = state.producer_id, state.epoch
             self._next_epoch = state.epoch
@@ -225,6 +238,8 @@ class Producer:
             self._transition(_S.IN_TRANSACTION)
             self._txn = None
             self._participants = set()
+            self._written = set()
+            self._started_ms = None
             self._buffers.clear()
 
     def send_offsets_to_transaction(
@@ -331,7 +346,7 @@ class Producer:
             try:
                 try:
                     self._flush_locked()
-                    if self._txn is None and metadata is not None:
+                    if self._txn is None and metadata is not None and not self._adopt_ahead():
                         self._begin_remote([])
                 except ObjectExistsError:
                     raise
@@ -380,18 +395,23 @@ class Producer:
         if txn is None:  # pragma: no cover
             return None
         started = time.perf_counter()
+        epoch = self.epoch
         try:
             state = self._with_completions(
                 lambda done: self.log.coordinator.end(
                     self.transactional_id or "",
                     self.producer_id,
-                    self.epoch,
+                    epoch,
                     txn,
                     commit,
                     metadata,
                     complete=False,
                     completed=done,
-                )
+                    started_ms=self._started_ms,
+                    written=sorted(self._written),
+                    ahead=(self.transaction_timeout_ms, sorted(self._participants)) if BEGIN_AHEAD else None,
+                ),
+                wait_all=BEGIN_AHEAD,
             )
         except UnknownOutcomeError as exc:
             raise CommitStateUnknownError(
@@ -411,14 +431,20 @@ class Producer:
             raise
         record_s = time.perf_counter() - started
         self._check_not_fenced(state)
-        prepared = state.state.is_prepared and state.txn == txn
-        if prepared:
+        decided = state if state.state.is_prepared and state.txn == txn else None
+        if decided is not None:
             self._next_epoch = state.epoch + 1
         elif state.state.is_complete and state.txn == txn:
             self._next_epoch = state.epoch
+        ahead = state.ahead if state.txn == txn else None
+        if ahead is not None and ahead.epoch == epoch + 1:
+            self._ahead = ahead  # the next transaction, begun in the same record
+            self._next_epoch = ahead.epoch
         self._txn = None
         self._participants = set()
-        return functools.partial(self._completions.start, state, record_s) if prepared else None
+        self._written = set()
+        self._started_ms = None
+        return functools.partial(self._completions.start, decided, record_s) if decided is not None else None
 
     def _check_not_fenced(self, state: TidState) -> None:
         """A state the coordinator returned for this producer's id names another producer: fenced."""
@@ -433,12 +459,20 @@ class Producer:
             )
 
     def _with_completions(
-        self, record: Callable[[list[TxnId]], TidState], *, for_begin: bool = False, overlapped: bool = False
+        self,
+        record: Callable[[list[TxnId]], TidState],
+        *,
+        for_begin: bool = False,
+        overlapped: bool = False,
+        wait_all: bool = False,
     ) -> TidState:
         """Create a coordinator record of this producer, carrying the Complete of every decided transaction
         whose markers are durable (:mod:`txn_core.producer.completion`). ``overlapped``: entries of the
-        producer wait for this record (the overlapped begin), so it writes no markers itself."""
-        claimed: list[PendingCompletion] = self._completions.claim(for_begin=for_begin, finish_failed=not overlapped)
+        producer wait for this record (the overlapped begin), so it writes no markers itself. ``wait_all``:
+        wait for every pending transaction's markers first, so the record carries all their Completes."""
+        claimed: list[PendingCompletion] = self._completions.claim(
+            for_begin=for_begin, finish_failed=not overlapped, wait_all=wait_all
+        )
         try:
             state = record([c.txn for c in claimed])
         except BaseException:
@@ -488,13 +522,49 @@ class Producer:
             self._sequences.clear()
         self.epoch = self._next_epoch = state.epoch
         self._txn = state.txn
+        self._started_ms = state.start_ms
         self._participants.update(participants)
+
+    def _adopt_ahead(self) -> bool:
+        """Make the transaction begun ahead, in the record that decided the last one, the current one: its
+        participants are registered already, and no record is written (PROTOCOL.md "Begin ahead"). Its
+        timeout runs from now, its first write. False if there is none to adopt."""
+        ahead = self._ahead
+        if ahead is None or self._txn is not None:
+            return False
+        self._ahead = None
+        if ahead.epoch != self.epoch:
+            self._sequences.clear()
+        self.epoch = self._next_epoch = ahead.epoch
+        self._txn = ahead.txn
+        self._participants = set(ahead.participants)
+        self._started_ms = self.log.clock()
+        return True
+
+    def _void_ahead(self) -> None:
+        """A closing producer withdraws its transaction begun ahead, never written to, in one record with the
+        Complete of the one before it (no marker is due; PROTOCOL.md "Begin ahead"). A failure leaves it to
+        the id's next ``init_transactions``, which aborts it."""
+        ahead = self._ahead
+        self._ahead = None
+        if ahead is None or self._txn is not None:
+            return
+        txn, tid = ahead.txn, self.transactional_id or ""
+        try:
+            self._with_completions(  # waiting for the markers of the one before, so that its Complete rides along
+                lambda done: self.log.coordinator.withdraw(tid, self.producer_id, ahead.epoch, txn, completed=done),
+                wait_all=True,
+            )
+        except TxnLogError as exc:
+            logger.info("producer %s: transaction %s begun ahead left to the next init: %s", tid, txn, exc)
 
     def _ensure_registered(self, logs: list[str], *, overlapped: bool = False) -> None:
         """Persist participants with the coordinator before the first write to each (AddPartitionsToTxn).
-        ``overlapped``: the transaction's first entries are in flight behind this begin (``_write_with_begin``)."""
+        ``overlapped``: the transaction's first entries are in flight behind this begin (``_write_with_begin``).
+        A transaction begun ahead is adopted first: only participants it did not register need a record."""
         if self.transactional_id is None:
             return
+        self._adopt_ahead()
         new = [p for p in dict.fromkeys(logs) if p not in self._participants]
         if not new:
             return
@@ -598,6 +668,8 @@ class Producer:
             group_path = paths.group_log_path(group_id) if offsets_table is not None and group_id else None
             if not by_path and group_path is None:
                 return []
+            if self.transactional_id is not None:
+                self._adopt_ahead()  # its epoch, and so the sequences, apply from here
             self._make_sequence_room({path: sum(ref.rows for ref in items) for path, items in by_path.items()})
             self._ensure_registered(list(by_path) + ([group_path] if group_path else []))
 
@@ -662,6 +734,8 @@ class Producer:
             self._write_buffers(todo)
 
     def _write_buffers(self, todo: dict[str, PartitionBuffer]) -> None:
+        if self.transactional_id is not None:
+            self._adopt_ahead()  # its epoch, and so the sequences, apply from here
         self._make_sequence_room({path: b.rows + (b.inflight.rows if b.inflight else 0) for path, b in todo.items()})
         if self._txn is None and self.transactional_id is not None and self.log.storage.stages_creates:
             predicted = self.log.coordinator.predict_txn(self.transactional_id)
@@ -782,6 +856,8 @@ class Producer:
             raise self._too_large(
                 f"an entry of {record_count:,} records would take {path}", "this entry was not written"
             )
+        if self.transactional_id is not None:
+            self._written.add(path)  # before the attempt: one whose outcome is unknown may have landed
         return self.log.partition_log(path).append_payload(
             kind,
             payload,
@@ -806,6 +882,7 @@ class Producer:
                 if flush and self.transactional_id is None and self._state != _S.FATAL_ERROR:
                     self._flush_locked()
                 if self._state != _S.FATAL_ERROR:
+                    self._void_ahead()
                     self._finish_completions()
             finally:
                 self._completions.shutdown()

@@ -217,23 +217,27 @@ class Completions:
         """Whether a begin now would first wait for older markers (more than one completion pending)."""
         return sum(1 for p in self._pending if p.completed is None) > 1
 
-    def claim(self, *, for_begin: bool = False, finish_failed: bool = True) -> list[PendingCompletion]:
+    def claim(
+        self, *, for_begin: bool = False, finish_failed: bool = True, wait_all: bool = False
+    ) -> list[PendingCompletion]:
         """Claim the completions a record of the producer can carry: the oldest ones whose markers are
         durable. ``for_begin``: first make sure all but the newest pending completion can be claimed (their
         markers written, or they were completed), so that the begin leaves at most one completing
-        transaction. A completion whose markers failed is finished here, synchronously, unless
-        ``finish_failed`` is false: the record is created while entries of the producer wait for it (the
-        overlapped begin), and writing markers now would queue them behind those entries, which wait for
-        this record: a deadlock. It then stays pending (as the completing transaction, if it is the
-        newest) and the producer's next record finishes it."""
+        transaction. ``wait_all``: the same for every pending completion, the newest included (a decision
+        that begins the next transaction ahead must leave nothing completing; the markers it waits for were
+        started a transaction earlier, so the wait is short). A completion whose markers failed is finished
+        here, synchronously, unless ``finish_failed`` is false: the record is created while entries of the
+        producer wait for it (the overlapped begin), and writing markers now would queue them behind those
+        entries, which wait for this record: a deadlock. It then stays pending (as the completing transaction,
+        if it is the newest) and the producer's next record finishes it."""
         newest = self._pending[-1] if self._pending else None
         for pending in list(self._pending):
-            if pending.alone and for_begin:
+            if pending.alone and (for_begin or wait_all):
                 pending.done.wait()
             if self._failed(pending):
                 if finish_failed:
                     self._finish_one(pending)
-            elif for_begin and pending is not newest and pending.completed is None:
+            elif (wait_all or (for_begin and pending is not newest)) and pending.completed is None:
                 try:
                     self._wait_markers(pending)
                 except TxnLogError:

@@ -20,6 +20,7 @@ next ``init_transactions`` of its producer, like any participant.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -137,8 +138,11 @@ class AckLog:
         """
         with self._lock:
             self._last_resolve = self._monotonic()
-            txns = list(self.state.txns)
-            statuses = {t: self.log.coordinator.resolve(t) for t in txns}
+            held = {t: pt.first_slot for t, pt in self.state.txns.items()}
+            statuses = {
+                t: self.log.coordinator.resolve(t, functools.partial(self._written_at, slot))
+                for t, slot in held.items()
+            }
             state = self._replay(None)
             for t, status in statuses.items():
                 if t in state.txns and status.finished:
@@ -151,6 +155,14 @@ class AckLog:
                     )
                     self.plog.append_payload(EntryKind.ABORT, payload, 1, txn=t)
             self._replay(None)
+
+    def _written_at(self, slot: int) -> int | None:
+        """The timestamp of the ack entry at ``slot`` (a transaction's first here: where the timeout of one
+        begun ahead runs from); None if retention or trimming removed it meanwhile."""
+        try:
+            return self.plog.read_header(slot).timestamp_ms
+        except ObjectNotFoundError:
+            return None
 
     # --- writing --------------------------------------------------------------------------------
 
