@@ -22,6 +22,7 @@ from test_transactions import STORES, ids, make_log, send, tx
 
 import txn_core
 from txn_core import paths
+from txn_core.coordinator import txnlog
 from txn_core.coordinator.actions import Add, Begin, Complete, Init, Prepare, Withdraw
 from txn_core.coordinator.apply import apply
 from txn_core.coordinator.service import coordinator_for
@@ -346,9 +347,13 @@ def test_a_prepare_names_only_registered_participants() -> None:
 # --- group commit ----------------------------------------------------------------------------------
 
 
-def test_a_decision_that_cannot_take_the_record_s_begin_goes_without_a_reservation() -> None:
-    """A commit queued behind a record together with another producer's begin: the begin takes the record's
-    one begin, the commit's decision goes in the same record without its reservation (not deferred)."""
+def test_a_decision_that_cannot_take_the_record_s_begin_goes_without_a_reservation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit queued behind a record together with another producer's begin, where the record has room for
+    one begin only: the begin takes it, the commit's decision goes in the same record without its
+    reservation (not deferred)."""
+    monkeypatch.setattr(txnlog, "MAX_BEGINS_PER_RECORD", 1)
     storage = HeldRecords(uuid.uuid4().hex)
     shared = txn_core.Log(storage)
     shared.create_topic("t", 3, pa.schema([("id", pa.int64())]))
@@ -395,3 +400,26 @@ def test_a_fenced_producer_s_begin_beside_another_s_reservation_is_fenced() -> N
     st = apply(_decided(ahead=True), Complete("a", TxnId(3, 1)), 3, 3, 103)
     with pytest.raises(ProducerFencedError):
         apply(st, Begin("a", 1, 0, 9_000, (P0,)), 3, 4, 104)
+
+
+def test_a_group_committed_record_gives_each_begin_an_index() -> None:
+    """Begins and reservations of several producers share one record, each transaction with an id of its
+    own (the record's slot, its index among the record's begins); replay gives the same ids."""
+    from txn_core.coordinator.txnlog import CoordinatorPartition
+    from txn_core.storage import MemoryStorage
+
+    storage = MemoryStorage(uuid.uuid4().hex)
+    view = CoordinatorPartition(storage, 3)
+    view.refresh()
+    tids = ["a", "b", "c"]
+    for t in tids:
+        view.append(t, lambda cur, t=t: [Init(t, 1, 0, 9_000)])
+    actions = [Begin(t, 1, 0, 9_000, (P0,)) for t in tids]
+    view.append("a", lambda cur: actions)  # one record, three begins
+    ids_ = [view.state(t).txn for t in tids]  # type: ignore[union-attr]
+    assert ids_ == [TxnId(3, 3, 0), TxnId(3, 3, 1), TxnId(3, 3, 2)]
+    replayed = CoordinatorPartition(storage, 3)
+    replayed.refresh()
+    assert [replayed.state(t).txn for t in tids] == ids_  # type: ignore[union-attr]
+    assert [str(t) for t in ids_] == ["3:3", "3:3.1", "3:3.2"] and TxnId.parse("3:3.2") == ids_[2]
+    replayed._check()

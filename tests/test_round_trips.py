@@ -544,9 +544,10 @@ class HeldRecords(MemoryStorage):
 
 
 def test_begins_waiting_together_get_transaction_ids_of_their_own() -> None:
-    """Two begins queued behind one record go into two records: a transaction's id is the slot of its begin
-    record, and two transactions sharing one would be one to every reader. Here the second writer aborts
-    while the first commits, both in the same partition: the aborted row must stay invisible."""
+    """Two begins queued behind one record go into one record (group commit) with ids of their own: the
+    record's slot and each begin's index in it. Two transactions sharing an id would be one to every reader:
+    here the second writer aborts while the first commits, both in the same partition, and the aborted row
+    must stay invisible."""
     storage = HeldRecords(uuid.uuid4().hex)
     log = _log(storage)
     tids = [t for t in (f"b{i}" for i in range(400)) if coordinator_for(t, log.coordinator_partitions) == 2][:3]
@@ -564,7 +565,8 @@ def test_begins_waiting_together_get_transaction_ids_of_their_own() -> None:
 
     storage.hold.clear()
     first = threading.Thread(target=begin, args=(0,))
-    first.start()  # its begin record is held in flight ...
+    first.start()
+    assert storage.held.wait(10)  # its begin record is held in flight ...
     waiting = [threading.Thread(target=begin, args=(i,)) for i in (1, 2)]
     for t in waiting:
         t.start()
@@ -576,6 +578,7 @@ def test_begins_waiting_together_get_transaction_ids_of_their_own() -> None:
     for t in [first, *waiting]:
         t.join()
     assert len(set(txns.values())) == 3, txns
+    assert txns[1].sequence == txns[2].sequence and {txns[1].index, txns[2].index} == {0, 1}, "one record"
     producers[0].commit_transaction()
     producers[1].abort_transaction()
     producers[2].commit_transaction()

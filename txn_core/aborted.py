@@ -10,7 +10,9 @@ and a lookup is a dict probe or a binary search: O(log n), no Python object per 
 transaction is not aborted: duplicates (a producer sequence already seen) and zombie writes after a
 transaction's commit marker.
 
-Transaction keys pack a :class:`TxnId` into 64 bits: ``coordinator << 44 | sequence``.
+Transaction keys pack a :class:`TxnId` into 64 bits: ``index << 60 | coordinator << 44 | sequence`` (the
+index of a transaction in its begin record is below 16; for the first, 0, the key is ``coordinator << 44 |
+sequence`` as before indexes existed, so keys in older snapshots stay valid).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from txn_core.ids import TxnId
 
 SEQ_BITS = 44
 MAX_SEQ = (1 << SEQ_BITS) - 1
-MAX_COORDINATOR = (1 << (64 - SEQ_BITS)) - 1
+INDEX_SHIFT = 60
+MAX_COORDINATOR = (1 << (INDEX_SHIFT - SEQ_BITS)) - 1
+MAX_INDEX = (1 << (64 - INDEX_SHIFT)) - 1
 #: Recent rows are merged into the sorted arrays once there are this many.
 MERGE_AT = 4096
 
@@ -41,13 +45,13 @@ ABORTED_SCHEMA = pa.schema(
 
 
 def txn_key(txn: TxnId) -> int:
-    if txn.sequence > MAX_SEQ or txn.coordinator > MAX_COORDINATOR:
+    if txn.sequence > MAX_SEQ or txn.coordinator > MAX_COORDINATOR or txn.index > MAX_INDEX:
         raise TxnLogError(f"transaction id {txn} is outside the packable range")
-    return (txn.coordinator << SEQ_BITS) | txn.sequence
+    return (txn.index << INDEX_SHIFT) | (txn.coordinator << SEQ_BITS) | txn.sequence
 
 
 def key_txn(key: int) -> TxnId:
-    return TxnId(key >> SEQ_BITS, key & MAX_SEQ)
+    return TxnId((key >> SEQ_BITS) & MAX_COORDINATOR, key & MAX_SEQ, key >> INDEX_SHIFT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,7 +111,7 @@ class EntryHeader:
         )
 
     def encode(self) -> bytes:
-        txn_hi, txn_lo = (self.txn.coordinator, self.txn.sequence) if self.txn else (0, 0)
+        txn_hi, txn_lo = (self.txn.header_hi, self.txn.sequence) if self.txn else (0, 0)
         flags = FLAG_TRANSACTIONAL if self.txn is not None else 0
         body = _STRUCT.pack(
             MAGIC,
@@ -189,7 +189,7 @@ def decode_header(data: Any, key: str) -> EntryHeader:
         ekind = EntryKind.LOST  # not a kind an entry may have
     if ekind is EntryKind.LOST:
         raise CorruptDataError(f"{key}: unknown entry kind {kind}", key, f"unknown entry kind {kind}")
-    txn = TxnId(txn_hi, txn_lo) if flags & FLAG_TRANSACTIONAL else None
+    txn = TxnId.from_header(txn_hi, txn_lo) if flags & FLAG_TRANSACTIONAL else None
     return EntryHeader(ekind, base_offset, count, pid, epoch, seq, txn, ts, plen, pcrc, writer_id)
 
 

@@ -43,31 +43,55 @@ class TopicPartition:
         return f"{self.topic}-{self.partition}"
 
 
+#: Begins one transaction-log record may hold (group commit): a transaction's index in its record is below it.
+MAX_BEGINS_PER_RECORD = 16
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class TxnId:
-    """A 128-bit transaction id: coordinator id in the high 64 bits, its sequence in the low 64.
+    """A 128-bit transaction id: the coordinator partition and the transaction's index in its begin record in
+    the high 64 bits (``coordinator | index << 32``), its sequence in the low 64 (PROTOCOL.md "Identifiers").
 
-    The sequence is the slot of the transaction's BEGIN record in its coordinator partition, so ids are
-    unique, and ordered per coordinator (which the low watermark relies on).
+    The sequence is the slot of the transaction's BEGIN record in its coordinator partition, and the index
+    its place among the begins of that record (0 for the first; group commit puts several producers' begins
+    into one record), so ids are unique, and ordered per coordinator (which the low watermark relies on).
+    Printed ``c:sequence``, or ``c:sequence.index`` when the index is not 0.
     """
 
     coordinator: int
     sequence: int
+    index: int = 0
+
+    @property
+    def header_hi(self) -> int:
+        """The high 64 bits, as entry headers and segment indexes store them."""
+        return self.coordinator | self.index << 32
+
+    @classmethod
+    def from_header(cls, hi: int, lo: int) -> TxnId:
+        """The id whose high 64 bits are ``hi`` (:attr:`header_hi`) and low 64 ``lo``."""
+        return cls(hi & 0xFFFFFFFF, lo, hi >> 32)
 
     @property
     def value(self) -> int:
-        return (self.coordinator << 64) | self.sequence
+        return (self.header_hi << 64) | self.sequence
 
     def __str__(self) -> str:
-        return f"{self.coordinator}:{self.sequence}"
+        return f"{self.coordinator}:{self.sequence}" + (f".{self.index}" if self.index else "")
 
     @classmethod
     def parse(cls, text: str) -> TxnId:
         try:
             hi, lo = text.split(":")
-            return cls(int(hi), int(lo))
+            seq, _, index = lo.partition(".")
+            txn = cls(int(hi), int(seq), int(index) if index else 0)
         except ValueError as exc:
-            raise InvalidNameError(f"invalid transaction id {text!r}: expected COORDINATOR:SEQUENCE") from exc
+            raise InvalidNameError(
+                f"invalid transaction id {text!r}: expected COORDINATOR:SEQUENCE or COORDINATOR:SEQUENCE.INDEX"
+            ) from exc
+        if min(txn.coordinator, txn.sequence, txn.index) < 0 or txn.index >= MAX_BEGINS_PER_RECORD:
+            raise InvalidNameError(f"invalid transaction id {text!r}: a part is out of range")
+        return txn
 
 
 NO_PRODUCER = -1

@@ -355,7 +355,19 @@ class SegmentIndex:
             strict=True,
         )
         return [
-            EntryHeader(kind, base, count, pid, epoch, seq, TxnId(hi, lo) if flags & 1 else None, ts, plen, pcrc, wid)
+            EntryHeader(
+                kind,
+                base,
+                count,
+                pid,
+                epoch,
+                seq,
+                TxnId.from_header(hi, lo) if flags & 1 else None,
+                ts,
+                plen,
+                pcrc,
+                wid,
+            )
             for kind, flags, base, count, pid, epoch, seq, hi, lo, ts, plen, pcrc, wid in columns
         ]
 

@@ -30,9 +30,10 @@ from txn_core.ids import TxnId
 _C = CoordinatorState
 
 
-def apply(current: TidState | None, action: Action, coordinator: int, slot: int, ts: int) -> TidState:
-    """The state after ``action`` (in the record at ``slot``, written at ``ts``); raises a named error if
-    the action is not valid now."""
+def apply(current: TidState | None, action: Action, coordinator: int, slot: int, ts: int, index: int = 0) -> TidState:
+    """The state after ``action`` (in the record at ``slot``, written at ``ts``, after ``index`` begins of the
+    same record: a begin's transaction is ``(coordinator, slot, index)``); raises a named error if the action
+    is not valid now."""
     if isinstance(action, Init):
         return _init(current, action, ts)
     if current is None:
@@ -42,9 +43,9 @@ def apply(current: TidState | None, action: Action, coordinator: int, slot: int,
         )
     if isinstance(action, Begin):
         return (
-            _begin_ahead(current, action, coordinator, slot, ts)
+            _begin_ahead(current, action, TxnId(coordinator, slot, index), ts)
             if action.ahead
-            else _begin(current, action, coordinator, slot, ts)
+            else _begin(current, action, TxnId(coordinator, slot, index), ts)
         )
     if isinstance(action, Withdraw):
         return _withdraw(current, action)
@@ -94,7 +95,7 @@ def _init(current: TidState | None, action: Init, ts: int) -> TidState:
     )
 
 
-def _begin(current: TidState, action: Begin, coordinator: int, slot: int, ts: int) -> TidState:
+def _begin(current: TidState, action: Begin, txn: TxnId, ts: int) -> TidState:
     prepared = current.state.is_prepared
     # From Prepare* the begin carries the epoch the previous transaction's Complete would have bumped to.
     _check_producer(current, action.producer_id, action.epoch, current.epoch + 1 if prepared else current.epoch)
@@ -134,7 +135,7 @@ def _begin(current: TidState, action: Begin, coordinator: int, slot: int, ts: in
         current,
         state=_C.ONGOING,
         epoch=action.epoch,
-        txn=TxnId(coordinator, slot),
+        txn=txn,
         start_ms=ts,
         updated_ms=ts,
         timeout_ms=action.timeout_ms,
@@ -145,7 +146,7 @@ def _begin(current: TidState, action: Begin, coordinator: int, slot: int, ts: in
     )
 
 
-def _begin_ahead(current: TidState, action: Begin, coordinator: int, slot: int, ts: int) -> TidState:
+def _begin_ahead(current: TidState, action: Begin, txn: TxnId, ts: int) -> TidState:
     """Reserve the next transaction beside the decided current one. Valid only with nothing completing (the
     current one becomes the completing one when this one is named) and nothing begun ahead already."""
     prepared = current.state.is_prepared
@@ -165,9 +166,7 @@ def _begin_ahead(current: TidState, action: Begin, coordinator: int, slot: int, 
             transactional_id=action.tid,
             current=current.state.value,
         )
-    ahead = Ahead(
-        TxnId(coordinator, slot), action.epoch, action.timeout_ms, tuple(dict.fromkeys(action.participants)), ts
-    )
+    ahead = Ahead(txn, action.epoch, action.timeout_ms, tuple(dict.fromkeys(action.participants)), ts)
     return replace(current, ahead=ahead)
 
 

@@ -48,7 +48,7 @@ from txn_core.errors import (
     ObjectNotFoundError,
     TxnLogError,
 )
-from txn_core.ids import TxnId
+from txn_core.ids import MAX_BEGINS_PER_RECORD, TxnId
 from txn_core.logs import get_logger
 from txn_core.parallel import submit
 from txn_core.slotlog import SlotLog
@@ -92,6 +92,11 @@ def _expired(st: TidState, now: int) -> bool:
     return kept is None or kept.get(EPHEMERAL_KEY) is True
 
 
+def _key(txn: TxnId) -> tuple[int, int]:
+    """A transaction's key in one coordinator partition's indexes: (sequence, index in its record)."""
+    return txn.sequence, txn.index
+
+
 def _finished(before: TidState | None, after: TidState) -> list[tuple[TxnId, CoordinatorState]]:
     """The transactions a step completed, with their final state: the current one reaching Complete*, or
     the completing one leaving."""
@@ -124,9 +129,10 @@ def _finished(before: TidState | None, after: TidState) -> list[tuple[TxnId, Coo
 class CoordinatorPartition:
     """Replayed state of one coordinator partition; appends validated records. Thread-safe.
 
-    Invariants (:meth:`_check`): no two transactions share an id (a record begins at most one);
-    ``open_txns`` maps the sequence of every transaction that is not complete (each id's current and
-    completing ones) to its id, and nothing else; ``outcomes`` holds at most
+    Invariants (:meth:`_check`): no two transactions share an id (each begin of a record has its index);
+    ``open_txns`` maps the key (:func:`_key`: sequence, index) of every transaction that is not complete
+    (each id's current and completing ones, or a reservation) to its id, and nothing else; ``outcomes``
+    holds at most
     :data:`RECENT_OUTCOMES` final states; every transaction id's sequence is below ``next_slot``.
     """
 
@@ -139,8 +145,8 @@ class CoordinatorPartition:
         self._lock = threading.RLock()
         self.next_slot = -1  # -1: not loaded yet
         self.tids: dict[str, TidState] = {}
-        self.open_txns: SortedDict = SortedDict()  # sequence -> tid, transactions not complete
-        self.outcomes: OrderedDict[int, CoordinatorState] = OrderedDict()  # sequence -> final state
+        self.open_txns: SortedDict = SortedDict()  # (sequence, index) -> tid, transactions not complete
+        self.outcomes: OrderedDict[tuple[int, int], CoordinatorState] = OrderedDict()  # (seq, index) -> final
         self._snapshot_slot = 0
         self._snapshotting = False
         #: appends waiting for the next record (group commit; see :meth:`append`)
@@ -172,8 +178,11 @@ class CoordinatorPartition:
         self.open_txns = SortedDict()
         for st in self.tids.values():
             for txn in st.open_txns():
-                self.open_txns[txn.sequence] = st.tid
-        self.outcomes = OrderedDict((int(s), CoordinatorState(v)) for s, v in snap["outcomes"])
+                self.open_txns[_key(txn)] = st.tid
+        # [sequence, state] for a transaction whose index in its record is 0, [sequence, state, index] else
+        self.outcomes = OrderedDict(
+            ((int(o[0]), int(o[2]) if len(o) > 2 else 0), CoordinatorState(o[1])) for o in snap["outcomes"]
+        )
         self.log_time_ms = int(snap.get("log_time_ms", max((t.updated_ms for t in self.tids.values()), default=0)))
 
     def refresh(self) -> None:
@@ -293,15 +302,23 @@ class CoordinatorPartition:
         slot: int,
         ts: int,
         states: dict[str, TidState | None] | None = None,
+        begins: int = 0,
     ) -> list[tuple[str, TidState | None, TidState]]:
         """The steps ``actions`` in a record at ``slot`` make, computed without changing anything: ``(tid,
         before, after)`` per action, in order, starting from ``states`` (ids' states after earlier actions of
-        the same record) or the replayed state. Raises if an action is not valid."""
+        the same record) or the replayed state, and after ``begins`` begins earlier in the record (each begin
+        takes the next index: its transaction is ``(coordinator, slot, index)``). Raises if an action is not
+        valid, or the record begins more than :data:`MAX_BEGINS_PER_RECORD` transactions."""
         steps: list[tuple[str, TidState | None, TidState]] = []
         local = dict(states or {})
         for action in actions:
             before = local[action.tid] if action.tid in local else self.tids.get(action.tid)
-            after = apply(before, action, self.coordinator, slot, ts)
+            index = begins
+            if isinstance(action, Begin):
+                if begins >= MAX_BEGINS_PER_RECORD:
+                    raise TxnLogError(f"a transaction log record begins at most {MAX_BEGINS_PER_RECORD} transactions")
+                begins += 1
+            after = apply(before, action, self.coordinator, slot, ts, index)
             steps.append((action.tid, before, after))
             local[action.tid] = after
         return steps
@@ -329,22 +346,22 @@ class CoordinatorPartition:
 
     def _index(self, before: TidState | None, after: TidState) -> None:
         """Keep ``open_txns`` and ``outcomes`` in step with one transition of one id."""
-        still_open = {t.sequence for t in after.open_txns()}
+        still_open = {_key(t) for t in after.open_txns()}
         if before is not None:
             for txn in before.open_txns():
-                if txn.sequence not in still_open:
-                    self.open_txns.pop(txn.sequence, None)
-        for seq in still_open:
-            self.open_txns[seq] = after.tid
+                if _key(txn) not in still_open:
+                    self.open_txns.pop(_key(txn), None)
+        for key in still_open:
+            self.open_txns[key] = after.tid
         for txn, final in _finished(before, after):
-            self.outcomes[txn.sequence] = final
+            self.outcomes[_key(txn)] = final
             while len(self.outcomes) > RECENT_OUTCOMES:
                 self.outcomes.popitem(last=False)
 
     def _check(self) -> None:
         """Assert the invariants (the randomised model test calls it after every step)."""
         with self._lock:
-            opened = [(txn.sequence, st.tid) for st in self.tids.values() for txn in st.open_txns()]
+            opened = [(_key(txn), st.tid) for st in self.tids.values() for txn in st.open_txns()]
             expected = dict(opened)
             assert len(expected) == len(opened), f"transactions sharing an id: {opened}"
             assert dict(self.open_txns) == expected, (dict(self.open_txns), expected)
@@ -371,7 +388,7 @@ class CoordinatorPartition:
             "next_slot": self.next_slot,
             "low_watermark": self.low_watermark(),
             "tids": [t.to_json() for t in self.tids.values()],
-            "outcomes": [[s, v.value] for s, v in self.outcomes.items()],
+            "outcomes": [[s, v.value, i] if i else [s, v.value] for (s, i), v in self.outcomes.items()],
             "log_time_ms": self.log_time_ms,
             "time_ms": self.clock(),
         }
@@ -441,7 +458,7 @@ class CoordinatorPartition:
         """The smallest sequence of a transaction that is not complete (else the next slot)."""
         with self._lock:
             if self.open_txns:
-                return int(self.open_txns.keys()[0])
+                return int(self.open_txns.keys()[0][0])
             return self.next_slot
 
     def state(self, tid: str) -> TidState | None:
@@ -452,17 +469,16 @@ class CoordinatorPartition:
         """The decided, incomplete transaction ``txn`` as its completer sees it (state, epoch,
         participants), whether it is its id's current or completing one; None otherwise."""
         with self._lock:
-            tid = self.open_txns.get(txn.sequence)
+            tid = self.open_txns.get(_key(txn))
             st = self.tids.get(tid) if tid is not None else None
             return st.prepared(txn) if st is not None else None
 
     def status(self, txn: TxnId) -> TxnStatus | None:
         """The status of ``txn`` as of the last refresh; None if this view has not seen it yet."""
         with self._lock:
-            seq = txn.sequence
-            if seq >= self.next_slot:
+            if txn.sequence >= self.next_slot:
                 return None
-            tid = self.open_txns.get(seq)
+            tid = self.open_txns.get(_key(txn))
             if tid is not None:
                 st = self.tids[tid]
                 if st.ahead is not None and st.ahead.txn == txn:
@@ -472,7 +488,7 @@ class CoordinatorPartition:
                 c = st.completing
                 if c is not None and c.txn == txn:
                     return TxnStatus(txn, c.state, tid, 0, st.timeout_ms, c.participants)
-            final = self.outcomes.get(seq)
+            final = self.outcomes.get(_key(txn))
             if final is not None:
                 return TxnStatus(txn, final)
             return TxnStatus(txn, None)
@@ -493,11 +509,11 @@ class CoordinatorPartition:
         :meth:`TidState.activated`: Ongoing, start unknown), oldest first."""
         with self._lock:
             out = []
-            for seq, tid in self.open_txns.items():
+            for key, tid in self.open_txns.items():
                 st = self.tids[tid]
-                if st.ahead is not None and st.ahead.txn.sequence == seq:
+                if st.ahead is not None and _key(st.ahead.txn) == key:
                     out.append(st.activated())
-                elif st.txn is not None and st.txn.sequence == seq:
+                elif st.txn is not None and _key(st.txn) == key:
                     out.append(st)
                 elif st.completing is not None:
                     view = st.prepared(st.completing.txn)
@@ -590,14 +606,13 @@ class CoordinatorPartition:
         the appends before it in the record leave. An append whose build raises, or whose actions are not
         valid, gets that error and contributes nothing; one with nothing to do gets its current state.
 
-        A record holds at most one ``begin``: a transaction's id is the slot of its begin record, so two
-        begins in one record would be one transaction to every reader (one's marker would end the other's
-        data in a partition both wrote). An append whose actions begin a transaction when the record already
-        begins one is **deferred** (``request.deferred``) to the next record, untouched by this one."""
+        A transaction's id is the slot of its begin record and its index among the record's begins, so a
+        record holds at most :data:`MAX_BEGINS_PER_RECORD` begins. An append whose actions would begin more
+        is **deferred** (``request.deferred``) to the next record, untouched by this one."""
         actions: list[Action] = []
         steps: list[tuple[str, TidState | None, TidState]] = []
         states: dict[str, TidState | None] = {}
-        begins = False
+        begins = 0
         for request in batch:
             request.result, request.error, request.deferred = _PENDING, None, False
             current = states[request.tid] if request.tid in states else self.tids.get(request.tid)
@@ -613,7 +628,7 @@ class CoordinatorPartition:
             if not wanted:
                 request.result = current
                 continue
-            begins = begins or any(isinstance(action, Begin) for action in wanted)
+            begins += sum(isinstance(action, Begin) for action in wanted)
             actions.extend(wanted)
             steps.extend(mine)
             for tid, _, after in mine:
@@ -626,23 +641,23 @@ class CoordinatorPartition:
         current: TidState | None,
         ts: int,
         states: dict[str, TidState | None],
-        begins: bool,
+        begins: int,
     ) -> tuple[Sequence[Action], list[tuple[str, TidState | None, TidState]]] | None:
         """One queued append's actions and their steps (none: nothing to do); None: deferred to the next
-        record (its begin would be the record's second). With a fallback, a begin that cannot go into this
-        record, or actions that are not valid, give way to the fallback's actions instead."""
+        record (its begins would pass the record's :data:`MAX_BEGINS_PER_RECORD`). With a fallback, a begin
+        that cannot go into this record, or actions that are not valid, give way to the fallback's actions."""
         builds = [request.build] if request.fallback is None else [request.build, request.fallback]
         for i, build in enumerate(builds):
             last = i == len(builds) - 1
             wanted = build(current)
             if not wanted:
                 return (), []
-            if begins and any(isinstance(action, Begin) for action in wanted):
+            if begins + sum(isinstance(action, Begin) for action in wanted) > MAX_BEGINS_PER_RECORD:
                 if last:
                     return None
                 continue
             try:
-                return wanted, self._fold(wanted, self.next_slot, ts, states)
+                return wanted, self._fold(wanted, self.next_slot, ts, states, begins)
             except TxnLogError:
                 if last:
                     raise
