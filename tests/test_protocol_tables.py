@@ -69,6 +69,7 @@ EXAMPLES: list[Any] = [
     Prepare("copier", 7, 4, TxnId(11, 5), "ABORT", None, 5, "timeout"),
     Complete("copier", TxnId(11, 5)),
     Begin("copier", 7, 5, 60_000, ("topics/orders/00000",), ahead=True),
+    Begin("copier", 7, 5, 60_000, ("topics/orders/00000",), ahead=True, index=3),
     Prepare("copier", 7, 5, TxnId(11, 8), "COMMIT", None, None, None, ("topics/orders/00000",)),
     Withdraw("copier", 7, 6, TxnId(11, 9)),
 ]
@@ -91,6 +92,8 @@ def test_every_action_round_trips_through_json_with_only_its_fields(action: Any)
         {"action": "complete", "tid": "t", "txn": "not-a-txn"},
         {"action": "begin", "tid": "t", "producer_id": 1, "epoch": 0, "timeout_ms": 9, "ahead": "yes"},
         {"action": "withdraw", "tid": "t", "producer_id": 1, "epoch": 0},
+        {"action": "begin", "tid": "t", "producer_id": 1, "epoch": 0, "timeout_ms": 9, "index": 16},
+        {"action": "begin", "tid": "t", "producer_id": 1, "epoch": 0, "timeout_ms": 9, "index": 0},
         {"action": "explode", "tid": "t"},
     ],
 )

@@ -21,11 +21,13 @@ from hypothesis import strategies as st
 from latency_storage import DelayedStorage
 
 import txn_core
-from txn_core import paths
+from txn_core import envelope, paths
+from txn_core.coordinator.actions import Begin, Prepare, Record
 from txn_core.coordinator.service import coordinator_for
 from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
-from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
+from txn_core.errors import ConfigurationError, CorruptDataError, InvalidNameError, ObjectNotFoundError
+from txn_core.ids import TxnId
 from txn_core.ranges import available_end, plan_range
 from txn_core.readahead import ReadAhead
 from txn_core.reader import READ_COMMITTED
@@ -591,3 +593,86 @@ def test_begins_waiting_together_get_transaction_ids_of_their_own() -> None:
         seen += consumer.poll().column("id").to_pylist()
     assert sorted(seen) == [0, 2]
     view._check()
+    record = Record.from_json(
+        envelope.decode(
+            storage.read(view.slots.key(txns[1].sequence)), "", envelope.ObjectKind.COORDINATOR_RECORD
+        ).json("")
+    )
+    assert sorted(a.to_json().get("index", 0) for a in record.actions if isinstance(a, Begin)) == [0, 1], (
+        "each begin's index is written in the record, so replay needs no rule of its own to find it"
+    )
+
+
+def _legacy_record(storage: Storage, view: Any, slot: int, *actions: Any) -> None:
+    header, payload = envelope.encode_json(
+        envelope.ObjectKind.COORDINATOR_RECORD, Record(1_000 + slot, actions).to_json()
+    )
+    storage.create(view.slots.key(slot), [header, payload])
+
+
+def _two_initialised() -> tuple[Storage, Any, list[Any]]:
+    """A log on memory with two initialised transactional ids of coordinator partition 2: its view, and
+    their states."""
+    storage = MemoryStorage(uuid.uuid4().hex)
+    log = _log(storage)
+    tids = [t for t in (f"b{i}" for i in range(400)) if coordinator_for(t, log.coordinator_partitions) == 2][:2]
+    for t in tids:
+        log.producer(t).init_transactions()
+    view = log.coordinator.views.get(2)
+    view.refresh()
+    states = [view.state(t) for t in tids]
+    assert None not in states
+    return storage, view, states
+
+
+def test_a_record_written_before_indexes_replays_with_its_begins_sharing_one_id() -> None:
+    """Group commit before transaction ids had an index wrote records whose begins all got the id (c, slot),
+    and the later actions of those transactions name that id. Such a log still replays and its producers
+    carry on (read as an index by position, the second begin's transaction would be (c, slot, 1), and the
+    record naming (c, slot) for it would be reported as corrupt)."""
+    storage, view, (a, b) = _two_initialised()
+    slot = view.next_slot
+    old = TxnId(2, slot)
+    _legacy_record(
+        storage,
+        view,
+        slot,
+        Begin(a.tid, a.producer_id, a.epoch, 60_000, ("topics/t/00000",)),
+        Begin(b.tid, b.producer_id, b.epoch, 60_000, ("topics/t/00001",)),
+    )
+    _legacy_record(storage, view, slot + 1, Prepare(b.tid, b.producer_id, b.epoch, old, "COMMIT"))
+    fresh = txn_core.Log(storage)
+    again = fresh.coordinator.views.get(2)
+    again.refresh()
+    assert again.state(a.tid).txn == old and again.state(b.tid).txn == old  # type: ignore[union-attr]
+    assert again.state(b.tid).state is CoordinatorState.PREPARE_COMMIT  # type: ignore[union-attr]
+    for t in (
+        a.tid,
+        b.tid,
+    ):  # each producer's restart ends what it left: a's open one aborted, b's decided one completed
+        p = fresh.producer(t)
+        p.init_transactions()
+        p.close()
+    again.refresh()
+    assert again.low_watermark() == again.next_slot  # nothing open any more
+    again._check()
+
+
+def test_two_begins_of_one_record_with_the_same_index_are_damage() -> None:
+    storage, view, (a, b) = _two_initialised()
+    _legacy_record(
+        storage,
+        view,
+        view.next_slot,
+        Begin(a.tid, a.producer_id, a.epoch, 60_000, ("topics/t/00000",), index=1),
+        Begin(b.tid, b.producer_id, b.epoch, 60_000, ("topics/t/00001",), index=1),
+    )
+    with pytest.raises(CorruptDataError, match="two begins of one transaction log record have index 1"):
+        txn_core.Log(storage).coordinator.views.get(2).refresh()
+
+
+@pytest.mark.parametrize("text", ["2:5.", "2:5.0", "2:5.16", "2:5.-1", "2:5.x"])
+def test_a_transaction_id_has_one_spelling(text: str) -> None:
+    with pytest.raises(InvalidNameError, match="invalid transaction id"):
+        TxnId.parse(text)
+    assert str(TxnId.parse("2:5.3")) == "2:5.3" and str(TxnId.parse("2:5")) == "2:5"

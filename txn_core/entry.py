@@ -14,7 +14,7 @@ Header layout (little-endian)::
     24  8    producer_id      -1 when none
     32  4    producer_epoch
     36  4    base_sequence    -1 when none
-    40  8    txn_hi           coordinator id (0 when not transactional)
+    40  8    txn_hi           coordinator id | index in its begin record << 32 (0 when not transactional)
     48  8    txn_lo           transaction sequence
     56  8    timestamp_ms     append time, writer's clock
     64  8    payload_len

@@ -83,13 +83,17 @@ class TxnId:
     def parse(cls, text: str) -> TxnId:
         try:
             hi, lo = text.split(":")
-            seq, _, index = lo.partition(".")
-            txn = cls(int(hi), int(seq), int(index) if index else 0)
+            seq, dot, index = lo.partition(".")
+            txn = cls(int(hi), int(seq), int(index) if dot else 0)
         except ValueError as exc:
             raise InvalidNameError(
                 f"invalid transaction id {text!r}: expected COORDINATOR:SEQUENCE or COORDINATOR:SEQUENCE.INDEX"
             ) from exc
-        if min(txn.coordinator, txn.sequence, txn.index) < 0 or txn.index >= MAX_BEGINS_PER_RECORD:
+        if (
+            min(txn.coordinator, txn.sequence, txn.index) < 0
+            or txn.index >= MAX_BEGINS_PER_RECORD
+            or (dot and txn.index == 0)  # index 0 is printed without one: one id, one spelling
+        ):
             raise InvalidNameError(f"invalid transaction id {text!r}: a part is out of range")
         return txn
 

@@ -74,7 +74,7 @@ def register(sub: SubParsers, common: Parser) -> None:
         "(KIP-664), e.g. one that wrote there without registering it",
     )
     p.add_argument("--partition", type=non_negative_int, metavar="P")
-    p.add_argument("--txn", metavar="C:S", help="the transaction id find-hanging printed")
+    p.add_argument("--txn", metavar="C:S[.I]", help="the transaction id find-hanging printed")
     p.set_defaults(func=abort)
 
     p = add_verb(

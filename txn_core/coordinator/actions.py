@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from txn_core.errors import CorruptDataError
-from txn_core.ids import TxnId
+from txn_core.ids import MAX_BEGINS_PER_RECORD, TxnId
 
 Outcome = Literal["COMMIT", "ABORT"]
 
@@ -52,7 +52,10 @@ class Init:
 
 @dataclass(frozen=True, slots=True)
 class Begin:
-    """A transaction starts with its first participants: -> Ongoing. Its TxnId is (coordinator, slot).
+    """A transaction starts with its first participants: -> Ongoing. Its TxnId is (coordinator, slot, index):
+    ``index`` is the begin's place among its record's begins, given by the writer that builds the record
+    (absent for the first, which is index 0; records written before ids had an index carry none, and their begins
+    share the id (coordinator, slot), as they were written).
 
     ``ahead`` (true or absent): begun by its producer ahead of need, in the record that decides its current
     transaction (PROTOCOL.md "Begin ahead"): it waits beside the decided one until a record names it, and its
@@ -65,6 +68,7 @@ class Begin:
     timeout_ms: int
     participants: tuple[str, ...] = ()
     ahead: bool | None = None
+    index: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -77,6 +81,8 @@ class Begin:
         }
         if self.ahead:
             out["ahead"] = True
+        if self.index is not None:
+            out["index"] = self.index
         return out
 
 
@@ -198,6 +204,7 @@ def action_from_json(value: dict[str, Any], where: str = "") -> Action:
                 int(value["timeout_ms"]),
                 tuple(str(p) for p in value.get("participants", ())),
                 _flag(value.get("ahead")),
+                _begin_index(value.get("index")),
             )
         if kind == "add":
             return Add(
@@ -231,6 +238,15 @@ def action_from_json(value: dict[str, Any], where: str = "") -> Action:
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptDataError(f"{where}: transaction log action {value!r} is not valid: {exc!r}", where) from exc
     raise CorruptDataError(f"{where}: unknown transaction log action {value.get('action')!r}", where)
+
+
+def _begin_index(value: object) -> int | None:
+    """A begin's index among its record's begins: absent (0), or an int in ``[1, MAX_BEGINS_PER_RECORD)``."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < MAX_BEGINS_PER_RECORD:
+        raise ValueError(f"begin index {value!r} is not an int in [1, {MAX_BEGINS_PER_RECORD})")
+    return value
 
 
 def _flag(value: object) -> bool | None:

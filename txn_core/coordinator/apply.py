@@ -30,10 +30,9 @@ from txn_core.ids import TxnId
 _C = CoordinatorState
 
 
-def apply(current: TidState | None, action: Action, coordinator: int, slot: int, ts: int, index: int = 0) -> TidState:
-    """The state after ``action`` (in the record at ``slot``, written at ``ts``, after ``index`` begins of the
-    same record: a begin's transaction is ``(coordinator, slot, index)``); raises a named error if the action
-    is not valid now."""
+def apply(current: TidState | None, action: Action, coordinator: int, slot: int, ts: int) -> TidState:
+    """The state after ``action`` (in the record at ``slot``, written at ``ts``: a begin's transaction is
+    ``(coordinator, slot, action.index)``); raises a named error if the action is not valid now."""
     if isinstance(action, Init):
         return _init(current, action, ts)
     if current is None:
@@ -42,11 +41,8 @@ def apply(current: TidState | None, action: Action, coordinator: int, slot: int,
             transactional_id=action.tid,
         )
     if isinstance(action, Begin):
-        return (
-            _begin_ahead(current, action, TxnId(coordinator, slot, index), ts)
-            if action.ahead
-            else _begin(current, action, TxnId(coordinator, slot, index), ts)
-        )
+        txn = TxnId(coordinator, slot, action.index or 0)
+        return _begin_ahead(current, action, txn, ts) if action.ahead else _begin(current, action, txn, ts)
     if isinstance(action, Withdraw):
         return _withdraw(current, action)
     if isinstance(action, (Add, Prepare)) and current.ahead is not None and action.txn == current.ahead.txn:

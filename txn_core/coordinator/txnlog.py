@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from sortedcontainers import SortedDict
@@ -97,6 +97,25 @@ def _key(txn: TxnId) -> tuple[int, int]:
     return txn.sequence, txn.index
 
 
+def _open_key(txn: TxnId, tid: str) -> tuple[int, int, str]:
+    """A transaction's key in ``open_txns``: its :func:`_key` and its transactional id. The id is part of
+    the key because the begins of a record written before ids had an index share one id (PROTOCOL.md
+    "Group commit"); for every other record the first two parts alone are unique."""
+    return txn.sequence, txn.index, tid
+
+
+def _numbered(actions: Sequence[Action], begins: int) -> list[Action]:
+    """``actions`` with each begin given its index in a record that holds ``begins`` begins before them."""
+    out: list[Action] = []
+    for action in actions:
+        if isinstance(action, Begin):
+            out.append(replace(action, index=begins or None))  # the first one's 0 is not written
+            begins += 1
+        else:
+            out.append(action)
+    return out
+
+
 def _finished(before: TidState | None, after: TidState) -> list[tuple[TxnId, CoordinatorState]]:
     """The transactions a step completed, with their final state: the current one reaching Complete*, or
     the completing one leaving."""
@@ -129,9 +148,10 @@ def _finished(before: TidState | None, after: TidState) -> list[tuple[TxnId, Coo
 class CoordinatorPartition:
     """Replayed state of one coordinator partition; appends validated records. Thread-safe.
 
-    Invariants (:meth:`_check`): no two transactions share an id (each begin of a record has its index);
-    ``open_txns`` maps the key (:func:`_key`: sequence, index) of every transaction that is not complete
-    (each id's current and completing ones, or a reservation) to its id, and nothing else; ``outcomes``
+    Invariants (:meth:`_check`): no two transactions share an id (each begin of a record has its index;
+    records written before indexes existed are the exception, replayed as written); ``open_txns`` holds the
+    key (:func:`_open_key`: sequence, index, transactional id) of every transaction that is not complete
+    (each id's current and completing ones, or a reservation), mapped to its id, and nothing else; ``outcomes``
     holds at most
     :data:`RECENT_OUTCOMES` final states; every transaction id's sequence is below ``next_slot``.
     """
@@ -145,7 +165,7 @@ class CoordinatorPartition:
         self._lock = threading.RLock()
         self.next_slot = -1  # -1: not loaded yet
         self.tids: dict[str, TidState] = {}
-        self.open_txns: SortedDict = SortedDict()  # (sequence, index) -> tid, transactions not complete
+        self.open_txns: SortedDict = SortedDict()  # (sequence, index, tid) -> tid, transactions not complete
         self.outcomes: OrderedDict[tuple[int, int], CoordinatorState] = OrderedDict()  # (seq, index) -> final
         self._snapshot_slot = 0
         self._snapshotting = False
@@ -178,7 +198,7 @@ class CoordinatorPartition:
         self.open_txns = SortedDict()
         for st in self.tids.values():
             for txn in st.open_txns():
-                self.open_txns[_key(txn)] = st.tid
+                self.open_txns[_open_key(txn, st.tid)] = st.tid
         # [sequence, state] for a transaction whose index in its record is 0, [sequence, state, index] else
         self.outcomes = OrderedDict(
             ((int(o[0]), int(o[2]) if len(o) > 2 else 0), CoordinatorState(o[1])) for o in snap["outcomes"]
@@ -302,23 +322,25 @@ class CoordinatorPartition:
         slot: int,
         ts: int,
         states: dict[str, TidState | None] | None = None,
-        begins: int = 0,
+        taken: frozenset[int] = frozenset(),
     ) -> list[tuple[str, TidState | None, TidState]]:
         """The steps ``actions`` in a record at ``slot`` make, computed without changing anything: ``(tid,
         before, after)`` per action, in order, starting from ``states`` (ids' states after earlier actions of
-        the same record) or the replayed state, and after ``begins`` begins earlier in the record (each begin
-        takes the next index: its transaction is ``(coordinator, slot, index)``). Raises if an action is not
-        valid, or the record begins more than :data:`MAX_BEGINS_PER_RECORD` transactions."""
+        the same record) or the replayed state. A begin's transaction is ``(coordinator, slot, its index)``;
+        ``taken`` holds the indexes of begins earlier in the record. Raises if an action is not valid, or two
+        begins of the record have the same index other than 0 (0 repeats only in records written before
+        indexes existed: their begins share the id ``(coordinator, slot)``, as written)."""
         steps: list[tuple[str, TidState | None, TidState]] = []
         local = dict(states or {})
+        seen = set(taken)
         for action in actions:
             before = local[action.tid] if action.tid in local else self.tids.get(action.tid)
-            index = begins
             if isinstance(action, Begin):
-                if begins >= MAX_BEGINS_PER_RECORD:
-                    raise TxnLogError(f"a transaction log record begins at most {MAX_BEGINS_PER_RECORD} transactions")
-                begins += 1
-            after = apply(before, action, self.coordinator, slot, ts, index)
+                index = action.index or 0
+                if index and index in seen:
+                    raise TxnLogError(f"two begins of one transaction log record have index {index}")
+                seen.add(index)
+            after = apply(before, action, self.coordinator, slot, ts)
             steps.append((action.tid, before, after))
             local[action.tid] = after
         return steps
@@ -346,11 +368,11 @@ class CoordinatorPartition:
 
     def _index(self, before: TidState | None, after: TidState) -> None:
         """Keep ``open_txns`` and ``outcomes`` in step with one transition of one id."""
-        still_open = {_key(t) for t in after.open_txns()}
+        still_open = {_open_key(t, after.tid) for t in after.open_txns()}
         if before is not None:
             for txn in before.open_txns():
-                if _key(txn) not in still_open:
-                    self.open_txns.pop(_key(txn), None)
+                if _open_key(txn, before.tid) not in still_open:
+                    self.open_txns.pop(_open_key(txn, before.tid), None)
         for key in still_open:
             self.open_txns[key] = after.tid
         for txn, final in _finished(before, after):
@@ -361,9 +383,9 @@ class CoordinatorPartition:
     def _check(self) -> None:
         """Assert the invariants (the randomised model test calls it after every step)."""
         with self._lock:
-            opened = [(_key(txn), st.tid) for st in self.tids.values() for txn in st.open_txns()]
+            opened = [(_open_key(txn, st.tid), st.tid) for st in self.tids.values() for txn in st.open_txns()]
             expected = dict(opened)
-            assert len(expected) == len(opened), f"transactions sharing an id: {opened}"
+            assert len({key[:2] for key in expected}) == len(opened), f"transactions sharing an id: {opened}"
             assert dict(self.open_txns) == expected, (dict(self.open_txns), expected)
             for st in self.tids.values():
                 st.check()
@@ -469,7 +491,7 @@ class CoordinatorPartition:
         """The decided, incomplete transaction ``txn`` as its completer sees it (state, epoch,
         participants), whether it is its id's current or completing one; None otherwise."""
         with self._lock:
-            tid = self.open_txns.get(_key(txn))
+            tid = self._open_tid(txn)
             st = self.tids.get(tid) if tid is not None else None
             return st.prepared(txn) if st is not None else None
 
@@ -478,7 +500,7 @@ class CoordinatorPartition:
         with self._lock:
             if txn.sequence >= self.next_slot:
                 return None
-            tid = self.open_txns.get(_key(txn))
+            tid = self._open_tid(txn)
             if tid is not None:
                 st = self.tids[tid]
                 if st.ahead is not None and st.ahead.txn == txn:
@@ -492,6 +514,14 @@ class CoordinatorPartition:
             if final is not None:
                 return TxnStatus(txn, final)
             return TxnStatus(txn, None)
+
+    def _open_tid(self, txn: TxnId) -> str | None:
+        """Under the lock: the transactional id whose open transaction is ``txn``, if any (of a record written
+        before indexes existed whose begins share ``txn``, the first by name)."""
+        seq, index = _key(txn)
+        for key in self.open_txns.irange((seq, index), (seq, index + 1), inclusive=(True, False)):
+            return cast(str, self.open_txns[key])
+        return None
 
     def predict_next(self) -> TxnId | None:
         """The id the next record would give a begin appended now, when this view may append without reading
@@ -511,9 +541,9 @@ class CoordinatorPartition:
             out = []
             for key, tid in self.open_txns.items():
                 st = self.tids[tid]
-                if st.ahead is not None and _key(st.ahead.txn) == key:
+                if st.ahead is not None and _key(st.ahead.txn) == key[:2]:
                     out.append(st.activated())
-                elif st.txn is not None and _key(st.txn) == key:
+                elif st.txn is not None and _key(st.txn) == key[:2]:
                     out.append(st)
                 elif st.completing is not None:
                     view = st.prepared(st.completing.txn)
@@ -539,11 +569,12 @@ class CoordinatorPartition:
         **Group commit** (Pulsar's buffered transaction-log writer): appends of this process that wait for
         the partition while another is being created go into the next record together, one request for
         all of them (:meth:`_serve`); each one's actions are validated against the state its predecessors in
-        the record leave, and each caller gets its own result or error. A record begins at most one
-        transaction (its id is the record's slot): a second begin waits for the next record, unless the
-        append gives a ``fallback``, the actions it takes without its begin (a decision that would begin the
-        next transaction ahead goes alone rather than wait); the fallback also serves if the actions with
-        the begin are not valid.
+        the record leave, and each caller gets its own result or error. Each begin of a record gets
+        its index among the record's begins (its id is the record's slot and that index), up to
+        :data:`MAX_BEGINS_PER_RECORD`: a begin past them waits for the next record, unless the append gives
+        a ``fallback``, the actions it takes without its begin (a decision that would begin the next
+        transaction ahead goes alone rather than wait); the fallback also serves if the actions with the
+        begin are not valid.
         """
         request = _Append(tid, build, fallback)
         with self._queue_lock:
@@ -612,7 +643,7 @@ class CoordinatorPartition:
         actions: list[Action] = []
         steps: list[tuple[str, TidState | None, TidState]] = []
         states: dict[str, TidState | None] = {}
-        begins = 0
+        begins = 0  # so far in the record: the next begin's index
         for request in batch:
             request.result, request.error, request.deferred = _PENDING, None, False
             current = states[request.tid] if request.tid in states else self.tids.get(request.tid)
@@ -656,8 +687,9 @@ class CoordinatorPartition:
                 if last:
                     return None
                 continue
+            wanted = _numbered(wanted, begins)
             try:
-                return wanted, self._fold(wanted, self.next_slot, ts, states, begins)
+                return wanted, self._fold(wanted, self.next_slot, ts, states, frozenset(range(begins)))
             except TxnLogError:
                 if last:
                     raise
