@@ -110,9 +110,9 @@ def test_an_idle_producer_s_reservation_never_times_out(log: txn_core.Log, clock
     p.close()
 
 
-def test_a_reservation_written_under_times_out_from_its_first_entry(log: txn_core.Log, clock: FakeClock) -> None:
-    """The producer dies after writing under its reservation. Its record is old, its data is not: a reader
-    counts the timeout from the data (counting from the record would abort it the moment it is read)."""
+def _dead_under_its_reservation(log: txn_core.Log, clock: FakeClock) -> txn_core.Producer:
+    """A producer (timeout 5 s) that committed ids 1, stayed idle long past its timeout, then wrote ids 2
+    and 3 under its reservation to partition 0 and was never heard of again; a plain producer's 4 follows."""
     dead = _committed(log, 5_000)
     dead.wait_for_completion()
     clock.now += 60_000  # idle long past the timeout before its next transaction
@@ -122,14 +122,42 @@ def test_a_reservation_written_under_times_out_from_its_first_entry(log: txn_cor
     plain = log.producer()
     send(plain, [4], partition=0)
     plain.flush()
+    return dead
+
+
+def test_a_reservation_written_under_times_out_from_its_first_entry(log: txn_core.Log, clock: FakeClock) -> None:
+    """The producer dies after writing under its reservation. Its record is old, its data is not: a reader
+    counts the timeout from the data (counting from the record would abort it the moment it is read)."""
+    dead = _dead_under_its_reservation(log, clock)
     assert ids(log) == [1], "open: holds the read bound"
     clock.now += 4_000
     assert ids(log) == [1], "within its timeout from its first entry"
-    assert log.expire_transactions() == 0, "the coordinator alone cannot know when it started"
+    assert log.expire_transactions() == 0, "expiry counts from its first entry too"
     clock.now += 2_000
     assert ids(log) == [1, 4], "the reader aborted it"
     st = log.coordinator.state("tx")
     assert st is not None and st.state == _C.COMPLETE_ABORT and st.abort_reason == "timeout" and st.ahead is None
+    with pytest.raises(TransactionTimedOutError):
+        dead.commit_transaction()
+
+
+def test_expiry_aborts_a_reservation_written_under_at_its_timeout(log: txn_core.Log, clock: FakeClock) -> None:
+    """A dead producer's transaction begun ahead, written under and named by no record, has no start in the
+    transaction log: expire_transactions (the operator's, or maintenance's) finds its first write in the
+    logs it guessed as participants and aborts it at its timeout, so readers without write access are not
+    held until someone with it reads the partition (or for the 7 days an unnamed reservation waits)."""
+    dead = _dead_under_its_reservation(log, clock)
+    clock.now += 4_000
+    assert log.expire_transactions() == 0, "within its timeout from its first entry"
+    clock.now += 2_000
+    operator = txn_core.Log(log.storage, clock=clock)
+    assert operator.expire_transactions() == 1
+    st = operator.coordinator.state("tx")
+    assert st is not None and st.state == _C.COMPLETE_ABORT and st.abort_reason == "timeout" and st.ahead is None
+    reader = txn_core.Log(log.storage, clock=clock)
+    part = reader.describe_topic("t").partitions[0]
+    assert part.last_stable_offset == part.log_end_offset, "its markers are written"
+    assert ids(reader) == [1, 4]
     with pytest.raises(TransactionTimedOutError):
         dead.commit_transaction()
 

@@ -18,9 +18,10 @@ from txn_core.clock import Clock, system_clock
 from txn_core.coordinator.service import TransactionCoordinator
 from txn_core.coordinator.txnlog import CoordinatorViews
 from txn_core.damage import skipped_lost
-from txn_core.errors import ConfigurationError, ObjectNotFoundError
+from txn_core.errors import ConfigurationError, ObjectNotFoundError, TxnLogError
 from txn_core.groups import GroupStore
 from txn_core.ids import TxnId
+from txn_core.logs import get_logger
 from txn_core.lost import list_lost
 from txn_core.partition import PartitionLog
 from txn_core.reader import PartitionState
@@ -455,13 +456,38 @@ class Log:
         return state.last_committed if state else None
 
     def expire_transactions(self) -> int:
-        """Abort every transaction past its timeout, in every coordinator partition; returns how many."""
+        """Abort every transaction past its timeout, in every coordinator partition; returns how many.
+
+        A transaction begun ahead has no start in the transaction log: its timeout runs from its first
+        write (PROTOCOL.md "Timeouts"), which this finds in the logs it guessed as participants once it has
+        been reserved for longer than its timeout (:meth:`_first_write_ms`)."""
         n = 0
         for c in range(self.coordinator_partitions):
             view = self.views.get(c)
             view.refresh()
-            n += len(self.coordinator.expire(view))
+            n += len(self.coordinator.expire(view, first_write=self._first_write_ms))
         return n
+
+    def _first_write_ms(self, txn: TxnId, participants: tuple[str, ...]) -> int | None:
+        """The earliest first entry of ``txn`` among ``participants`` that are partition logs (topic
+        partitions, group offsets), as their readers see it (the entry header's timestamp); None if none of
+        them holds it ongoing. A participant that cannot be read now is skipped (logged): expiry tries again."""
+        found: list[int] = []
+        for path in participants:
+            if paths.topic_partition_of(path) is None and not (
+                path.startswith(paths.GROUPS) and path.endswith("/offsets")
+            ):
+                continue  # an acknowledgement log: its readers time the transaction out
+            try:
+                state = self.partition_state(path)
+                state.scan_to_end()
+                first = state.first_write_ms(txn)
+            except TxnLogError as exc:
+                get_logger("txnlog.expiry").warning("%s: first write of %s not known (%s)", path, txn, exc)
+                continue
+            if first is not None:
+                found.append(first)
+        return min(found, default=None)
 
     # --- groups ---------------------------------------------------------------------------------
 

@@ -436,12 +436,30 @@ class TransactionCoordinator:
             return self.complete(current)
         return current
 
-    def expire(self, view: CoordinatorPartition, now: int | None = None) -> list[TidState]:
-        """Abort every transaction of ``view`` past its timeout; complete those prepared too long."""
+    def expire(
+        self,
+        view: CoordinatorPartition,
+        now: int | None = None,
+        first_write: Callable[[TxnId, tuple[str, ...]], int | None] | None = None,
+    ) -> list[TidState]:
+        """Abort every transaction of ``view`` past its timeout; complete those prepared too long.
+
+        ``first_write(txn, participants)``: when a transaction begun ahead first wrote to its guessed
+        participants, as their readers see it (its timeout runs from there); asked only for one reserved for
+        longer than its timeout. Without it, such a transaction is aborted only once unnamed for 7 days."""
         now = self.clock() if now is None else now
         done = []
         for st in view.open_states():
             deadline = st.deadline_ms
+            if (
+                deadline is None
+                and st.begun_ahead
+                and first_write is not None
+                and st.txn is not None
+                and now - st.updated_ms > st.timeout_ms
+            ):
+                first = first_write(st.txn, st.participants)
+                deadline = None if first is None else first + st.timeout_ms
             if st.state == _C.ONGOING and deadline is not None and now > deadline:
                 result = self._prepare_abort(view, st, reason="timeout")
                 if result is not None:
