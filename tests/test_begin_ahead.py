@@ -162,6 +162,41 @@ def test_expiry_aborts_a_reservation_written_under_at_its_timeout(log: txn_core.
         dead.commit_transaction()
 
 
+def test_a_participant_expiry_cannot_read_stops_nothing(
+    log: txn_core.Log, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Expiry reads participants only to learn a first write; one it cannot read (any error) is logged and
+    skipped, and the run goes on (the next run tries again)."""
+    _dead_under_its_reservation(log, clock)
+    clock.now += 6_000
+    operator = txn_core.Log(log.storage, clock=clock)
+
+    def unreadable(path: str, **_: Any) -> Any:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(operator, "partition_state", unreadable)
+    assert operator.expire_transactions() == 0
+    assert "not read for expiry" in caplog.text
+    monkeypatch.undo()
+    assert operator.expire_transactions() == 1
+
+
+def test_expiry_leaves_a_reservation_in_use_however_old(log: txn_core.Log, clock: FakeClock) -> None:
+    """A producer idle for nearly the 7 days an unnamed reservation may wait writes under it: once written
+    under, the reservation is a transaction within its timeout, not an unused one to expire."""
+    p = _committed(log, 60_000)
+    p.wait_for_completion()
+    clock.now += txnlog.TID_EXPIRATION_MS - 1_000
+    p.begin_transaction()
+    send(p, [2], partition=0)
+    p.flush()
+    clock.now += 2_000  # the reservation is older than 7 days; its first write 2 s old
+    assert log.expire_transactions() == 0
+    p.commit_transaction()
+    assert ids(log) == [1, 2]
+    p.close()
+
+
 def test_the_producer_s_own_late_commit_counts_from_its_first_write(log: txn_core.Log, clock: FakeClock) -> None:
     p = _committed(log, timeout=1_000)
     p.begin_transaction()

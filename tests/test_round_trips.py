@@ -612,7 +612,7 @@ def _legacy_record(storage: Storage, view: Any, slot: int, *actions: Any) -> Non
 
 def _two_initialised() -> tuple[Storage, Any, list[Any]]:
     """A log on memory with two initialised transactional ids of coordinator partition 2: its view, and
-    their states."""
+    their states in the order of their names."""
     storage = MemoryStorage(uuid.uuid4().hex)
     log = _log(storage)
     tids = [t for t in (f"b{i}" for i in range(400)) if coordinator_for(t, log.coordinator_partitions) == 2][:2]
@@ -620,7 +620,7 @@ def _two_initialised() -> tuple[Storage, Any, list[Any]]:
         log.producer(t).init_transactions()
     view = log.coordinator.views.get(2)
     view.refresh()
-    states = [view.state(t) for t in tids]
+    states = [view.state(t) for t in sorted(tids)]  # in name order
     assert None not in states
     return storage, view, states
 
@@ -646,6 +646,10 @@ def test_a_record_written_before_indexes_replays_with_its_begins_sharing_one_id(
     again.refresh()
     assert again.state(a.tid).txn == old and again.state(b.tid).txn == old  # type: ignore[union-attr]
     assert again.state(b.tid).state is CoordinatorState.PREPARE_COMMIT  # type: ignore[union-attr]
+    status = again.status(old)
+    assert status is not None and status.state is CoordinatorState.PREPARE_COMMIT and status.tid == b.tid, (
+        "of two transactions sharing the id, the decided one answers: it is completed after its grace"
+    )
     for t in (
         a.tid,
         b.tid,

@@ -18,7 +18,7 @@ from txn_core.clock import Clock, system_clock
 from txn_core.coordinator.service import TransactionCoordinator
 from txn_core.coordinator.txnlog import CoordinatorViews
 from txn_core.damage import skipped_lost
-from txn_core.errors import ConfigurationError, ObjectNotFoundError, TxnLogError
+from txn_core.errors import ConfigurationError, ObjectNotFoundError
 from txn_core.groups import GroupStore
 from txn_core.ids import TxnId
 from txn_core.logs import get_logger
@@ -462,29 +462,46 @@ class Log:
         write (PROTOCOL.md "Timeouts"), which this finds in the logs it guessed as participants once it has
         been reserved for longer than its timeout (:meth:`_first_write_ms`)."""
         n = 0
+        scanned: dict[str, PartitionState | None] = {}  # each participant's buffer brought up to date once
         for c in range(self.coordinator_partitions):
             view = self.views.get(c)
             view.refresh()
-            n += len(self.coordinator.expire(view, first_write=self._first_write_ms))
+            n += len(
+                self.coordinator.expire(view, first_write=lambda txn, where: self._first_write_ms(txn, where, scanned))
+            )
         return n
 
-    def _first_write_ms(self, txn: TxnId, participants: tuple[str, ...]) -> int | None:
+    def _first_write_ms(
+        self, txn: TxnId, participants: tuple[str, ...], scanned: dict[str, PartitionState | None]
+    ) -> int | None:
         """The earliest first entry of ``txn`` among ``participants`` that are partition logs (topic
         partitions, group offsets), as their readers see it (the entry header's timestamp); None if none of
-        them holds it ongoing. A participant that cannot be read now is skipped (logged): expiry tries again."""
+        them holds it ongoing. ``scanned``: the states this expiry run has brought to the log end (None: could
+        not be read), so a path is scanned once per run. A participant that cannot be read now is skipped
+        (logged): the next run tries again."""
         found: list[int] = []
         for path in participants:
             if paths.topic_partition_of(path) is None and not (
                 path.startswith(paths.GROUPS) and path.endswith("/offsets")
             ):
                 continue  # an acknowledgement log: its readers time the transaction out
-            try:
-                state = self.partition_state(path)
-                state.scan_to_end()
-                first = state.first_write_ms(txn)
-            except TxnLogError as exc:
-                get_logger("txnlog.expiry").warning("%s: first write of %s not known (%s)", path, txn, exc)
-                continue
+            if path not in scanned:
+                try:
+                    fresh = self.partition_state(path)
+                    fresh.scan_to_end()
+                    scanned[path] = fresh
+                except Exception as exc:  # one unreadable log must not stop the expiry of everything else
+                    get_logger("txnlog.expiry").warning(
+                        "%s: not read for expiry (%s); the next run tries again", path, exc
+                    )
+                    scanned[path] = None
+            known = scanned[path]
+            first = None
+            if known is not None:
+                try:
+                    first = known.first_write_ms(txn)
+                except Exception as exc:
+                    get_logger("txnlog.expiry").warning("%s: first write of %s not known (%s)", path, txn, exc)
             if first is not None:
                 found.append(first)
         return min(found, default=None)

@@ -46,6 +46,8 @@ from txn_core.pidalloc import allocate_producer_id
 from txn_core.storage.base import Storage
 
 _C = CoordinatorState
+#: the states of a transaction an abort decided
+_ABORTED = (_C.PREPARE_ABORT, _C.COMPLETE_ABORT)
 MAX_EPOCH = 2**31 - 16
 #: How long a transaction may stay prepared before another participant completes it (ms).
 MIN_COMPLETION_GRACE_MS = 5_000
@@ -408,10 +410,11 @@ class TransactionCoordinator:
 
         state = view.append(current.tid, build)
         if state is not None and state.state.is_prepared and state.txn == txn:
-            logger.info(
-                "abort %s: transaction %s aborted (%s); epoch %d fenced", current.tid, txn, reason, current.epoch
-            )
-            return self.complete(state)
+            if state.state == _C.PREPARE_ABORT:
+                logger.info(
+                    "abort %s: transaction %s aborted (%s); epoch %d fenced", current.tid, txn, reason, current.epoch
+                )
+            return self.complete(state)  # aborted, or its producer's decision landed first: completed either way
         return state
 
     def abort_transaction(self, tid: str, reason: str = "aborted by an operator") -> TidState | None:
@@ -451,6 +454,7 @@ class TransactionCoordinator:
         done = []
         for st in view.open_states():
             deadline = st.deadline_ms
+            written = False  # begun ahead, and its first write found: in use, whatever its reservation's age
             if (
                 deadline is None
                 and st.begun_ahead
@@ -459,17 +463,18 @@ class TransactionCoordinator:
                 and now - st.updated_ms > st.timeout_ms
             ):
                 first = first_write(st.txn, st.participants)
+                written = first is not None
                 deadline = None if first is None else first + st.timeout_ms
             if st.state == _C.ONGOING and deadline is not None and now > deadline:
                 result = self._prepare_abort(view, st, reason="timeout")
-                if result is not None:
+                if result is not None and result.txn == st.txn and result.state in _ABORTED:
                     done.append(result)
-            elif st.begun_ahead and now - st.updated_ms > TID_EXPIRATION_MS:
+            elif st.begun_ahead and not written and now - st.updated_ms > TID_EXPIRATION_MS:
                 # Begun ahead and named by no record for as long as an idle id takes to expire: its producer is
                 # gone, or is fenced as Kafka's producer whose id mapping expired. Whether it wrote anything the
                 # coordinator cannot know: aborted with markers, as any timeout.
                 result = self._prepare_abort(view, st, reason="begun ahead and not used for 7 days")
-                if result is not None:
+                if result is not None and result.txn == st.txn and result.state in _ABORTED:
                     done.append(result)
             elif st.state.is_prepared and now - st.updated_ms > _grace_ms(st):
                 done.append(self.complete(st))
