@@ -17,6 +17,7 @@ from txn_core.errors import ConfigurationError, ObjectExistsError, ObjectNotFoun
 from txn_core.storage import local
 from txn_core.storage.base import GateClosedError
 from txn_core.storage.local import TMP_PREFIX, LocalStorage
+from txn_core.storage.spares import SparePool
 
 pytestmark = pytest.mark.skipif(not local._O_TMPFILE, reason="O_TMPFILE is Linux's")
 
@@ -26,6 +27,13 @@ def named(root: Path) -> LocalStorage:
     storage = LocalStorage(str(root))
     storage._unnamed = False
     return storage
+
+
+@pytest.fixture
+def no_spares(monkeypatch: Any) -> None:
+    """Every unnamed create opens its own file (no spare opened ahead: :mod:`txn_core.storage.spares`), so
+    that a test's ``os.open`` sees it."""
+    monkeypatch.setattr(local, "SPARES", SparePool(max_spares=0))
 
 
 @pytest.fixture(params=["unnamed", "named"])
@@ -41,7 +49,9 @@ def test_create_is_exclusive_complete_and_durable_in_both_modes(storage: LocalSt
     assert sorted(os.listdir(tmp_path / "a" / "b")) == ["k"], "no temporary name left"
 
 
-def test_the_unnamed_create_is_used_where_the_filesystem_has_it(tmp_path: Path, monkeypatch: Any) -> None:
+def test_the_unnamed_create_is_used_where_the_filesystem_has_it(
+    tmp_path: Path, monkeypatch: Any, no_spares: None
+) -> None:
     """No named temporary file is ever created: every name opened for creation is the directory itself."""
     opened: list[tuple[str, int]] = []
     real_open = os.open
@@ -99,7 +109,7 @@ def test_a_crash_before_the_link_leaves_no_object(tmp_path: Path, unnamed: bool)
 
 @pytest.mark.parametrize("where", ["open", "link"])
 def test_a_filesystem_without_o_tmpfile_falls_back_to_a_named_file(
-    tmp_path: Path, monkeypatch: Any, where: str
+    tmp_path: Path, monkeypatch: Any, where: str, no_spares: None
 ) -> None:
     """``O_TMPFILE`` refused (EOPNOTSUPP), or ``/proc``'s link refused (EXDEV): the create still happens, once,
     through a named temporary file, and the storage uses named files from then on."""
@@ -127,7 +137,9 @@ def test_a_filesystem_without_o_tmpfile_falls_back_to_a_named_file(
     assert sorted(os.listdir(tmp_path / "d")) == ["k", "k2"]
 
 
-def test_a_directory_removed_under_an_unnamed_create_is_recreated_once(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_directory_removed_under_an_unnamed_create_is_recreated_once(
+    tmp_path: Path, monkeypatch: Any, no_spares: None
+) -> None:
     """ENOENT from ``O_TMPFILE`` means the directory went away (a concurrent cleanup), not that the filesystem
     lacks it: this create goes through a named file, which recreates the directory; later ones stay unnamed."""
     storage = LocalStorage(str(tmp_path))

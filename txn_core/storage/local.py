@@ -25,6 +25,7 @@ from typing import Any
 
 from txn_core.errors import ObjectExistsError, ObjectNotFoundError, StorageError, StoragePermissionError
 from txn_core.storage.base import Chunks, GateClosedError, Storage
+from txn_core.storage.spares import SPARES
 
 TMP_PREFIX = ".tmp-"
 #: ``os.O_TMPFILE`` where the platform has it (Linux), else 0: named temporary files only.
@@ -131,18 +132,23 @@ class LocalStorage(Storage):
         except OSError as exc:
             return self._not_here(key, exc)
         try:
-            return self._create_unnamed_in(key, dfd, name, chunks, gate)
+            return self._create_unnamed_in(key, dfd, directory, name, chunks, gate)
         finally:
             os.close(dfd)
 
     def _create_unnamed_in(
-        self, key: str, dfd: int, name: str, chunks: Chunks, gate: Callable[[], bool]
+        self, key: str, dfd: int, directory: str, name: str, chunks: Chunks, gate: Callable[[], bool]
     ) -> bool | None:
-        """:meth:`_create_unnamed` in the open directory ``dfd``."""
-        try:
-            fd = os.open(".", os.O_WRONLY | _O_TMPFILE, 0o644, dir_fd=dfd)
-        except OSError as exc:
-            return self._not_here(key, exc)
+        """:meth:`_create_unnamed` in the open directory ``dfd``: into the directory's spare file when one is
+        ready (:mod:`txn_core.storage.spares`), asking for the next one at once so that it opens while this
+        create writes."""
+        fd = SPARES.take(directory)
+        spare = fd is not None
+        if fd is None:
+            try:
+                fd = os.open(".", os.O_WRONLY | _O_TMPFILE, 0o644, dir_fd=dfd)
+            except OSError as exc:
+                return self._not_here(key, exc)
         try:
             try:
                 _write_all(fd, chunks)
@@ -156,6 +162,8 @@ class LocalStorage(Storage):
             except FileExistsError as exc:
                 raise ObjectExistsError(f"{key} already exists") from exc
             except OSError as exc:
+                if spare:  # opened for an earlier directory at this path (on another filesystem): write afresh
+                    return None
                 return self._not_here(key, exc)
         finally:
             os.close(fd)
