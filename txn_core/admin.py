@@ -133,9 +133,7 @@ def find_hanging_transactions(
                 view = log.views.get(o.txn.coordinator)
                 view.refresh()
                 status = view.status(o.txn)
-                start = status.start_ms if status is not None else None
-                if status is not None and start is None:  # begun ahead: from its first write
-                    start = state.first_write_ms(o.txn)
+                start = state.start_ms(o.txn, status)
                 age = now - start if start else None
                 reason = None
                 if status is None or status.state is None or status.finished:

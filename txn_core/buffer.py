@@ -22,6 +22,7 @@ position are interchangeable, and "snapshot + replay of the tail" equals "replay
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -272,14 +273,7 @@ class TxnBuffer:
     def copy(self) -> TxnBuffer:
         """An independent copy (used to snapshot while scanning continues)."""
         b = TxnBuffer(self.position, self.slot)
-        b.ongoing = SortedDict(
-            {
-                k: OngoingTxn(
-                    v.txn, v.first_offset, v.last_offset, v.producer_id, v.producer_epoch, v.entries, v.first_ms
-                )
-                for k, v in self.ongoing.items()
-            }
-        )
+        b.ongoing = SortedDict({k: dataclasses.replace(v) for k, v in self.ongoing.items()})
         b.by_txn = {v.txn: v for v in b.ongoing.values()}
         b.aborted = AbortedIndex.from_tables([self.aborted.to_table()])
         b.skips = SkipRanges.from_list(self.skips.to_list())

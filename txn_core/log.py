@@ -290,9 +290,7 @@ class Log:
                 label = status.state.value
             else:
                 label = "Finished (no marker here)"
-            started = status.start_ms if status is not None else None
-            if status is not None and started is None:  # begun ahead: its first write here
-                started = state.first_write_ms(o.txn)
+            started = state.start_ms(o.txn, status)
             age = now - started if started else None
             ongoing.append(
                 OngoingTransaction(

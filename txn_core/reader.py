@@ -243,6 +243,13 @@ class PartitionState:
             ongoing.first_ms = self.log.read_header(self.log.slot_for_offset(ongoing.first_offset)).timestamp_ms
         return ongoing.first_ms
 
+    def start_ms(self, txn: TxnId, status: TxnStatus | None) -> int | None:
+        """When ``txn`` started as this partition's readers count its timeout: its start in the transaction
+        log (``status``), or, begun ahead (no start there), its first write here (PROTOCOL.md "Timeouts")."""
+        if status is None:
+            return None
+        return status.start_ms if status.start_ms is not None else self.first_write_ms(txn)
+
     def _decide_after_loss(self, txn: TxnId, recorded: str | None) -> bool | None:
         """Decide a transaction whose marker may be in a lost entry (PROTOCOL.md "Damage"): a marker after
         it decides; else the outcome the lost-entry record gives (none recorded: the transaction log now).

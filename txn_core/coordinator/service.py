@@ -251,8 +251,8 @@ class TransactionCoordinator:
 
         def decide(cur: TidState | None) -> list[Action] | None:
             done = _completions(cur, completed)
-            if cur is not None and cur.ahead is not None and cur.ahead.txn == txn:
-                cur = cur.activated()  # this prepare names the transaction begun ahead
+            if cur is not None:
+                cur = cur.seen_by(txn)  # this prepare may name the transaction begun ahead
             if cur is not None and cur.txn == txn and cur.state != _C.ONGOING:
                 _check_repeated_end(cur, tid, producer_id, epoch, txn, commit)
                 return done or None
@@ -402,8 +402,8 @@ class TransactionCoordinator:
         txn = current.txn
 
         def build(cur: TidState | None) -> list[Action] | None:
-            if cur is not None and cur.ahead is not None and cur.ahead.txn == txn:
-                cur = cur.activated()
+            if cur is not None:
+                cur = cur.seen_by(txn)
             if cur is None or cur.txn != txn or cur.state != _C.ONGOING or txn is None:
                 return None
             return [Prepare(cur.tid, cur.producer_id, cur.epoch, txn, "ABORT", None, cur.epoch + 1, reason)]
@@ -465,19 +465,20 @@ class TransactionCoordinator:
                 first = first_write(st.txn, st.participants)
                 written = first is not None
                 deadline = None if first is None else first + st.timeout_ms
+            reason = None
             if st.state == _C.ONGOING and deadline is not None and now > deadline:
-                result = self._prepare_abort(view, st, reason="timeout")
-                if result is not None and result.txn == st.txn and result.state in _ABORTED:
-                    done.append(result)
+                reason = "timeout"
             elif st.begun_ahead and not written and now - st.updated_ms > TID_EXPIRATION_MS:
                 # Begun ahead and named by no record for as long as an idle id takes to expire: its producer is
                 # gone, or is fenced as Kafka's producer whose id mapping expired. Whether it wrote anything the
                 # coordinator cannot know: aborted with markers, as any timeout.
-                result = self._prepare_abort(view, st, reason="begun ahead and not used for 7 days")
-                if result is not None and result.txn == st.txn and result.state in _ABORTED:
-                    done.append(result)
+                reason = "begun ahead and not used for 7 days"
             elif st.state.is_prepared and now - st.updated_ms > _grace_ms(st):
                 done.append(self.complete(st))
+            if reason is not None:
+                result = self._prepare_abort(view, st, reason=reason)
+                if result is not None and result.txn == st.txn and result.state in _ABORTED:
+                    done.append(result)
         return done
 
     def resolve(self, txn: TxnId, first_write: Callable[[], int | None] | None = None) -> TxnStatus:
@@ -498,8 +499,8 @@ class TransactionCoordinator:
             return TxnStatus(txn, None)
         if status.state == _C.ONGOING and status.tid is not None and _past_deadline(status, self.clock(), first_write):
             st = view.state(status.tid)
-            if st is not None and st.ahead is not None and st.ahead.txn == txn:
-                st = st.activated()  # begun ahead and written under: aborted as any open transaction
+            if st is not None:
+                st = st.seen_by(txn)  # begun ahead and written under: aborted as any open transaction
             if st is not None and st.txn == txn and not getattr(self.storage, "read_only", False):
                 try:
                     self._prepare_abort(view, st, reason="timeout")

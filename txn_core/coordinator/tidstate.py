@@ -182,6 +182,13 @@ class TidState:
             out.append(self.ahead.txn)
         return out
 
+    def seen_by(self, txn: TxnId | None) -> TidState:
+        """The state as a request naming ``txn`` meets it: :meth:`activated` if ``txn`` is the transaction begun
+        ahead (a record naming it makes it current), else the state itself."""
+        if self.ahead is not None and txn is not None and self.ahead.txn == txn:
+            return self.activated()
+        return self
+
     def activated(self, ts: int | None = None) -> TidState:
         """The state once the transaction begun ahead is the current one (a record names it, at ``ts``): Ongoing
         at its epoch with its participants and no start (its timeout runs from its first write); the decided

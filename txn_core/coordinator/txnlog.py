@@ -505,8 +505,7 @@ class CoordinatorPartition:
             tid = self._open_tid(txn)
             if tid is not None:
                 st = self.tids[tid]
-                if st.ahead is not None and st.ahead.txn == txn:
-                    st = st.activated()  # begun ahead: Ongoing to readers, its start unknown here
+                st = st.seen_by(txn)  # begun ahead: Ongoing to readers, its start unknown here
                 if st.txn == txn:
                     return TxnStatus(txn, st.state, tid, st.start_ms, st.timeout_ms, st.participants)
                 c = st.completing

@@ -236,10 +236,7 @@ class Producer:
             self._require_transactional("begin_transaction")
             self._require_open()
             self._transition(_S.IN_TRANSACTION)
-            self._txn = None
-            self._participants = set()
-            self._written = set()
-            self._started_ms = None
+            self._no_transaction()
             self._buffers.clear()
 
     def send_offsets_to_transaction(
@@ -440,11 +437,15 @@ class Producer:
         if ahead is not None and ahead.epoch == epoch + 1:
             self._ahead = ahead  # the next transaction, begun in the same record
             self._next_epoch = ahead.epoch
+        self._no_transaction()
+        return functools.partial(self._completions.start, decided, record_s) if decided is not None else None
+
+    def _no_transaction(self) -> None:
+        """No current transaction: none begun, no participant registered or written, no start."""
         self._txn = None
         self._participants = set()
         self._written = set()
         self._started_ms = None
-        return functools.partial(self._completions.start, decided, record_s) if decided is not None else None
 
     def _check_not_fenced(self, state: TidState) -> None:
         """A state the coordinator returned for this producer's id names another producer: fenced."""
@@ -528,7 +529,8 @@ class Producer:
     def _adopt_ahead(self) -> bool:
         """Make the transaction begun ahead, in the record that decided the last one, the current one: its
         participants are registered already, and no record is written (PROTOCOL.md "Begin ahead"). Its
-        timeout runs from now, its first write. False if there is none to adopt."""
+        timeout runs from now, its first write. False if there is none to adopt (never any for an idempotent
+        producer)."""
         ahead = self._ahead
         if ahead is None or self._txn is not None:
             return False
@@ -668,8 +670,7 @@ class Producer:
             group_path = paths.group_log_path(group_id) if offsets_table is not None and group_id else None
             if not by_path and group_path is None:
                 return []
-            if self.transactional_id is not None:
-                self._adopt_ahead()  # its epoch, and so the sequences, apply from here
+            self._adopt_ahead()  # its epoch, and so the sequences, apply from here
             self._make_sequence_room({path: sum(ref.rows for ref in items) for path, items in by_path.items()})
             self._ensure_registered(list(by_path) + ([group_path] if group_path else []))
 
@@ -734,8 +735,7 @@ class Producer:
             self._write_buffers(todo)
 
     def _write_buffers(self, todo: dict[str, PartitionBuffer]) -> None:
-        if self.transactional_id is not None:
-            self._adopt_ahead()  # its epoch, and so the sequences, apply from here
+        self._adopt_ahead()  # its epoch, and so the sequences, apply from here
         self._make_sequence_room({path: b.rows + (b.inflight.rows if b.inflight else 0) for path, b in todo.items()})
         if self._txn is None and self.transactional_id is not None and self.log.storage.stages_creates:
             predicted = self.log.coordinator.predict_txn(self.transactional_id)
