@@ -40,6 +40,11 @@ def _open_gate() -> bool:
     return True
 
 
+class _SpareRefusedError(Exception):
+    """The link of a spare file failed (not for an existing name): the create is written again into a fresh
+    file."""
+
+
 #: errno values that mean "you may not write here" (a read-only mount, a directory without write permission)
 _PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -140,15 +145,44 @@ class LocalStorage(Storage):
         self, key: str, dfd: int, directory: str, name: str, chunks: Chunks, gate: Callable[[], bool]
     ) -> bool | None:
         """:meth:`_create_unnamed` in the open directory ``dfd``: into the directory's spare file when one is
-        ready (:mod:`txn_core.storage.spares`), asking for the next one at once so that it opens while this
-        create writes."""
-        fd = SPARES.take(directory)
-        spare = fd is not None
-        if fd is None:
+        ready (:mod:`txn_core.storage.spares`; taking it asks for the next), else into a file opened here. A
+        spare's link that fails for any reason but an existing name (it was opened for an earlier directory
+        at this path, behind a bind mount, say) is retried once into a file opened here, past the gate that
+        already opened: that attempt's errors are the create's."""
+        fd = self._spare(directory, dfd, chunks)
+        if fd is not None:
             try:
-                fd = os.open(".", os.O_WRONLY | _O_TMPFILE, 0o644, dir_fd=dfd)
-            except OSError as exc:
-                return self._not_here(key, exc)
+                return self._write_and_link(key, dfd, name, fd, chunks, gate, spare=True)
+            except _SpareRefusedError:
+                gate = _open_gate
+        try:
+            fd = os.open(".", os.O_WRONLY | _O_TMPFILE, 0o644, dir_fd=dfd)
+        except OSError as exc:
+            return self._not_here(key, exc)
+        return self._write_and_link(key, dfd, name, fd, chunks, gate, spare=False)
+
+    @staticmethod
+    def _spare(directory: str, dfd: int, chunks: Chunks) -> int | None:
+        """A spare file for a create of ``chunks`` into ``dfd``, or None: never for an empty object (a file
+        keeps the time it was opened at until written), never one of another filesystem than ``dfd``'s, and
+        never an error from the pool (it only saves time)."""
+        if not any(len(chunk) for chunk in chunks):
+            return None
+        try:
+            fd = SPARES.take(directory)
+            if fd is not None and os.fstat(fd).st_dev != os.fstat(dfd).st_dev:
+                os.close(fd)
+                fd = None
+        except Exception:  # a spare is an optimisation: the create opens its own file
+            return None
+        return fd
+
+    def _write_and_link(
+        self, key: str, dfd: int, name: str, fd: int, chunks: Chunks, gate: Callable[[], bool], *, spare: bool
+    ) -> bool | None:
+        """Write ``chunks`` into the unnamed file ``fd`` (closed here), fsync it, pass ``gate``, link it as
+        ``name`` and fsync the directory. True when done; else as :meth:`_not_here`, or, for a ``spare``
+        whose link failed, :class:`_SpareRefusedError`."""
         try:
             try:
                 _write_all(fd, chunks)
@@ -162,8 +196,8 @@ class LocalStorage(Storage):
             except FileExistsError as exc:
                 raise ObjectExistsError(f"{key} already exists") from exc
             except OSError as exc:
-                if spare:  # opened for an earlier directory at this path (on another filesystem): write afresh
-                    return None
+                if spare:
+                    raise _SpareRefusedError from exc
                 return self._not_here(key, exc)
         finally:
             os.close(fd)

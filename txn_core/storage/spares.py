@@ -18,8 +18,16 @@ Invariants:
   removes it.
 * After ``fork`` the child drops its copies of the parent's descriptors without using them: two processes
   linking one inode would make two names of one file.
-* Failing to open a spare (a read-only mount, no inodes left, a directory removed) costs nothing: the create
-  opens its own file and meets the error there.
+* Failing to open a spare (a read-only mount, no inodes left, a directory removed, no thread to open it
+  with) costs nothing: the pool never raises, and the create opens its own file and meets the error there.
+  A create never writes into a spare of another filesystem than its directory's, and one whose link fails
+  is written again into a fresh file (:mod:`txn_core.storage.local`).
+
+What a spare does not follow: it has the owner, mode and default ACL of the moment it was opened (a process
+that changes its user, or a directory replaced by one with other defaults, creates up to two files per
+directory the old way), and, open, it keeps its filesystem busy (an ``umount`` waits for the process, as it
+would for its open directories). A spare being opened at the moment of a ``fork`` may stay open, unused, in
+the child.
 """
 
 from __future__ import annotations
@@ -29,9 +37,10 @@ import contextlib
 import os
 import queue
 import threading
+import weakref
 
 #: Spares kept in the process at most (one open descriptor each).
-MAX_SPARES = 32
+MAX_SPARES = 64
 #: Spares kept per directory at most: a transaction's marker and its producer's next entry go to one
 #: partition's directory in quick succession.
 PER_DIRECTORY = 2
@@ -48,53 +57,59 @@ class SparePool:
         self._lock = threading.Lock()
         self._spares: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
         self._count = 0
-        self._wanted: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._wanted: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._queued: collections.Counter[str] = collections.Counter()
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+        self._closed = False
+        _POOLS.add(self)
 
     def take(self, directory: str) -> int | None:
-        """A spare of ``directory`` (its descriptor, now the caller's to close), or None; either way the
-        directory's spares are replenished in the background: the one taken, or up to
-        :attr:`per_directory` after a miss (its creates came faster than its spares)."""
+        """A spare of ``directory`` (its descriptor, now the caller's to close), or None. Either way the
+        directory's spares are replenished in the background: the one taken; after a miss, one for a
+        directory new to the pool, and up to :attr:`per_directory` for one whose creates came faster than
+        its spares. Never raises."""
         with self._lock:
-            if self._pid != os.getpid():  # pragma: no cover - the fork hook resets first
-                self._reset_after_fork()
             fds = self._spares.get(directory)
             fd = fds.pop() if fds else None
             if fd is not None:
                 self._count -= 1
-            level = len(fds) + 1 if fds is not None and fd is not None else self.per_directory
+            if fds is not None and fd is not None:  # the one taken is replaced
+                level = min(self.per_directory, len(fds) + self._queued[directory] + 1)
+            elif fds is not None or directory in self._queued:
+                level = self.per_directory  # known here, and out of spares
+            else:
+                level = 1
         self.want(directory, level)
         return fd
 
     def want(self, directory: str, count: int = 1) -> None:
-        """Have spares of ``directory`` opened in the background until it has ``count`` (with those there
-        and on their way)."""
+        """Have spares of ``directory`` opened in the background until it has ``count`` (with those there and
+        on their way). Never raises: without a thread (the interpreter shutting down, a thread limit), no
+        spares."""
         if not _O_TMPFILE or self.max_spares <= 0:
             return
         with self._lock:
-            if self._pid != os.getpid():  # pragma: no cover - the fork hook resets first
-                self._reset_after_fork()
             missing = count - len(self._spares.get(directory, ())) - self._queued[directory]
-            if missing <= 0:
+            if self._closed or missing <= 0:
                 return
-            self._queued[directory] += missing
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="txnlog-spares", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="txnlog-spares", daemon=True)
+                try:
+                    thread.start()
+                except Exception:  # RuntimeError: no thread now; the creates open their own files
+                    return
+                self._thread = thread
+            self._queued[directory] += missing
         for _ in range(missing):
             self._wanted.put(directory)
 
     def close(self) -> None:
-        """Close every spare (they vanish with their descriptors)."""
+        """Close every spare (they vanish with their descriptors) and stop the thread: no spares from here on."""
         with self._lock:
-            spares = [fd for fds in self._spares.values() for fd in fds]
-            self._spares.clear()
-            self._count = 0
-        for fd in spares:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            self._closed = True
+            spares = self._drain()
+        self._wanted.put(None)
+        _close_all(spares)
 
     def __len__(self) -> int:
         with self._lock:
@@ -103,39 +118,53 @@ class SparePool:
     def _run(self) -> None:
         while True:
             directory = self._wanted.get()
+            if directory is None:
+                return
             try:
                 fd: int | None = os.open(directory, os.O_WRONLY | _O_TMPFILE, 0o644)
-            except OSError:
-                fd = None  # the create meets the reason itself
-            evicted: list[int] = []
+            except Exception:  # OSError: the create meets the reason itself
+                fd = None
+            dropped: list[int] = [] if fd is None else [fd]
             with self._lock:
                 self._queued[directory] -= 1
                 if self._queued[directory] <= 0:
                     del self._queued[directory]
-                if fd is not None:
+                if fd is not None and not self._closed:
+                    dropped = []
                     self._spares.setdefault(directory, []).append(fd)
                     self._spares.move_to_end(directory)
                     self._count += 1
                     while self._count > self.max_spares:  # the least recently replenished directory goes
-                        _, dropped = self._spares.popitem(last=False)
-                        self._count -= len(dropped)
-                        evicted.extend(dropped)
-            for extra in evicted:
-                with contextlib.suppress(OSError):
-                    os.close(extra)
+                        _, fds = self._spares.popitem(last=False)
+                        self._count -= len(fds)
+                        dropped.extend(fds)
+            _close_all(dropped)
 
-    def _reset_after_fork(self) -> None:
-        """In a forked child: close the inherited copies unused, forget the parent's thread and queue."""
-        for fds in self._spares.values():
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+    def _drain(self) -> list[int]:
+        """Under the lock: forget every spare; their descriptors, for the caller to close."""
+        spares = [fd for fds in self._spares.values() for fd in fds]
         self._spares.clear()
         self._count = 0
+        return spares
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (one thread): close the inherited copies unused, forget the parent's thread and
+        queue. The lock is new: the parent's thread may have held the old one at the fork."""
+        self._lock = threading.Lock()
+        _close_all(self._drain())
         self._queued.clear()
         self._wanted = queue.SimpleQueue()
         self._thread = None
-        self._pid = os.getpid()
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+#: Every pool of the process, reset in a forked child.
+_POOLS: weakref.WeakSet[SparePool] = weakref.WeakSet()
 
 
 #: The process's pool, shared by every :class:`~txn_core.storage.local.LocalStorage`.
@@ -143,9 +172,8 @@ SPARES = SparePool()
 
 
 def _after_fork_in_child() -> None:
-    # The lock may have been held by a thread that does not exist in the child.
-    SPARES._lock = threading.Lock()
-    SPARES._reset_after_fork()
+    for pool in list(_POOLS):
+        pool._after_fork_in_child()
 
 
 if hasattr(os, "register_at_fork"):
