@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import multiprocessing as mp
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -279,3 +280,24 @@ def test_a_killed_process_leaves_no_trace_of_its_spares(tmp_path: Path) -> None:
     proc.join(60)
     assert os.listdir(tmp_path / "d") == ["k"]
     assert LocalStorage(str(tmp_path)).read("d/k") == b"payload"
+
+
+def test_a_directory_removed_while_a_spare_was_written_is_recreated(tmp_path: Path, pool: SparePool) -> None:
+    """A concurrent cleanup removes the directory between the spare's write and its link: the create
+    recreates it through a named file, as it does without spares (a fresh unnamed file cannot be opened in
+    a removed directory: that is EPERM on ext4, not a permission problem). Its gate is asked once."""
+    storage = LocalStorage(str(tmp_path))
+    storage.create("d/first", [b"x"])
+    _spares_of(pool, tmp_path / "d")
+    asked: list[int] = []
+
+    def cleanup_then_open() -> bool:
+        asked.append(1)
+        shutil.rmtree(tmp_path / "d")
+        return True
+
+    storage.create_gated("d/k", [b"payload"], cleanup_then_open)
+    assert storage.read("d/k") == b"payload"
+    assert os.listdir(tmp_path / "d") == ["k"]
+    assert asked == [1]
+    assert storage._unnamed is True

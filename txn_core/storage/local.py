@@ -40,6 +40,21 @@ def _open_gate() -> bool:
     return True
 
 
+class _AskedOnce:
+    """A gate asked until it opens, and open from then on without asking again."""
+
+    __slots__ = ("gate", "opened")
+
+    def __init__(self, gate: Callable[[], bool]) -> None:
+        self.gate = gate
+        self.opened = False
+
+    def __call__(self) -> bool:
+        if not self.opened:
+            self.opened = self.gate()
+        return self.opened
+
+
 class _SpareRefusedError(Exception):
     """The link of a spare file failed (not for an existing name): the create is written again into a fresh
     file."""
@@ -118,6 +133,7 @@ class LocalStorage(Storage):
         path = self._path(key)
         directory = os.path.dirname(path)
         self._ensure_dir(directory)
+        gate = _AskedOnce(gate)  # a second attempt (a refused spare, the named fallback) passes an open gate
         if self._unnamed:
             done = self._create_unnamed(key, directory, os.path.basename(path), chunks, gate)
             if done:
@@ -146,15 +162,17 @@ class LocalStorage(Storage):
     ) -> bool | None:
         """:meth:`_create_unnamed` in the open directory ``dfd``: into the directory's spare file when one is
         ready (:mod:`txn_core.storage.spares`; taking it asks for the next), else into a file opened here. A
-        spare's link that fails for any reason but an existing name (it was opened for an earlier directory
-        at this path, behind a bind mount, say) is retried once into a file opened here, past the gate that
-        already opened: that attempt's errors are the create's."""
+        spare's link that fails for any reason but an existing name is retried once into a file opened here
+        (it was opened for an earlier directory at this path, behind a bind mount, say), whose errors are the
+        create's; if the directory was removed meanwhile, the named create recreates it, as it would
+        without a spare (a file cannot be opened in a removed directory: EPERM on ext4)."""
         fd = self._spare(directory, dfd, chunks)
         if fd is not None:
             try:
                 return self._write_and_link(key, dfd, name, fd, chunks, gate, spare=True)
-            except _SpareRefusedError:
-                gate = _open_gate
+            except _SpareRefusedError as exc:
+                if isinstance(exc.__cause__, FileNotFoundError) or os.fstat(dfd).st_nlink == 0:
+                    return None
         try:
             fd = os.open(".", os.O_WRONLY | _O_TMPFILE, 0o644, dir_fd=dfd)
         except OSError as exc:
@@ -170,12 +188,17 @@ class LocalStorage(Storage):
             return None
         try:
             fd = SPARES.take(directory)
-            if fd is not None and os.fstat(fd).st_dev != os.fstat(dfd).st_dev:
-                os.close(fd)
-                fd = None
         except Exception:  # a spare is an optimisation: the create opens its own file
             return None
-        return fd
+        if fd is None:
+            return None
+        try:
+            if os.fstat(fd).st_dev == os.fstat(dfd).st_dev:
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
+        return None
 
     def _write_and_link(
         self, key: str, dfd: int, name: str, fd: int, chunks: Chunks, gate: Callable[[], bool], *, spare: bool

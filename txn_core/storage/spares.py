@@ -25,9 +25,10 @@ Invariants:
 
 What a spare does not follow: it has the owner, mode and default ACL of the moment it was opened (a process
 that changes its user, or a directory replaced by one with other defaults, creates up to two files per
-directory the old way), and, open, it keeps its filesystem busy (an ``umount`` waits for the process, as it
-would for its open directories). A spare being opened at the moment of a ``fork`` may stay open, unused, in
-the child.
+directory the old way), and, open for writing, it keeps its filesystem busy: an ``umount`` or a read-only
+remount fails with EBUSY while the process runs. A spare being opened at the moment of a ``fork`` may stay
+open, unused, in the child. A pool lives until :meth:`SparePool.close` (its thread holds it); the process's
+own, :data:`SPARES`, for the life of the process.
 """
 
 from __future__ import annotations
