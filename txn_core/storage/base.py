@@ -186,7 +186,7 @@ def create_resolving(
     """
     last: BaseException | None = None
     unknown = False  # whether some attempt may have landed without our learning it
-    asked = _OpenedGate(gate) if gate is not None else None
+    asked = OpenedGate(gate) if gate is not None else None
     for attempt in range(attempts):
         try:
             if asked is not None and not asked.opened:
@@ -236,8 +236,9 @@ def create_resolving(
     ) from last
 
 
-class _OpenedGate:
-    """A gate that remembers whether it opened (:func:`create_resolving` asks it until it did)."""
+class OpenedGate:
+    """A gate asked until it opens, and open from then on without asking again; ``opened`` says whether it
+    did (:func:`create_resolving` asks it until it did; a local create's second attempt passes it open)."""
 
     __slots__ = ("gate", "opened")
 
@@ -246,7 +247,8 @@ class _OpenedGate:
         self.opened = False
 
     def __call__(self) -> bool:
-        self.opened = self.gate()
+        if not self.opened:
+            self.opened = self.gate()
         return self.opened
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from txn_core.errors import ObjectExistsError, ObjectNotFoundError, StorageError, StoragePermissionError
-from txn_core.storage.base import Chunks, GateClosedError, Storage
+from txn_core.storage.base import Chunks, GateClosedError, OpenedGate, Storage
 from txn_core.storage.spares import SPARES
 
 TMP_PREFIX = ".tmp-"
@@ -38,21 +38,6 @@ _UNNAMED = bool(_O_TMPFILE) and os.path.isdir("/proc/self/fd")
 
 def _open_gate() -> bool:
     return True
-
-
-class _AskedOnce:
-    """A gate asked until it opens, and open from then on without asking again."""
-
-    __slots__ = ("gate", "opened")
-
-    def __init__(self, gate: Callable[[], bool]) -> None:
-        self.gate = gate
-        self.opened = False
-
-    def __call__(self) -> bool:
-        if not self.opened:
-            self.opened = self.gate()
-        return self.opened
 
 
 class _SpareRefusedError(Exception):
@@ -133,7 +118,7 @@ class LocalStorage(Storage):
         path = self._path(key)
         directory = os.path.dirname(path)
         self._ensure_dir(directory)
-        gate = _AskedOnce(gate)  # a second attempt (a refused spare, the named fallback) passes an open gate
+        gate = OpenedGate(gate)  # a second attempt (a refused spare, the named fallback) passes an open gate
         if self._unnamed:
             done = self._create_unnamed(key, directory, os.path.basename(path), chunks, gate)
             if done:
