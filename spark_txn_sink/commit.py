@@ -61,7 +61,9 @@ SINK_MARK = "txnlog-spark-sink"
 
 @dataclass(frozen=True, slots=True, init=False)
 class BatchIdentity(AppVersion):
-    """Who commits what: a transactional id and either a streaming (query id, batch id) or a write id."""
+    """Who commits what: a transactional id, the topic it writes, and either a streaming (query id, batch id)
+    or a write id. ``scoped_from``: the application id ``transactional_id`` was scoped from
+    (``txn_core.apptxn.scoped_transactional_id``), for ``txnAppId`` writes."""
 
     def __init__(
         self,
@@ -69,8 +71,11 @@ class BatchIdentity(AppVersion):
         query_id: str | None = None,
         batch_id: int | None = None,
         write_id: str | None = None,
+        *,
+        topic: str,
+        scoped_from: str | None = None,
     ) -> None:
-        AppVersion.__init__(self, transactional_id, SINK_MARK, query_id, batch_id, write_id)
+        AppVersion.__init__(self, transactional_id, SINK_MARK, query_id, batch_id, write_id, topic, scoped_from)
 
     @property
     def query_id(self) -> str | None:

@@ -21,7 +21,8 @@ def idempotent_batch_writer(url: str, topic: str, app_id: str, **options: str) -
     """A ``foreachBatch`` function appending each micro-batch to ``topic`` exactly once.
 
     ``app_id`` names the application and must stay the same across restarts of the query (one per
-    query: two queries writing under one ``app_id`` would skip each other's batches). It belongs to the
+    query: two queries writing under one ``app_id`` to one topic would skip each other's batches; versions
+    are counted per topic, so one query may write its batches to several topics under one ``app_id``). It belongs to the
     query's checkpoint: a new checkpoint numbers batches from 0 again, and under an ``app_id`` that already
     committed batches they would be skipped as replays, so a query started afresh needs a new ``app_id``
     (PROTOCOL.md here, "Idempotent batch writes"). Other writer options (``partitions``, ``keyColumn``,

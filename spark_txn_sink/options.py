@@ -43,9 +43,10 @@ _KNOWN = {
     "transactiontimeoutms": "timeout of the sink's transactions in ms (default 60000)",
     "allownonemptypath": "true: create the log in a directory or prefix that holds other files (default: refuse)",
     "txnappid": "batch writes: an application id; with txnVersion, a write whose (txnAppId, txnVersion) "
-    "already committed commits nothing (idempotent writes from foreachBatch)",
+    "already committed to the topic commits nothing (idempotent writes from foreachBatch; versions are "
+    "counted per topic, as Delta counts them per table)",
     "txnversion": "batch writes: the version of this write under txnAppId (e.g. foreachBatch's batch id); "
-    "versions at or below the last committed one are no-ops",
+    "versions at or below the last one committed to the topic are no-ops",
     "rollentries": f"roll partitions' history into segments once this many entries are decided since the last "
     f"segment (default {ROLL_ENTRIES}; 0: the sink does not roll)",
     "rollbytes": f"...or once they hold this many bytes (default {ROLL_BYTES})",

@@ -32,6 +32,7 @@ from spark_txn_sink.stager import PartitionStager, TopicTarget
 from spark_txn_sink.topic import PlannedTopic, create_planned_topic, frame_arrow_schema, ignored_columns, plan_topic
 from spark_txn_source import catalog
 from txn_core import ConfigurationError, open_log
+from txn_core.apptxn import scoped_transactional_id
 
 TRANSACTIONAL_ID_PREFIX = "spark-sink-"
 GROUP_TRANSACTIONAL_ID_PREFIX = "spark-sink-group-"
@@ -101,12 +102,22 @@ def make_batch_writer(options: Mapping[str, str], schema: Any, overwrite: bool) 
         )
     opts, target, planned = _plan(options, schema, streaming=False)
     if opts.app_id is not None and opts.app_version is not None:  # idempotent: (app, version) commits once
-        tid = opts.transactional_id or f"spark-app-{opts.app_id}"
-        ident = BatchIdentity(tid, query_id=opts.app_id, batch_id=opts.app_version)
+        # per topic, as Delta scopes (appId, version) per table: one application writing version N to two
+        # topics commits it to each (a transactionalId given is taken as is, and refused for a second topic)
+        app, scoped_from = f"spark-app-{opts.app_id}", None
+        if opts.transactional_id is None:
+            app, scoped_from = scoped_transactional_id(app, opts.topic), app
+        ident = BatchIdentity(
+            opts.transactional_id or app,
+            query_id=opts.app_id,
+            batch_id=opts.app_version,
+            topic=opts.topic,
+            scoped_from=scoped_from,
+        )
         return TxnLogBatchWriter(opts, target, ident, planned)
     write_id = uuid.uuid4().hex
     tid = opts.transactional_id or f"spark-write-{write_id}"
-    return TxnLogBatchWriter(opts, target, BatchIdentity(tid, write_id=write_id), planned)
+    return TxnLogBatchWriter(opts, target, BatchIdentity(tid, write_id=write_id, topic=opts.topic), planned)
 
 
 def _task_context() -> Any:
@@ -146,7 +157,9 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
         self.planned = planned
 
     def _ident(self, batch_id: int) -> BatchIdentity:
-        return BatchIdentity(self.transactional_id, query_id=self.query_id, batch_id=int(batch_id))
+        return BatchIdentity(
+            self.transactional_id, query_id=self.query_id, batch_id=int(batch_id), topic=self.opts.topic
+        )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         tc = _task_context()

@@ -184,7 +184,7 @@ def run(
                 end = reader.latestOffset(start, ReadAllAvailable())
             with meter.phase(phases["partitions"]):
                 planned = reader.partitions(start, end)
-            ident = BatchIdentity("spark-sink-group-cg", query_id="q", batch_id=n)
+            ident = BatchIdentity("spark-sink-group-cg", query_id="q", batch_id=n, topic=sink_opts.topic)
 
             def task(i_part: tuple[int, Any], ident: BatchIdentity = ident) -> StagedRef | None:
                 i, part = i_part

@@ -72,7 +72,7 @@ def test_each_version_commits_once_and_a_replay_commits_nothing() -> None:
     assert _ids(log) == [1, 2, 3]
     assert _staged(log) == committed_objects, "a replay leaves nothing staged of its own"
     assert len(committed_objects) == first.objects + second.objects
-    progress = log.transaction_metadata("loader")
+    progress = log.transaction_metadata("loader.t")  # the application's id scoped to the topic
     assert progress is not None and progress["batch_id"] == 1 and progress["query_id"] == "r"
 
 
@@ -91,7 +91,7 @@ def test_a_replay_in_another_process_after_a_crash_commits_nothing() -> None:
 def test_only_the_listed_staged_objects_become_visible_and_the_rest_is_cleaned_up() -> None:
     """A failed attempt's object under the unit's prefix is never visible and is deleted by the commit."""
     log = _log()
-    unit = AppVersion("loader", run_id="r", version=0)
+    unit = AppVersion("loader", run_id="r", version=0).for_topic("t")  # its staging prefix is the topic's
     stray = write_staged(
         log.storage,
         unit.prefix,
@@ -145,7 +145,7 @@ def test_a_run_whose_id_another_run_took_over_commits_nothing_and_leaves_the_oth
     old.write_once(AppVersion("shared", run_id="old", version=1), "t", pa.table({"id": [2]}, schema=SCHEMA))
     taken = new.write_once(AppVersion("shared", run_id="new", version=0), "t", pa.table({"id": [10]}, schema=SCHEMA))
     assert taken.outcome == "committed", "a run's first unit may take an id over (sequential reuse)"
-    epoch = log.describe_transaction("shared").producer_epoch
+    epoch = log.describe_transaction("shared.t").producer_epoch
 
     with pytest.raises(txn_core.TransactionalIdTakenOverError, match="run 'new''s version 0") as refused:
         old.write_once(AppVersion("shared", run_id="old", version=2), "t", pa.table({"id": [3]}, schema=SCHEMA))
@@ -156,7 +156,7 @@ def test_a_run_whose_id_another_run_took_over_commits_nothing_and_leaves_the_oth
     unit = AppVersion("shared", run_id="old", version=2)
     refs = stage_table(log, unit, "t", pa.table({"id": [3]}, schema=SCHEMA), partition=0)
     assert abort_staged(log, unit, refs) == 0, "its objects wait for the sweep: commit point unknown"
-    assert log.describe_transaction("shared").producer_epoch == epoch, "the refused run fenced nobody"
+    assert log.describe_transaction("shared.t").producer_epoch == epoch, "the refused run fenced nobody"
 
     again = new.write_once(AppVersion("shared", run_id="new", version=1), "t", pa.table({"id": [11]}, schema=SCHEMA))
     assert again.outcome == "committed"
@@ -189,7 +189,7 @@ def test_the_run_history_keeps_the_newest_runs_whatever_their_names_and_survives
         if between == "one-shot write":
             committer.write_once(AppVersion("shared", write_id="w1"), "t", table)
         committer.write_once(AppVersion("shared", run_id="b", version=0), "t", table)
-    runs = [r for r, _ in log.transaction_metadata("shared")["runs"]]  # type: ignore[index]
+    runs = [r for r, _ in log.transaction_metadata("shared.t")["runs"]]  # type: ignore[index]
     assert runs[-2:] == ["a", "b"] and len(runs) <= RUN_HISTORY
     rows = len(_ids(log))
     with pytest.raises(txn_core.TransactionalIdTakenOverError), AppCommitter(txn_core.Log(log.storage)) as again:
@@ -216,7 +216,7 @@ def test_a_one_shot_write_is_ephemeral_and_never_replayed() -> None:
         unit = AppVersion("once", write_id="w1")
         assert committer.write_once(unit, "t", pa.table({"id": [9]}, schema=SCHEMA)).outcome == "committed"
         assert committer.write_once(unit, "t", pa.table({"id": [9]}, schema=SCHEMA)).outcome == "replayed"
-    progress = log.transaction_metadata("once")
+    progress = log.transaction_metadata("once.t")
     assert progress is not None and progress["ephemeral"] is True and progress["write_id"] == "w1"
     assert _ids(log) == [9]
 
@@ -303,3 +303,117 @@ def test_csv_and_json_lines_are_read_as_the_topic_types_their_columns(tmp_path: 
         (3, "0042", "2026-01-02 03:04:05"),
     ]
     assert {r["at"].isoformat() for r in rows} == {"2026-01-02T03:04:05+00:00"}
+
+
+# --- scope: one application, several topics (Delta's fan-out) -------------------------------------------
+
+
+def _topic_ids(log: txn_core.Log, topic: str) -> list[int]:
+    c = log.consumer()
+    c.assign([(topic, p) for p in range(log.topics.get(topic).partitions)])
+    out: list[int] = []
+    while (got := c.poll()).num_rows:
+        out.extend(got.column("id").to_pylist())
+    return sorted(out)
+
+
+def test_one_application_writes_each_version_once_to_each_topic() -> None:
+    """Delta scopes (appId, version) to a table: the same unit written to two topics commits once to each,
+    and a replay of either commits nothing (it used to be taken for the other topic's, and skipped)."""
+    log = _log()
+    log.create_topic("u", 1, SCHEMA)
+    with AppCommitter(log) as committer:
+        for version in (0, 1):
+            unit = AppVersion("fanout", run_id="r", version=version)
+            rows = pa.table({"id": [version * 10, version * 10 + 1]}, schema=SCHEMA)
+            assert committer.write_once(unit, "t", rows).outcome == "committed"
+            assert committer.write_once(unit, "u", rows).outcome == "committed"
+        # a replay of the last version, after a crash, in a fresh process: nothing more in either topic
+    with AppCommitter(txn_core.Log(log.storage)) as again:
+        unit = AppVersion("fanout", run_id="r", version=1)
+        rows = pa.table({"id": [10, 11]}, schema=SCHEMA)
+        assert [again.write_once(unit, t, rows).outcome for t in ("t", "u")] == ["replayed", "replayed"]
+    assert _topic_ids(log, "t") == _topic_ids(log, "u") == [0, 1, 10, 11]
+    assert {log.transaction_metadata(f"fanout.{t}")["topic"] for t in ("t", "u")} == {"t", "u"}  # type: ignore[index]
+
+
+def test_an_id_bound_to_one_topic_refuses_a_version_it_cannot_tell_for_another() -> None:
+    """A unit built with its transactional id and topic (a Spark query's, or one a user chose) commits under
+    exactly that id. The same run's version at or below the id's last one, for another topic, cannot be told
+    committed or not: it is refused, naming the topic that holds the version, and nothing is written. A later
+    version to another topic is new (a stream whose topic changed between batches)."""
+    log = _log()
+    log.create_topic("u", 1, SCHEMA)
+    rows = pa.table({"id": [1]}, schema=SCHEMA)
+    with AppCommitter(log) as committer:
+        committer.write_once(AppVersion("mine", run_id="r", version=7, topic="t"), "t", rows)
+        with pytest.raises(txn_core.AppScopeError, match="last commit is version 7 of this run to topic 't'") as err:
+            committer.write_once(AppVersion("mine", run_id="r", version=7, topic="u"), "u", rows)
+        assert (err.value.topic, err.value.other_topic, err.value.version) == ("u", "t", 7)
+        with pytest.raises(txn_core.AppScopeError):  # an older version of the run, likewise
+            committer.write_once(AppVersion("mine", run_id="r", version=6, topic="u"), "u", rows)
+        assert _topic_ids(log, "u") == []
+        later = committer.write_once(AppVersion("mine", run_id="r", version=8, topic="u"), "u", rows)
+        assert later.outcome == "committed"
+        with pytest.raises(txn_core.ConfigurationError, match="bound to topic 'u' and cannot commit to 't'"):
+            committer.write_once(AppVersion("mine", run_id="r", version=9, topic="u"), "t", rows)
+    assert _topic_ids(log, "t") == _topic_ids(log, "u") == [1]
+
+
+def test_progress_committed_under_the_bare_application_id_still_counts_for_its_topic() -> None:
+    """Units were committed under the application's id itself before units were scoped per topic; a replay
+    of the last of them (a query restarted across the upgrade) is still recognised, for that topic only."""
+    log = _log()
+    log.create_topic("u", 1, SCHEMA)
+    rows = pa.table({"id": [5]}, schema=SCHEMA)
+    with AppCommitter(log) as committer:  # what an earlier version wrote: progress under "legacy" naming "t"
+        committer.write_once(AppVersion("legacy", run_id="r", version=3, topic="t"), "t", rows)
+    with AppCommitter(txn_core.Log(log.storage)) as committer:
+        unit = AppVersion("legacy", run_id="r", version=3)
+        assert committer.write_once(unit, "t", rows).outcome == "replayed"
+        assert committer.write_once(unit, "u", rows).outcome == "committed", "another topic's progress is not this"
+        assert committer.write_once(AppVersion("legacy", run_id="r", version=4), "t", rows).outcome == "committed"
+    assert _topic_ids(log, "t") == [5, 5] and _topic_ids(log, "u") == [5]
+    runs = log.transaction_metadata("legacy.t")["runs"]  # type: ignore[index]
+    assert runs == [["r", 4]], "the scoped id carries the run on"
+
+
+def test_scoped_ids_are_valid_names_and_long_ones_are_hashed_apart() -> None:
+    from txn_core.apptxn import scoped_transactional_id
+    from txn_core.ids import validate_name
+
+    assert scoped_transactional_id("loader", "orders") == "loader.orders"
+    long_app, long_topic = "a" * 200, "t" * 200
+    one, two = scoped_transactional_id(long_app, long_topic), scoped_transactional_id(long_app, long_topic + "x")
+    assert one != two and len(one) <= 200 and validate_name("transactional id", one) == one
+
+
+def test_abort_of_a_unit_bound_to_no_topic_needs_the_topic() -> None:
+    log = _log()
+    unit = AppVersion("app", run_id="r", version=0)
+    with pytest.raises(txn_core.ConfigurationError, match="pass topic="):
+        abort_staged(log, unit, [])
+    assert abort_staged(log, unit, [], topic="t") == 0
+    refs = stage_table(log, unit, "t", pa.table({"id": [1]}, schema=SCHEMA), partition=0)
+    assert abort_staged(log, unit, refs) == 1 and _staged(log) == [], "the refs tell the topic"
+
+
+def test_the_cli_writes_one_app_version_to_two_topics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from txn_core.cli import main
+
+    url = str(tmp_path / "log")
+    log = txn_core.open_log(url)
+    log.create_topic("t", 1, SCHEMA)
+    log.create_topic("u", 1, SCHEMA)
+    data = tmp_path / "day.parquet"
+    pq.write_table(pa.table({"id": [1, 2]}, schema=SCHEMA), data)
+
+    def produce(topic: str) -> str:
+        assert main(["produce", url, topic, str(data), "--app-id", "loader", "--version", "7"]) == 0
+        return capsys.readouterr().out
+
+    assert "committed 2 rows to t" in produce("t")
+    assert "committed 2 rows to u" in produce("u")
+    assert "already committed" in produce("u")
+    fresh = txn_core.open_log(url)
+    assert _topic_ids(fresh, "t") == _topic_ids(fresh, "u") == [1, 2]

@@ -23,7 +23,7 @@ def out(log: txn_core.Log) -> txn_core.Log:
 
 
 def batch(query: str, n: int, tid: str | None = None) -> BatchIdentity:
-    return BatchIdentity(tid or default_transactional_id(query, "cg"), query_id=query, batch_id=n)
+    return BatchIdentity(tid or default_transactional_id(query, "cg"), query_id=query, batch_id=n, topic="out")
 
 
 def pos(start: int | None, end: int) -> GroupPosition:

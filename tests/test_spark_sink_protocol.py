@@ -59,7 +59,7 @@ def out(log: txn_core.Log) -> txn_core.Log:
 
 
 def ident(batch_id: int, query: str = "q1", tid: str = TID) -> BatchIdentity:
-    return BatchIdentity(tid, query_id=query, batch_id=batch_id)
+    return BatchIdentity(tid, query_id=query, batch_id=batch_id, topic="out")
 
 
 def test_only_the_attempts_named_in_the_messages_are_committed(out: txn_core.Log) -> None:
@@ -204,9 +204,9 @@ def test_a_new_query_on_the_group_settles_the_crashed_query_s_open_transaction(o
     commits must be readable at once, or a query C started from the group would re-read B's output."""
     out.create_topic("in", 1, SCHEMA)
     opts = options(out, consumergroup="copier")
-    a = BatchIdentity(default_transactional_id("qA", "copier"), query_id="qA", batch_id=0)
+    a = BatchIdentity(default_transactional_id("qA", "copier"), query_id="qA", batch_id=0, topic="out")
     commit_batch(opts, a, stage(out, a, 0, 10), lambda url: {("in", 0): 10})
-    a1 = BatchIdentity(a.transactional_id, query_id="qA", batch_id=1)
+    a1 = BatchIdentity(a.transactional_id, query_id="qA", batch_id=1, topic="out")
     with pytest.raises(InjectedFaultError):  # killed: no abort follows, the transaction stays open
         commit_batch(
             options(out, consumergroup="copier", **{"testing.fault": "before_commit"}),
@@ -215,7 +215,7 @@ def test_a_new_query_on_the_group_settles_the_crashed_query_s_open_transaction(o
             lambda url: {("in", 0): 20},
         )
     assert out.groups.committed("copier")[txn_core.TopicPartition("in", 0)].offset == 10
-    b = BatchIdentity(default_transactional_id("qB", "copier"), query_id="qB", batch_id=0)
+    b = BatchIdentity(default_transactional_id("qB", "copier"), query_id="qB", batch_id=0, topic="out")
     assert b.transactional_id == a.transactional_id
     assert commit_batch(opts, b, stage(out, b, 10, 20), lambda url: {("in", 0): 20}).outcome == "committed"
     assert out.groups.committed("copier")[txn_core.TopicPartition("in", 0)].offset == 20, "readable at once"
@@ -265,7 +265,7 @@ def test_spark_time_zone_labels_are_aligned_to_the_topic() -> None:
 
 def test_staging_batches_of_two_queries_never_share_a_prefix() -> None:
     assert ident(0, "q1").prefix != ident(0, "q2").prefix
-    assert BatchIdentity(TID, write_id="a").prefix != BatchIdentity(TID, write_id="b").prefix
+    assert BatchIdentity(TID, write_id="a", topic="out").prefix != BatchIdentity(TID, write_id="b", topic="out").prefix
 
 
 def test_commits_in_one_process_cost_the_same_however_long_the_history(out: txn_core.Log, tmp_path: Any) -> None:

@@ -312,7 +312,7 @@ def test_update_mode_aggregation_appends_each_batch_exactly_once(spark: Any, ord
     write(spark.createDataFrame([("k0", 99)], "k string, count long"), 0)  # Spark replaying batch 0
     with txn_core.open_log(orders) as log:
         again = read_topic(log, "counts")
-        progress = log.transaction_metadata("spark-app-counts-job")
+        progress = log.transaction_metadata("spark-app-counts-job.counts")  # the app id, scoped per topic
     assert again.num_rows == first.num_rows, "a replayed version commits nothing"
     assert progress is not None and progress["query_id"] == "counts-job"
 

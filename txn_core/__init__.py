@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from txn_core.consumer import Consumer
     from txn_core.coordinator.states import ClientState, CoordinatorState
     from txn_core.errors import (
+        AppScopeError,
         CommitFailedError,
         CommitStateUnknownError,
         CompletionFailedError,
@@ -83,6 +84,7 @@ _EXPORTS: dict[str, str] = {
     "AckStatus": "txn_core.subscriptions",
     "AppCommitter": "txn_core.apptxn",
     "AppVersion": "txn_core.apptxn",
+    "AppScopeError": "txn_core.errors",
     "ClientState": "txn_core.coordinator.states",
     "CommitFailedError": "txn_core.errors",
     "CommitResult": "txn_core.apptxn",
@@ -166,6 +168,7 @@ __all__ = [
     "READ_UNCOMMITTED",
     "AckStatus",
     "AppCommitter",
+    "AppScopeError",
     "AppVersion",
     "ClientState",
     "CommitFailedError",

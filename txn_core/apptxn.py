@@ -30,11 +30,16 @@ their progress ``ephemeral``, so their transactional ids expire.
 :class:`AppCommitter` keeps a log's producers between units (the steady state skips step 1: a kept
 producer that another committer fenced fails at its begin, before anything is decided, and the unit
 starts over from storage alone). The Spark sink (``spark_txn_sink.commit``) is a translation onto
-:func:`commit_staged`; ``Log.write_once`` and ``txnlog produce --app-id`` use it for whole tables.
+:func:`commit_staged`; ``AppCommitter.write_once`` and ``txnlog produce --app-id`` use it for whole tables.
+
+Units are scoped to the topic they write, as Delta scopes ``(appId, version)`` to a table: an application
+id commits to each topic under a transactional id of its own (:func:`scoped_transactional_id`), so writing
+version ``N`` to two topics commits it once to each (:class:`AppVersion`, scope).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import uuid
@@ -44,6 +49,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from txn_core.errors import (
+    AppScopeError,
     ConfigurationError,
     GroupFencedError,
     ObjectNotFoundError,
@@ -75,10 +81,31 @@ MANIFEST_PREFIX = "_manifest-"
 Offsets = dict[tuple[str, int] | TopicPartition, int]
 
 
+def scoped_transactional_id(app_id: str, topic: str) -> str:
+    """The transactional id under which application ``app_id`` commits its units to ``topic`` (PROTOCOL.md
+    "Application transactions", scope): ``<app_id>.<topic>``; when that is longer than a name may be (200),
+    the first 150 characters of ``app_id``, ``.h-`` and 40 hex digits of SHA-256 over ``app_id``, a NUL byte
+    and ``topic``. Two (application, topic) pairs may meet on one id only through names built to collide
+    (``a.b`` + ``c``, ``a`` + ``b.c``): the progress names its topic, so they are refused, never confused."""
+    scoped = f"{app_id}.{topic}"
+    if len(scoped) <= 200:
+        return scoped
+    digest = hashlib.sha256(f"{app_id}\0{topic}".encode()).hexdigest()[:40]
+    return f"{app_id[:150]}.h-{digest}"
+
+
 @dataclass(frozen=True, slots=True)
 class AppVersion:
     """One unit of an application's work: its transactional id, the application mark its progress carries,
     and either a ``(run_id, version)`` (a replayable stream of units) or a one-shot ``write_id``.
+
+    **Scope.** As Delta scopes ``(appId, version)`` to each table, a unit is scoped to the topic it writes
+    (PROTOCOL.md "Application transactions", scope): an application that writes version ``N`` to two topics
+    commits it once to each. A unit built without a ``topic`` names the *application*: the commit to a
+    topic uses :meth:`for_topic`, whose transactional id is :func:`scoped_transactional_id` of the two. A
+    unit built with a ``topic`` commits under exactly its ``transactional_id`` (a Spark query's id, or one
+    a user chose); such an id named for a second topic by the same run is refused (:class:`AppScopeError`)
+    instead of a version of the other topic being taken for this one's.
 
     Versions of one run must only grow; a new run (a new ``run_id``) starts its versions afresh, and its
     first unit takes the id over: the runs that committed under the id before (the last
@@ -91,6 +118,32 @@ class AppVersion:
     run_id: str | None = None
     version: int | None = None
     write_id: str | None = None
+    #: The topic the unit writes; None: not bound yet (the unit names an application, see :meth:`for_topic`).
+    topic: str | None = None
+    #: The application id :meth:`for_topic` scoped ``transactional_id`` from: its progress is read once, when
+    #: the scoped id has none, for units committed before units were scoped (``_progress``).
+    scoped_from: str | None = None
+
+    def for_topic(self, topic: str) -> AppVersion:
+        """This unit as it commits to ``topic``: itself when bound to ``topic`` already, else a unit under the
+        transactional id scoped to ``topic``. A unit bound to another topic is refused (a caller's mistake)."""
+        if self.topic is not None:
+            if self.topic != topic:
+                raise ConfigurationError(
+                    f"unit {self.staging_batch} of transactional id {self.transactional_id!r} is bound to topic "
+                    f"{self.topic!r} and cannot commit to {topic!r}: build it without a topic (AppVersion(app_id, "
+                    "...)) to commit the same version to several topics, once to each"
+                )
+            return self
+        return AppVersion(
+            scoped_transactional_id(self.transactional_id, topic),
+            self.app,
+            self.run_id,
+            self.version,
+            self.write_id,
+            topic=topic,
+            scoped_from=self.transactional_id,
+        )
 
     @property
     def staging_batch(self) -> str:
@@ -105,14 +158,44 @@ class AppVersion:
         return staging_prefix(self.transactional_id, self.staging_batch)
 
     def committed_by(self, progress: dict[str, Any] | None) -> bool:
-        """Whether ``progress`` (the transactional id's last committed metadata) shows this unit committed."""
+        """Whether ``progress`` (the transactional id's last committed metadata) shows this unit committed.
+        Progress of another topic never does (:meth:`out_of_scope` refuses the cases it cannot tell)."""
         if not progress or progress.get("sink") != self.app:
+            return False
+        if self.topic is not None and progress.get("topic", self.topic) != self.topic:
             return False
         if self.write_id is not None:
             return progress.get("write_id") == self.write_id
         if progress.get("query_id") != self.run_id:
             return False  # another run used this transactional id last: its versions are not ours
         return int(progress.get("batch_id", -1)) >= int(self.version or 0)
+
+    def out_of_scope(self, progress: dict[str, Any] | None) -> AppScopeError | None:
+        """The error for a unit whose fate ``progress`` cannot tell: the same run's version at or above this
+        one committed under this transactional id to *another* topic. Whether this unit was committed to its
+        own topic before that commit is unknown (the progress keeps the last commit only), so committing
+        might commit it twice and skipping it might lose it. None when the unit is new or a replay."""
+        if self.topic is None or self.write_id is not None or not progress or progress.get("sink") != self.app:
+            return None
+        other = progress.get("topic")
+        if other is None or other == self.topic or progress.get("query_id") != self.run_id:
+            return None
+        last = int(progress.get("batch_id", -1))
+        if last < int(self.version or 0):
+            return None  # a version the run has not reached: new, whatever topic it writes
+        return AppScopeError(
+            f"transactional id {self.transactional_id!r}: version {self.version} of run {self.run_id!r} writes "
+            f"topic {self.topic!r}, but the id's last commit is version {last} of this run to topic {other!r}. "
+            "Versions are counted per topic, and an id named for two topics cannot tell whether this version "
+            f"reached {self.topic!r}. Give each topic its own transactional id: leave the id to txnlog (a Spark "
+            "write without the transactionalId option, AppVersion without a topic), which scopes an application "
+            f"id per topic. Nothing was committed; if the topic changed while version {last} was in flight, "
+            f"write to {other!r} until it is past, then switch",
+            transactional_id=self.transactional_id,
+            topic=self.topic,
+            other_topic=str(other),
+            version=last,
+        )
 
     def taken_over(self, progress: dict[str, Any] | None) -> TransactionalIdTakenOverError | None:
         """The error for a unit that may not commit under its transactional id: ``progress`` (the id's last
@@ -219,18 +302,19 @@ def commit_staged(
     (``before_commit``, ``after_prepare``, ``after_commit``). Returns the result and the producer to keep
     for the next unit (None: nothing to keep)."""
     storage = storage or log.storage
+    unit = unit.for_topic(topic)
     if kept is not None:
         try:
             return _commit(log, storage, unit, refs, topic, group, offsets, before_begin, hit, *kept)
         except ProducerFencedError:  # another committer of the id ran since: start from storage alone
             pass
-    taken = _taken_over(unit, offsets, log.transaction_metadata(unit.transactional_id))
-    if taken is not None:
-        raise taken  # before fencing the run that owns the id now
+    refused = _refusal(unit, offsets, _progress(log, unit))
+    if refused is not None:
+        raise refused  # before fencing the run that owns the id now
     producer = log.producer(unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
     try:
         producer.init_transactions()
-        previous = log.transaction_metadata(unit.transactional_id)
+        previous = _progress(log, unit)
     except BaseException:
         producer.close()
         raise
@@ -255,9 +339,9 @@ def _commit(
     anything of the unit is durable but its manifest when a kept producer was fenced meanwhile."""
     keep: Kept | None = None
     try:
-        taken = _taken_over(unit, offsets, previous)
-        if taken is not None:
-            raise taken  # another run committed between the check before fencing and the fencing
+        refused = _refusal(unit, offsets, previous)
+        if refused is not None:
+            raise refused  # another run committed between the check before fencing and the fencing
         if unit.committed_by(previous):
             return CommitResult("replayed", 0, 0, _cleanup_replay(storage, unit, previous, refs)), None
         if before_begin is not None:
@@ -297,12 +381,30 @@ def _commit(
             producer.close()
 
 
-def _taken_over(
+def _refusal(
     unit: AppVersion, offsets: GroupPosition | dict[tuple[str, int], int] | None, progress: dict[str, Any] | None
-) -> TransactionalIdTakenOverError | None:
-    """:meth:`AppVersion.taken_over`, unless the unit's group offsets are fenced (a :class:`GroupPosition`):
-    the offsets fence already refuses a run that another run overtook on its group, naming the offsets."""
-    return None if isinstance(offsets, GroupPosition) else unit.taken_over(progress)
+) -> AppScopeError | TransactionalIdTakenOverError | None:
+    """Why ``unit`` may not commit after ``progress``: :meth:`AppVersion.out_of_scope`, then
+    :meth:`AppVersion.taken_over` unless the unit's group offsets are fenced (a :class:`GroupPosition`): the
+    offsets fence already refuses a run that another run overtook on its group, naming the offsets."""
+    scope = unit.out_of_scope(progress)
+    if scope is not None or isinstance(offsets, GroupPosition):
+        return scope
+    return unit.taken_over(progress)
+
+
+def _progress(log: Log, unit: AppVersion) -> dict[str, Any] | None:
+    """The progress of ``unit``'s transactional id. A scoped id with none yet takes that of the application
+    id it was scoped from when that progress is this application's and names the unit's topic: units were
+    committed under the bare application id before units were scoped per topic, and the last of them must
+    still be recognised as committed (a query restarted across the upgrade replays it)."""
+    progress = log.transaction_metadata(unit.transactional_id)
+    if progress is not None or unit.scoped_from is None:
+        return progress
+    earlier = log.transaction_metadata(unit.scoped_from)
+    if earlier is not None and earlier.get("sink") == unit.app and earlier.get("topic") == unit.topic:
+        return earlier
+    return None
 
 
 def abort_staged(
@@ -313,6 +415,7 @@ def abort_staged(
     storage: Storage | None = None,
     transaction_timeout_ms: int = 60_000,
     group_fenced: bool = False,
+    topic: str | None = None,
 ) -> int:
     """The unit failed: settle the transaction state (``init_transactions`` fences and finishes whatever a
     failed commit left), then delete this attempt's staged objects unless the unit turned out committed (a
@@ -320,9 +423,17 @@ def abort_staged(
 
     A run whose id another run took over (:meth:`AppVersion.taken_over`) does neither, unless
     ``group_fenced`` (its commits sent fenced group offsets, so the offsets fence refused it, possibly with
-    its transaction open: that one is settled as always)."""
+    its transaction open: that one is settled as always). ``topic``: the topic the unit wrote, for a unit
+    not bound to one (default: that of ``refs``)."""
     storage = storage or log.storage
-    if not group_fenced and unit.taken_over(log.transaction_metadata(unit.transactional_id)) is not None:
+    bound = topic or unit.topic or next((r.topic for r in refs), None)
+    if bound is None:
+        raise ConfigurationError(
+            f"abort_staged: unit {unit.staging_batch} of application {unit.transactional_id!r} is bound to no "
+            "topic and has no staged objects to tell it: pass topic=, the topic the unit was committing to"
+        )
+    unit = unit.for_topic(bound)
+    if not group_fenced and unit.taken_over(_progress(log, unit)) is not None:
         # Another run owns the id: it fenced this run (settling what it left) before committing, and fencing
         # it back would abort its open transaction. Whether this attempt got past its commit point before
         # the other run committed is no longer known, so nothing is deleted: the staged-data sweep removes
@@ -331,7 +442,7 @@ def abort_staged(
     producer = log.producer(unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
     try:
         producer.init_transactions()
-        if unit.committed_by(log.transaction_metadata(unit.transactional_id)):
+        if unit.committed_by(_progress(log, unit)):
             return 0
     finally:
         producer.close()
@@ -485,6 +596,7 @@ class AppCommitter:
         offsets: GroupPosition | dict[tuple[str, int], int] | None = None,
     ) -> CommitResult:
         """:func:`commit_staged` with this committer's kept producer for ``unit``'s transactional id."""
+        unit = unit.for_topic(topic)
         with self._lock:
             kept = self._kept.pop(unit.transactional_id, None)
         try:
@@ -556,6 +668,7 @@ def stage_table(
     from txn_core.schema import conform
     from txn_core.staging import write_staged
 
+    unit = unit.for_topic(topic)
     validate_name("transactional id", unit.transactional_id)
     meta = log.topics.get(topic)
     if partition is not None and not (isinstance(partition, int) and 0 <= partition < meta.partitions):

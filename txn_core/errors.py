@@ -214,6 +214,20 @@ class TransactionalIdTakenOverError(ProducerFencedError):
         self.other_version = other_version
 
 
+class AppScopeError(ConfigurationError):
+    """A unit of an application transaction cannot be honoured: its transactional id's last commit is the same
+    run's version ``version`` (or a later one) to ``other_topic``, and this unit writes ``topic``
+    (PROTOCOL.md "Application transactions", scope). Versions are counted per topic; one transactional id
+    named for two topics cannot tell whether this unit was committed. Nothing of the unit was committed."""
+
+    def __init__(self, message: str, *, transactional_id: str, topic: str, other_topic: str, version: int) -> None:
+        super().__init__(message)
+        self.transactional_id = transactional_id
+        self.topic = topic
+        self.other_topic = other_topic
+        self.version = version
+
+
 class TransactionTimedOutError(ProducerFencedError):
     """The transaction exceeded its timeout and was aborted: by another participant that met it, or by its own
     producer's commit, which records the abort instead of the commit it asked for."""
