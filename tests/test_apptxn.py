@@ -362,7 +362,9 @@ def test_an_id_bound_to_one_topic_refuses_a_version_it_cannot_tell_for_another()
 
 def test_progress_committed_under_the_bare_application_id_still_counts_for_its_topic() -> None:
     """Units were committed under the application's id itself before units were scoped per topic; a replay
-    of the last of them (a query restarted across the upgrade) is still recognised, for that topic only."""
+    of the last of them (a query restarted across the upgrade) is still recognised. For another topic the
+    same version cannot be told committed or not (an older txnlog may have committed it before the last
+    commit, or skipped it): refused, naming the application id; a later version is new."""
     log = _log()
     log.create_topic("u", 1, SCHEMA)
     rows = pa.table({"id": [5]}, schema=SCHEMA)
@@ -371,11 +373,49 @@ def test_progress_committed_under_the_bare_application_id_still_counts_for_its_t
     with AppCommitter(txn_core.Log(log.storage)) as committer:
         unit = AppVersion("legacy", run_id="r", version=3)
         assert committer.write_once(unit, "t", rows).outcome == "replayed"
-        assert committer.write_once(unit, "u", rows).outcome == "committed", "another topic's progress is not this"
+        with pytest.raises(txn_core.AppScopeError, match=r"application id 'legacy'.*under a new application id"):
+            committer.write_once(unit, "u", rows)
+        assert committer.write_once(AppVersion("legacy", run_id="r", version=4), "u", rows).outcome == "committed"
         assert committer.write_once(AppVersion("legacy", run_id="r", version=4), "t", rows).outcome == "committed"
     assert _topic_ids(log, "t") == [5, 5] and _topic_ids(log, "u") == [5]
     runs = log.transaction_metadata("legacy.t")["runs"]  # type: ignore[index]
     assert runs == [["r", 4]], "the scoped id carries the run on"
+
+
+def test_a_committer_still_using_the_bare_application_id_is_fenced_by_the_first_scoped_commit() -> None:
+    """A committer of the older kind in the middle of a unit under the bare application id (a zombie, a
+    driver not yet upgraded) must not commit after the scoped id committed the same unit: the first scoped
+    commit fences the bare id before reading its progress."""
+    log = _log()
+    rows = pa.table({"id": [5]}, schema=SCHEMA)
+    with AppCommitter(log) as committer:
+        committer.write_once(AppVersion("legacy", run_id="r", version=4, topic="t"), "t", pa.table({"id": [4]}))
+    old_unit = AppVersion("legacy", run_id="r", version=5, topic="t")  # the older kind: exactly the bare id
+    zombie = log.producer("legacy")
+    zombie.init_transactions()
+    zombie.begin_transaction()
+    zombie.send("t", rows)
+    with AppCommitter(txn_core.Log(log.storage)) as committer:
+        assert committer.write_once(AppVersion("legacy", run_id="r", version=5), "t", rows).outcome == "committed"
+    with pytest.raises(txn_core.ProducerFencedError):
+        zombie.commit_transaction(metadata=old_unit.progress("t", [], None))
+    assert _topic_ids(txn_core.Log(log.storage), "t") == [4, 5]
+
+
+def test_an_abort_after_another_topics_later_version_deletes_nothing() -> None:
+    """Version 5 to 'u' under an id a user named; its commit raised after the commit point; version 6 of
+    the run then committed to 't'. The abort of version 5 cannot tell it uncommitted: it deletes nothing."""
+    log = _log()
+    log.create_topic("u", 1, SCHEMA)
+    unit = AppVersion("mine", run_id="r", version=5, topic="u")
+    refs = stage_table(log, unit, "u", pa.table({"id": [55]}, schema=SCHEMA), partition=0)
+    _, kept = commit_staged(log, unit, refs, topic="u")
+    assert kept is not None
+    kept[0].close()
+    with AppCommitter(log) as committer:
+        committer.write_once(AppVersion("mine", run_id="r", version=6, topic="t"), "t", pa.table({"id": [6]}))
+    assert abort_staged(log, unit, refs) == 0
+    assert _topic_ids(txn_core.Log(log.storage), "u") == [55]
 
 
 def test_scoped_ids_are_valid_names_and_long_ones_are_hashed_apart() -> None:

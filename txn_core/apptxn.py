@@ -154,7 +154,14 @@ class AppVersion:
 
     @property
     def prefix(self) -> str:
-        """Where the unit's staged objects (and its manifest) live."""
+        """Where the unit's staged objects (and its manifest) live: under its transactional id, so a unit bound
+        to no topic has none yet (stage under ``unit.for_topic(topic).prefix``)."""
+        if self.topic is None:
+            raise ConfigurationError(
+                f"unit {self.staging_batch} of application {self.transactional_id!r} is bound to no topic, and "
+                "its staged objects live under the transactional id of the topic it writes: use "
+                "unit.for_topic(topic).prefix"
+            )
         return staging_prefix(self.transactional_id, self.staging_batch)
 
     def committed_by(self, progress: dict[str, Any] | None) -> bool:
@@ -162,7 +169,7 @@ class AppVersion:
         Progress of another topic never does (:meth:`out_of_scope` refuses the cases it cannot tell)."""
         if not progress or progress.get("sink") != self.app:
             return False
-        if self.topic is not None and progress.get("topic", self.topic) != self.topic:
+        if self.topic is not None and progress.get("topic") != self.topic:
             return False
         if self.write_id is not None:
             return progress.get("write_id") == self.write_id
@@ -170,27 +177,41 @@ class AppVersion:
             return False  # another run used this transactional id last: its versions are not ours
         return int(progress.get("batch_id", -1)) >= int(self.version or 0)
 
-    def out_of_scope(self, progress: dict[str, Any] | None) -> AppScopeError | None:
+    def out_of_scope(self, progress: dict[str, Any] | None, source: str | None = None) -> AppScopeError | None:
         """The error for a unit whose fate ``progress`` cannot tell: the same run's version at or above this
-        one committed under this transactional id to *another* topic. Whether this unit was committed to its
-        own topic before that commit is unknown (the progress keeps the last commit only), so committing
-        might commit it twice and skipping it might lose it. None when the unit is new or a replay."""
+        one committed to *another* topic. Whether this unit was committed to its own topic before that
+        commit is unknown (the progress keeps the last commit only), so committing might commit it twice and
+        skipping it might lose it. None when the unit is new or a replay. ``source``: the transactional id
+        the progress is of, when not this unit's (the application id a scoped id fell back to)."""
         if self.topic is None or self.write_id is not None or not progress or progress.get("sink") != self.app:
             return None
         other = progress.get("topic")
-        if other is None or other == self.topic or progress.get("query_id") != self.run_id:
+        if other == self.topic or progress.get("query_id") != self.run_id:
             return None
         last = int(progress.get("batch_id", -1))
         if last < int(self.version or 0):
             return None  # a version the run has not reached: new, whatever topic it writes
+        if source is not None and source != self.transactional_id:
+            holder = (
+                f"application id {source!r}, under which versions were committed before they were counted per "
+                f"topic, last committed version {last} of this run to topic {other!r}"
+            )
+            fix = (
+                f"If version {self.version} never reached {self.topic!r} (an earlier txnlog skipped the second "
+                "topic of a fan-out as a replay of the first), commit it under a new application id"
+            )
+        else:
+            holder = f"the id's last commit is version {last} of this run to topic {other!r}"
+            fix = (
+                "Give each topic its own transactional id: leave the id to txnlog (a Spark write without the "
+                "transactionalId option, AppVersion without a topic), which scopes an application id per topic. "
+                f"If the topic changed while version {last} was in flight, write to {other!r} until it is past, "
+                "then switch"
+            )
         return AppScopeError(
             f"transactional id {self.transactional_id!r}: version {self.version} of run {self.run_id!r} writes "
-            f"topic {self.topic!r}, but the id's last commit is version {last} of this run to topic {other!r}. "
-            "Versions are counted per topic, and an id named for two topics cannot tell whether this version "
-            f"reached {self.topic!r}. Give each topic its own transactional id: leave the id to txnlog (a Spark "
-            "write without the transactionalId option, AppVersion without a topic), which scopes an application "
-            f"id per topic. Nothing was committed; if the topic changed while version {last} was in flight, "
-            f"write to {other!r} until it is past, then switch",
+            f"topic {self.topic!r}, but {holder}. Versions are counted per topic, and this one cannot be told "
+            f"committed to {self.topic!r} or not. Nothing was committed. {fix}",
             transactional_id=self.transactional_id,
             topic=self.topic,
             other_topic=str(other),
@@ -308,17 +329,17 @@ def commit_staged(
             return _commit(log, storage, unit, refs, topic, group, offsets, before_begin, hit, *kept)
         except ProducerFencedError:  # another committer of the id ran since: start from storage alone
             pass
-    refused = _refusal(unit, offsets, _progress(log, unit))
+    refused = _refusal(unit, offsets, *_progress(log, unit))
     if refused is not None:
         raise refused  # before fencing the run that owns the id now
     producer = log.producer(unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
     try:
         producer.init_transactions()
-        previous = _progress(log, unit)
+        previous, source = _progress(log, unit, fence_timeout_ms=transaction_timeout_ms)
     except BaseException:
         producer.close()
         raise
-    return _commit(log, storage, unit, refs, topic, group, offsets, before_begin, hit, producer, previous)
+    return _commit(log, storage, unit, refs, topic, group, offsets, before_begin, hit, producer, previous, source)
 
 
 def _commit(
@@ -333,13 +354,15 @@ def _commit(
     hit: Callable[[str], None],
     producer: Producer,
     previous: dict[str, Any] | None,
+    source: str | None = None,
 ) -> tuple[CommitResult, Kept | None]:
-    """Steps 2-5 with ``producer`` (initialised, or kept) and ``previous``, the id's progress. Keeps the
+    """Steps 2-5 with ``producer`` (initialised, or kept) and ``previous``, the id's progress (``source``: the
+    id it is of, when the unit's scoped id fell back to its application id's, see :func:`_progress`). Keeps the
     producer when the unit commits; closes it otherwise. Raises :class:`ProducerFencedError` before
     anything of the unit is durable but its manifest when a kept producer was fenced meanwhile."""
     keep: Kept | None = None
     try:
-        refused = _refusal(unit, offsets, previous)
+        refused = _refusal(unit, offsets, previous, source)
         if refused is not None:
             raise refused  # another run committed between the check before fencing and the fencing
         if unit.committed_by(previous):
@@ -382,29 +405,49 @@ def _commit(
 
 
 def _refusal(
-    unit: AppVersion, offsets: GroupPosition | dict[tuple[str, int], int] | None, progress: dict[str, Any] | None
+    unit: AppVersion,
+    offsets: GroupPosition | dict[tuple[str, int], int] | None,
+    progress: dict[str, Any] | None,
+    source: str | None = None,
 ) -> AppScopeError | TransactionalIdTakenOverError | None:
-    """Why ``unit`` may not commit after ``progress``: :meth:`AppVersion.out_of_scope`, then
-    :meth:`AppVersion.taken_over` unless the unit's group offsets are fenced (a :class:`GroupPosition`): the
-    offsets fence already refuses a run that another run overtook on its group, naming the offsets."""
-    scope = unit.out_of_scope(progress)
+    """Why ``unit`` may not commit after ``progress`` (of transactional id ``source``):
+    :meth:`AppVersion.out_of_scope`, then :meth:`AppVersion.taken_over` unless the unit's group offsets are
+    fenced (a :class:`GroupPosition`): the offsets fence already refuses a run that another run overtook on
+    its group, naming the offsets."""
+    scope = unit.out_of_scope(progress, source)
     if scope is not None or isinstance(offsets, GroupPosition):
         return scope
     return unit.taken_over(progress)
 
 
-def _progress(log: Log, unit: AppVersion) -> dict[str, Any] | None:
-    """The progress of ``unit``'s transactional id. A scoped id with none yet takes that of the application
-    id it was scoped from when that progress is this application's and names the unit's topic: units were
-    committed under the bare application id before units were scoped per topic, and the last of them must
-    still be recognised as committed (a query restarted across the upgrade replays it)."""
-    progress = log.transaction_metadata(unit.transactional_id)
+def _progress(log: Log, unit: AppVersion, *, fence_timeout_ms: int | None = None) -> tuple[dict[str, Any] | None, str]:
+    """The progress of ``unit``'s transactional id, and the id it is of.
+
+    A scoped id with none yet takes that of the application id it was scoped from (PROTOCOL.md "Application
+    transactions", scope): units were committed under the bare application id before units were scoped per
+    topic, and the last of them must still be recognised (a query restarted across the change replays it),
+    whatever topic it names (:meth:`AppVersion.committed_by` and :meth:`AppVersion.out_of_scope` judge it).
+    An application id whose last commit carries another mark is another application's, and is left alone.
+    With ``fence_timeout_ms`` (after the scoped id's own fencing), the application id is fenced too before
+    its progress is read: a committer of the older kind still in the middle of a unit under it (a zombie)
+    could otherwise commit that unit after this one did."""
+    tid = unit.transactional_id
+    progress = log.transaction_metadata(tid)
     if progress is not None or unit.scoped_from is None:
-        return progress
+        return progress, tid
+    state = log.coordinator.state(unit.scoped_from)
+    if state is None or (state.last_committed is not None and state.last_committed.get("sink") != unit.app):
+        return None, tid
+    if fence_timeout_ms is not None:
+        producer = log.producer(unit.scoped_from, transaction_timeout_ms=fence_timeout_ms)
+        try:
+            producer.init_transactions()
+        finally:
+            producer.close()
     earlier = log.transaction_metadata(unit.scoped_from)
-    if earlier is not None and earlier.get("sink") == unit.app and earlier.get("topic") == unit.topic:
-        return earlier
-    return None
+    if earlier is None or earlier.get("sink") != unit.app:
+        return None, tid
+    return earlier, unit.scoped_from
 
 
 def abort_staged(
@@ -421,6 +464,10 @@ def abort_staged(
     failed commit left), then delete this attempt's staged objects unless the unit turned out committed (a
     commit that raised after its commit point). Returns objects deleted.
 
+    A unit whose fate the progress cannot tell (:meth:`AppVersion.out_of_scope`: the same run's version at
+    or above it committed to another topic) is settled but deletes nothing: it may have committed before
+    that commit, and the staged-data sweep removes its objects if it did not.
+
     A run whose id another run took over (:meth:`AppVersion.taken_over`) does neither, unless
     ``group_fenced`` (its commits sent fenced group offsets, so the offsets fence refused it, possibly with
     its transaction open: that one is settled as always). ``topic``: the topic the unit wrote, for a unit
@@ -433,7 +480,7 @@ def abort_staged(
             "topic and has no staged objects to tell it: pass topic=, the topic the unit was committing to"
         )
     unit = unit.for_topic(bound)
-    if not group_fenced and unit.taken_over(_progress(log, unit)) is not None:
+    if not group_fenced and unit.taken_over(_progress(log, unit)[0]) is not None:
         # Another run owns the id: it fenced this run (settling what it left) before committing, and fencing
         # it back would abort its open transaction. Whether this attempt got past its commit point before
         # the other run committed is no longer known, so nothing is deleted: the staged-data sweep removes
@@ -442,8 +489,9 @@ def abort_staged(
     producer = log.producer(unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
     try:
         producer.init_transactions()
-        if unit.committed_by(_progress(log, unit)):
-            return 0
+        progress, source = _progress(log, unit, fence_timeout_ms=transaction_timeout_ms)
+        if unit.committed_by(progress) or unit.out_of_scope(progress, source) is not None:
+            return 0  # committed, or not known to be uncommitted: its objects may be data
     finally:
         producer.close()
     return _quiet_delete(storage, [r.key for r in refs] + _manifests(storage, unit))

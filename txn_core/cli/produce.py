@@ -3,7 +3,8 @@
 
 The file (Parquet, Arrow IPC file or stream, CSV, or JSON lines; by its extension, or ``--format``) is read
 with pyarrow, conformed to the topic's schema, staged, and committed as unit ``--version`` of application
-``--app-id`` (its transactional id). Running the same command again, after a crash or by a retrying
+``--app-id`` (committed under the transactional id ``APP.TOPIC``: versions are counted per topic, as Delta
+counts them per table). Running the same command again, after a crash or by a retrying
 scheduler, commits nothing and says so: a nightly load run twice loads once. Without ``--app-id`` the rows
 are committed once per invocation (a one-shot write).
 """
@@ -57,7 +58,11 @@ def register(sub: SubParsers, common: Parser) -> None:
     p.add_argument("topic", metavar="TOPIC", help="the topic to append to")
     p.add_argument("file", metavar="FILE", help="the rows: .parquet, .arrow/.ipc/.feather, .csv or .jsonl")
     p.add_argument("--format", choices=FORMATS, help="the file's format (default: from its extension)")
-    p.add_argument("--app-id", metavar="ID", help="the application (its transactional id): makes the write idempotent")
+    p.add_argument(
+        "--app-id",
+        metavar="ID",
+        help="the application: makes the write idempotent (versions are counted per topic; transactional id ID.TOPIC)",
+    )
     p.add_argument("--version", type=non_negative_int, metavar="N", help="the unit of the application (with --app-id)")
     p.add_argument(
         "--run",
