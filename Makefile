@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup lint format test test-slow bench ci
+.PHONY: setup lint format test test-full test-slow soak bench ci
 
 setup:  ## the virtualenv with the test tools
 	python3.11 -m venv $(VENV) && $(BIN)/pip install -q -e '.[dev]'
@@ -16,12 +16,18 @@ format:  ## rewrite files in the project's format and apply safe lint fixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test:  ## the default suite (what the Quickstart runs)
-	$(BIN)/pytest
+test:  ## the default tier (what the Quickstart runs): minutes, a seeded sample of each matrix
+	$(BIN)/pytest -n auto
+
+test-full:  ## every case of the matrices, and the slow tests (README examples, notebooks, demo, Spark Connect)
+	$(BIN)/pytest -n auto --all-cases -m "matrix or slow"
 
 test-slow:  ## a real S3 server, hard kills, separate executors, then the latency tier
-	$(BIN)/pytest -m "seaweedfs or chaos or cluster"
-	$(BIN)/pytest -m latency
+	$(BIN)/pytest -n auto -m "(seaweedfs or chaos or cluster) and not soak"
+	$(BIN)/pytest -n auto -m latency
+
+soak:  ## the longest chaos forms, on demand
+	$(BIN)/pytest -n auto -m soak
 
 bench:  ## benchmarks: print figures, assert nothing about time
 	$(BIN)/pytest -m bench -s

@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
 from servers import MotoS3, SeaweedS3
 
+pytest_plugins = ["tiers"]  # the default run samples the exhaustive matrices (tests/tiers.py)
+
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 # Spark binds its driver, block managers and (local-cluster) master, worker and executors to this address;

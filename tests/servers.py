@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -79,10 +80,48 @@ class S3Server:
                 time.sleep(0.3)
 
 
+_MOTO_CREATE_LOCK = threading.Lock()
+
+
+def _atomic_moto_creates() -> None:
+    """Make moto's conditional creates atomic, as S3 (and PROTOCOL.md "Storage") require.
+
+    moto (5.2.5) answers a PUT with ``If-None-Match: *`` by checking that the key is absent and then storing
+    the object, with no lock between the two, on a thread per request: two concurrent creates of one key can
+    both succeed, the second silently replacing the first. txnlog's coordination rests on exactly one of them
+    succeeding (a loaded machine saw two writers "win" one coordinator slot, and the loser's next record was
+    reported as corruption). Every conditional PUT and multipart completion of this process's moto servers
+    runs under one lock; ``test_storage_contract.py`` holds a server's store step open to prove that
+    exactly one of two racing creates wins.
+    """
+    from moto.s3.responses import S3Response
+
+    if getattr(S3Response, "_txnlog_atomic", False):
+        return
+    put, post = S3Response.put_object, S3Response._key_response_post
+
+    def locked_put(self: Any) -> Any:
+        if self.headers.get("If-None-Match") is None:
+            return put(self)
+        with _MOTO_CREATE_LOCK:
+            return put(self)
+
+    def locked_post(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.headers.get("If-None-Match") is None:
+            return post(self, *args, **kwargs)
+        with _MOTO_CREATE_LOCK:
+            return post(self, *args, **kwargs)
+
+    S3Response.put_object = locked_put  # type: ignore[method-assign]
+    S3Response._key_response_post = locked_post  # type: ignore[method-assign]
+    S3Response._txnlog_atomic = True  # type: ignore[attr-defined]
+
+
 class MotoS3(S3Server):
     def __init__(self) -> None:
         from moto.server import ThreadedMotoServer
 
+        _atomic_moto_creates()
         os.environ.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
 

@@ -121,6 +121,7 @@ def _snapshot_sizes(log: txn_core.Log) -> tuple[int, int]:
     return log.storage.size(coordinator), log.storage.size(final)
 
 
+@pytest.mark.slow
 def test_snapshots_stop_growing_under_10000_one_shot_transactional_writers(monkeypatch: pytest.MonkeyPatch) -> None:
     """10,000 one-shot transactional writers (what Spark batch writes are: each commits once, its progress
     marked ephemeral) over 28 days of log time, each committing one record to one partition, through real

@@ -83,6 +83,7 @@ def test_storage_requests_at_debug(tmp_path: Path) -> None:
     assert "txnlog.coordinator" not in debug.stderr, "the coordinator stays at WARNING"
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_spark_workers_honour_the_environment_variable(tmp_path: Path) -> None:
     """Commit worker and executor workers log too (local mode: they inherit the driver's environment)."""

@@ -28,6 +28,11 @@ def _run(location: Any, tmp_path: Path, jobs: list[tuple[Any, tuple[Any, ...]]])
     return outs, seen
 
 
+@pytest.mark.parametrize(
+    "shared_location",
+    ["local", pytest.param("moto", marks=pytest.mark.slow), pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)],
+    indirect=True,
+)
 def test_concurrent_transactional_producers_with_aborts(shared_location: Any, tmp_path: Path) -> None:
     start = time.time() + 4
     jobs = [
@@ -61,7 +66,14 @@ def test_two_producers_racing_on_one_transactional_id(shared_location: Any, tmp_
 
 
 @pytest.mark.chaos
+@pytest.mark.parametrize(
+    "shared_location",
+    ["local", pytest.param("moto", marks=pytest.mark.soak), pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)],
+    indirect=True,
+)
 def test_many_producers_and_readers_for_longer(shared_location: Any, tmp_path: Path) -> None:
+    """Four copiers, two fencing workers and a reader at once. CI runs it on local disk and SeaweedFS (a
+    real S3 server); on moto's in-process server, five times slower, it is a soak."""
     start = time.time() + 5
     rows = 17  # ids per transaction
     jobs = [

@@ -41,9 +41,24 @@ def relocate(text: str, root: Path) -> str:
 def test_the_readme_has_the_examples_this_test_runs() -> None:
     assert len(blocks("python")) >= 3 and blocks("console")
     quickstart = blocks("bash")[0].strip().splitlines()
-    assert len(quickstart) == 2 and quickstart[0].endswith("txnlog demo") and quickstart[1].endswith("pytest")
+    assert len(quickstart) == 2 and quickstart[0].endswith("txnlog demo") and quickstart[1].endswith("pytest -n auto")
 
 
+def test_the_core_examples_run_without_spark(tmp_path: Path) -> None:
+    """The default tier's share of the next test: the examples before the first Spark one, in a fresh
+    interpreter (the whole README, Spark, jobs and console lines, runs in the slow tier)."""
+    core = [b for b in blocks("python") if "spark" not in b.lower()]
+    assert core and all("spark" not in b.lower() for b in blocks("python")[: len(core)]), "core examples come first"
+    script = tmp_path / "readme_core.py"
+    script.write_text(relocate("\n\n".join(core), tmp_path))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    run = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+
+
+@pytest.mark.slow
 @pytest.mark.spark
 def test_every_readme_example_runs(tmp_path: Path) -> None:
     script = tmp_path / "readme_examples.py"

@@ -38,6 +38,7 @@ def _spark_rows(spark: Any, url: str, topic: str, isolation: str = "read_committ
     return sorted(tuple(r) for r in df.select("_partition", "_offset", "id").collect())
 
 
+@pytest.mark.slow
 def test_the_sink_rolls_what_it_writes_and_readers_read_it_exactly(
     spark: Any, log: txn_core.Log, tmp_path: Path
 ) -> None:

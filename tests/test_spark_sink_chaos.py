@@ -194,8 +194,29 @@ def segment_count(log: txn_core.Log, topic: str) -> int:
     )
 
 
+#: The kill schedule: CI's form kills the copier right after a commit point and at random (a task's write,
+#: and a failure before the commit point, after it and after the markers fail a batch in the default
+#: tier's test_spark_sink.py and test_spark_sink_protocol.py); the soak's kills it four times at random and
+#: once at every step of the sink's commit.
+ROUNDS = {
+    "ci": ["after_prepare:kill", "random"],
+    "soak": [
+        "random",
+        "before_commit:kill",
+        "random",
+        "after_prepare:kill",
+        "write:kill",
+        "random",
+        "after_commit:kill",
+        "before_init:kill",
+        "random",
+    ],
+}
+
+
+@pytest.mark.parametrize("strength", ["ci", pytest.param("soak", marks=pytest.mark.soak)])
 def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_input_exactly_once(
-    log: txn_core.Log, tmp_path: Path
+    log: txn_core.Log, tmp_path: Path, strength: str
 ) -> None:
     """Input arrives continuously (with aborted transactions) while another process rolls it into segments;
     the copy rolls its own output; the copier is killed at random and at every step of its commit."""
@@ -228,20 +249,9 @@ def test_copier_killed_at_random_and_in_every_commit_step_outputs_committed_inpu
         },
     }
     # Until the final run, the copier runs continuously (a batch a second) while input keeps arriving.
-    rounds = [
-        "random",
-        "before_commit:kill",
-        "random",
-        "after_prepare:kill",
-        "write:kill",
-        "random",
-        "after_commit:kill",
-        "before_init:kill",
-        "random",
-    ]
     outcomes = []
-    for i, mode in enumerate(rounds):
-        kill_round(base, chk, tmp_path, i, mode, rng, (8, 30))
+    for i, mode in enumerate(ROUNDS[strength]):
+        kill_round(base, chk, tmp_path, i, mode, rng, (8, 30) if strength == "soak" else (8, 15))
         outcomes.append(mode)
         # forbidden rows are known once produced; the reader checks them as it goes
         reader.forbidden.update(producer.aborted)

@@ -11,6 +11,7 @@ from spark_txn_sink.demo import run_demo
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow
 def test_demo_crashes_the_job_mid_commit_and_still_outputs_every_committed_row_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

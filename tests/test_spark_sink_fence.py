@@ -65,6 +65,7 @@ def error_of(query: Any) -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_an_old_checkpoint_resumed_after_a_new_query_consumed_the_group_is_fenced(
     spark: Any, log: txn_core.Log, tmp_path: Path
 ) -> None:

@@ -39,6 +39,7 @@ def run(cfg: dict[str, Any], tmp_path: Path, timeout: float = 240) -> tuple[int,
     return code, log_file.read_text(errors="replace")
 
 
+@pytest.mark.slow
 def test_a_failed_task_attempt_is_retried_and_contributes_nothing(log: txn_core.Log, tmp_path: Path) -> None:
     cfg = config(log, tmp_path, master="local[2,4]")  # local[N,F]: F attempts per task
     cfg["sink"] = {**cfg["sink"], "testing.fault": "write@0"}
@@ -50,7 +51,8 @@ def test_a_failed_task_attempt_is_retried_and_contributes_nothing(log: txn_core.
     assert garbage(log, "out") == [], "the failed attempt's staged objects were removed by the commit"
 
 
-@pytest.mark.chaos  # the Quickstart demo's test covers the same crash in the default tier
+@pytest.mark.chaos  # the same crash as the Quickstart demo's, which CI runs and checks: a soak
+@pytest.mark.soak
 def test_a_driver_killed_after_the_commit_point_resumes_exactly_once(log: txn_core.Log, tmp_path: Path) -> None:
     cfg = config(log, tmp_path)
     cfg["sink"] = {**cfg["sink"], "testing.fault": "after_prepare:kill@1"}

@@ -455,11 +455,13 @@ def run_out_of_process(mode: str, tmp_path: Path) -> dict[str, list[int]]:
 EXPECTED = {"batch": [1, 2, 3, 4, 5], "filtered": [4, 5], "stream": [1, 2, 3, 4, 5]}
 
 
+@pytest.mark.slow
 def test_reads_work_under_spark_connect(tmp_path: Path) -> None:
     assert run_out_of_process("connect", tmp_path) == EXPECTED
 
 
 @pytest.mark.cluster
+@pytest.mark.soak  # CI's cluster test copies txnlog to txnlog on separate executors: it reads there too
 def test_reads_work_with_executors_in_separate_processes(tmp_path: Path) -> None:
     assert run_out_of_process("cluster", tmp_path) == EXPECTED
 

@@ -128,6 +128,7 @@ def matrix(spark: Any) -> tuple[Any, list[Any]]:
     return frame, collected(frame)
 
 
+@pytest.mark.matrix(keep=1)
 @pytest.mark.parametrize("time_zone", TIME_ZONES, indirect=True)
 def test_every_type_round_trips_at_every_depth_in_batch_and_stream(
     spark: Any, matrix: tuple[Any, list[Any]], tmp_path: Path, time_zone: str
@@ -200,6 +201,7 @@ def test_types_a_topic_cannot_hold_are_refused_while_spark_plans(spark: Any, tmp
         assert "odd" not in log.list_topics(), "nothing was written"
 
 
+@pytest.mark.matrix(keep=1)
 @pytest.mark.parametrize("time_zone", TIME_ZONES, indirect=True)
 def test_windowed_aggregation_with_watermark_writes_with_default_settings(
     spark: Any, tmp_path: Path, time_zone: str

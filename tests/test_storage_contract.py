@@ -116,6 +116,45 @@ def test_thread_race_has_exactly_one_winner_per_key(storage: Storage) -> None:
         assert storage.read(k) == f"w{w[0]}".encode() * 100
 
 
+def test_two_creates_in_flight_together_on_the_s3_test_server_have_one_winner(
+    moto_s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the thread test above meets only by chance, forced: the first create is held inside the
+    server's store step while the second arrives. moto checks absence and stores without a lock between, so
+    both won and the second replaced the first (tests/servers.py makes its creates atomic); exactly one of two
+    creates in flight together may succeed, on any server the suite trusts."""
+    from moto.s3.models import S3Backend
+
+    store = S3Backend.put_object
+    entered = threading.Event()
+
+    def held(self: Any, bucket: str, key: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if key.endswith("held/k") and not entered.is_set():
+            entered.set()
+            time.sleep(0.3)
+        return store(self, bucket, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(S3Backend, "put_object", held)
+    storage = open_storage(f"s3://{moto_s3.new_bucket()}/c", moto_s3.storage_options())
+    outcome: dict[str, str] = {}
+
+    def create(name: str) -> None:
+        try:
+            storage.create("held/k", [name.encode()])
+            outcome[name] = "won"
+        except ObjectExistsError:
+            outcome[name] = "lost"
+
+    first = threading.Thread(target=create, args=("first",))
+    first.start()
+    assert entered.wait(10)
+    create("second")
+    first.join()
+    assert sorted(outcome.values()) == ["lost", "won"], outcome
+    winner = next(n for n, o in outcome.items() if o == "won")
+    assert storage.read("held/k") == winner.encode()
+
+
 def test_multiprocess_race_has_exactly_one_winner_per_key(shared_location: Any) -> None:
     """Many processes create the same keys: exactly one winner each, contents intact."""
     keys = [f"mp/{i:03d}" for i in range(40)]

@@ -92,6 +92,7 @@ def _buffer_summary(b: TxnBuffer) -> tuple[object, ...]:
     )
 
 
+@pytest.mark.matrix(keep=1)
 @pytest.mark.parametrize("seed", range(10))
 def test_random_operations_match_the_model(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(snapshots, "SNAPSHOT_EVERY_TXNS", 7)  # many snapshots, several parts

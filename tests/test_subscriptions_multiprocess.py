@@ -156,7 +156,7 @@ def test_consume_process_produce_is_exactly_once_across_hard_killed_workers(tmp_
 
 
 @pytest.mark.chaos
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.soak)])
 def test_many_workers_killed_and_frozen_stay_exactly_once(tmp_path: Path, seed: int) -> None:
     result = _run(tmp_path, workers=4, records=3000, kills=12, freezes=2, seed=seed, budget_s=400)
     _check(result)

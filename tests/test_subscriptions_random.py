@@ -23,6 +23,7 @@ SCHEMA = pa.schema([("id", pa.int64())])
 T = 10_000
 
 
+@pytest.mark.matrix(keep=3)
 @pytest.mark.parametrize("seed", range(10))
 def test_random_consumers_and_transactions_keep_every_invariant(seed: int) -> None:
     rng = random.Random(seed)

@@ -284,6 +284,7 @@ class Model:
             self.acked.update(range(c))
 
 
+@pytest.mark.matrix(keep=8)
 @pytest.mark.parametrize("seed", range(40))
 def test_random_acks_and_markers_match_a_per_offset_model(seed: int) -> None:
     rng = random.Random(seed)
