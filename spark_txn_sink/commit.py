@@ -1,6 +1,6 @@
 """The commit side, run by Spark on the driver: one txnlog transaction per micro-batch (PROTOCOL.md here).
 
-A thin translation onto the core's application transactions (``txn_core.apptxn``, txn_core/PROTOCOL.md
+A thin translation onto the core's application transactions (``txn_core.clients.apptxn``, txn_core/PROTOCOL.md
 "Application transactions"): a streaming query's batch ``N`` is unit ``(query id, N)`` of the sink's
 transactional id ``T``; a batch write (``df.write``) is a one-shot unit with a unique write id; the
 progress carries the sink's mark (:data:`SINK_MARK`). What is Spark's own:
@@ -43,11 +43,12 @@ from txn_core import (
     TxnLogError,
     open_log,
 )
-from txn_core.apptxn import AppVersion, CommitResult, GroupPosition, abort_staged, commit_staged
+from txn_core.clients.apptxn import CommitResult, GroupPosition, abort_staged, commit_staged
+from txn_core.clients.appunit import AppVersion
 from txn_core.log import Log
 from txn_core.logs import get_logger
-from txn_core.rolling import BackgroundRoller, RollPolicy
-from txn_core.staging import StagedRef
+from txn_core.ops.rolling import BackgroundRoller, RollPolicy
+from txn_core.partition.staging import StagedRef
 from txn_core.storage import open_storage
 from txn_core.storage.base import Storage
 
@@ -63,7 +64,7 @@ SINK_MARK = "txnlog-spark-sink"
 class BatchIdentity(AppVersion):
     """Who commits what: a transactional id, the topic it writes, and either a streaming (query id, batch id)
     or a write id. ``scoped_from``: the application id ``transactional_id`` was scoped from
-    (``txn_core.apptxn.scoped_transactional_id``), for ``txnAppId`` writes."""
+    (``txn_core.clients.apptxn.scoped_transactional_id``), for ``txnAppId`` writes."""
 
     def __init__(
         self,
@@ -179,7 +180,7 @@ def commit_batch(
     *,
     before_begin: Callable[[Log], None] | None = None,
 ) -> CommitResult:
-    """Commit one batch exactly once (``txn_core.apptxn.commit_staged``). ``group_offsets(log_url)`` gives
+    """Commit one batch exactly once (``txn_core.clients.apptxn.commit_staged``). ``group_offsets(log_url)`` gives
     step 0: a :class:`GroupPosition` (fenced), or bare end offsets (committed unfenced, for callers that own
     the group alone); ``before_begin(log)`` runs right before a new transaction begins (the sink creates a
     planned topic)."""

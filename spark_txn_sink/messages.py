@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import WriterCommitMessage
 
 from txn_core import TxnLogError
-from txn_core.staging import StagedRef
+from txn_core.partition.staging import StagedRef
 
 
 class CommitMessageError(TxnLogError):

@@ -18,11 +18,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from txn_core import ConfigurationError
-from txn_core.ids import validate_name
-from txn_core.maintenance import SAFE_ENTRY_AGE_MS
-from txn_core.rolling import MIN_AGE_MS, ROLL_BYTES, ROLL_ENTRIES
+from txn_core.clients.topics import MAX_PARTITIONS, METADATA_COLUMNS
+from txn_core.format.ids import validate_name
+from txn_core.ops.rolling import MIN_AGE_MS, ROLL_BYTES, ROLL_ENTRIES
+from txn_core.partition.ages import SAFE_ENTRY_AGE_MS
 from txn_core.storage.options import nest_storage_options
-from txn_core.topics import MAX_PARTITIONS, METADATA_COLUMNS
 
 #: Columns a txnlog source adds, the names the core reserves (no topic has them). The sink drops them when a
 #: frame carries all of them in the source's types, so that a copy pipeline works as written, and refuses

@@ -4,7 +4,7 @@ A task conforms each incoming ``pyarrow.RecordBatch`` to the topic schema, route
 (by a stable hash of ``keyColumn``; without one, to a current partition, starting at the task's Spark
 partition and moving to the next one each time a staged object is written), and buffers them per
 partition. Without a key a task thus writes as few objects as its size allows, spread over partitions.
-A partition's buffer is written as one staged object (:func:`txn_core.staging.write_staged`) when it
+A partition's buffer is written as one staged object (:func:`txn_core.partition.staging.write_staged`) when it
 reaches ``object_bytes``; when all buffers together reach ``buffer_bytes`` the largest is written.
 Objects are written by one background thread while the task keeps reading its input, with at most one
 object in flight. Memory is therefore bounded by ``buffer_bytes``, plus the object being written, plus
@@ -24,9 +24,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from txn_core.routing import split_by_key
-from txn_core.schema import conform
-from txn_core.staging import StagedRef, write_staged
+from txn_core.clients.routing import split_by_key
+from txn_core.clock import system_clock
+from txn_core.format.schema import conform
+from txn_core.partition.staging import StagedRef, write_staged
 from txn_core.storage.base import Storage
 
 DEFAULT_OBJECT_BYTES = 32 << 20
@@ -65,7 +66,7 @@ def align_timestamps(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch
     Spark labels instants with the session time zone (``Etc/UTC``, ``Europe/Paris``...), nested ones
     included (a ``window()`` column is ``struct<start, end>``); the values are UTC instants either way, so
     this changes metadata only. Columns whose shape differs from the topic's are left for
-    :func:`txn_core.schema.conform` to report.
+    :func:`txn_core.format.schema.conform` to report.
     """
     fixes = {}
     for i, field in enumerate(batch.schema):
@@ -183,7 +184,15 @@ class PartitionStager:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txnlog-stager")
         t = self.target
         self._inflight = self._writer.submit(
-            write_staged, self.storage, self.prefix, t.topic, partition, batches, t.schema, tag=self.tag
+            write_staged,
+            self.storage,
+            self.prefix,
+            t.topic,
+            partition,
+            batches,
+            t.schema,
+            tag=self.tag,
+            clock=system_clock,  # a task has no Log: the executor's wall clock stamps what it stages
         )
         if t.key_column is None and partition == self._next % t.partitions:
             self._next += 1  # without a key, each staged object goes to the next partition

@@ -21,11 +21,11 @@ import pyarrow as pa
 
 from spark_txn_sink.options import SOURCE_METADATA_COLUMNS, SinkOptions
 from txn_core import ConfigurationError, SchemaMismatchError, TopicExistsError, TopicNotFoundError
+from txn_core.clients.routing import partitions_for_column
+from txn_core.clients.topics import TopicMeta, normalize_schema
+from txn_core.format.schema import conform
 from txn_core.log import Log
 from txn_core.logs import get_logger
-from txn_core.routing import partitions_for_column
-from txn_core.schema import conform
-from txn_core.topics import TopicMeta, normalize_schema
 
 logger = get_logger(__name__)
 
@@ -41,7 +41,7 @@ def ignored_columns(spark_schema: Any) -> tuple[str, ...]:
     Invariant: the sink never drops a user's own column. A frame with any other mix of these names (some
     missing, another type, a name twice) is refused with :class:`SchemaMismatchError` naming each column and
     the fix, while Spark plans the write: no topic can store the names (the core reserves them,
-    :func:`txn_core.topics.normalize_schema`), so such a column could be neither written nor dropped silently.
+    :func:`txn_core.clients.topics.normalize_schema`), so such a column could be neither written nor dropped silently.
     """
     from spark_txn_source.schema import spark_schema as source_spark_schema
 
@@ -207,7 +207,7 @@ def warn_partitions_ignored(opts: SinkOptions, meta: TopicMeta) -> None:
 
 def check_key_column(opts: SinkOptions, frame: pa.Schema, topic: pa.Schema) -> None:
     """``keyColumn`` must be a column of the frame whose type (the topic's: rows are routed after they are
-    conformed to it) the core's routing can hash (:func:`txn_core.routing.partitions_for_column`): every
+    conformed to it) the core's routing can hash (:func:`txn_core.clients.routing.partitions_for_column`): every
     scalar type can, structs, arrays and maps cannot. Raises :class:`ConfigurationError` naming the fix."""
     key = opts.key_column
     if key is None:

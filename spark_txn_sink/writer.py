@@ -32,7 +32,7 @@ from spark_txn_sink.stager import PartitionStager, TopicTarget
 from spark_txn_sink.topic import PlannedTopic, create_planned_topic, frame_arrow_schema, ignored_columns, plan_topic
 from spark_txn_source import catalog
 from txn_core import ConfigurationError, open_log
-from txn_core.apptxn import scoped_transactional_id
+from txn_core.clients.appunit import scoped_transactional_id
 
 TRANSACTIONAL_ID_PREFIX = "spark-sink-"
 GROUP_TRANSACTIONAL_ID_PREFIX = "spark-sink-group-"

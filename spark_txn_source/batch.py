@@ -22,11 +22,11 @@ from spark_txn_source.options import SourceOptions
 from spark_txn_source.planning import LogView
 from spark_txn_source.reader import RangePartition, read_partition
 from txn_core.errors import ConfigurationError
-from txn_core.ids import TopicPartition
+from txn_core.format.ids import TopicPartition
 from txn_core.logs import get_logger
-from txn_core.timeindex import MAX_CLOCK_SKEW_MS, offset_for_timestamp
+from txn_core.partition.timeindex import MAX_CLOCK_SKEW_MS, offset_for_timestamp
 
-log = get_logger(__name__)
+logger = get_logger(__name__)
 
 
 class TxnLogBatchReader(DataSourceReader):
@@ -97,7 +97,7 @@ class TxnLogBatchReader(DataSourceReader):
             view.check_damage(tp, wanted[tp])
             out[tp] = min(wanted[tp], available[tp])
             if wanted[tp] > available[tp]:
-                log.warning(
+                logger.warning(
                     "%s: endingOffsets %d is past the available end %d (an open transaction or "
                     "the log end); reading up to %d",
                     tp,

@@ -6,7 +6,7 @@ Accepted (and then applied exactly, so Spark does not evaluate them again): ``=`
 
 * ``_topic`` / ``_partition`` filters drop whole topic-partitions from the plan.
 * ``_offset`` bounds narrow each partition's offset range (exact, records are sliced).
-* ``_timestamp`` bounds narrow each range with :func:`txn_core.timeindex.offset_for_timestamp` and drop whole
+* ``_timestamp`` bounds narrow each range with :func:`txn_core.partition.timeindex.offset_for_timestamp` and drop whole
   entries by their append timestamp while reading (every record of an entry has the entry's timestamp,
   so this is exact).
 
@@ -29,7 +29,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from txn_core.ids import TopicPartition, is_int
+from txn_core.format.ids import TopicPartition, is_int
 
 METADATA_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp")
 _BOUNDS = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)

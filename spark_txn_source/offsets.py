@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from txn_core.errors import ConfigurationError
-from txn_core.ids import TopicPartition
+from txn_core.format.ids import TopicPartition
 
 Positions = dict[TopicPartition, int]
 START = "start"

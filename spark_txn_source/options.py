@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from txn_core.errors import ConfigurationError, InvalidNameError
-from txn_core.ids import is_int, validate_name
-from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED
+from txn_core.format.ids import is_int, validate_name
+from txn_core.partition.reader import ISOLATION_LEVELS, READ_COMMITTED
 from txn_core.storage.options import nest_storage_options
 
 #: Canonical spelling of every option, keyed by the lower-cased name Spark passes.

@@ -1,18 +1,18 @@
 """Driver-side planning: where reads start and end, and which offset ranges become Spark tasks.
 
 :class:`LogView` is the driver's long-lived view of the topics a query reads. It keeps one
-:class:`~txn_core.reader.PartitionState` per topic-partition (so each micro-batch scans only new entry
+:class:`~txn_core.partition.reader.PartitionState` per topic-partition (so each micro-batch scans only new entry
 headers) and answers three questions, all through ``txn_core``:
 
 * where a read starts (``startingOffsets`` / ``startingTimestamp`` / group offsets) and where data ends now
-  (:func:`txn_core.ranges.available_end`: the last stable offset under read_committed);
+  (:func:`txn_core.partition.ranges.available_end`: the last stable offset under read_committed);
 * what to do with a start below the log start (retention): fail with a clear message, or skip ahead
   (``failOnDataLoss``); partitions that appear later start at their beginning;
 * what to do with a damaged entry nobody marked lost (PROTOCOL.md "Damage"): with ``failOnDataLoss=true`` the
   available end stops before it, and a read that needs more fails naming the object and the option (a
   stream once it has read everything before it, a batch read at once, since it would end short); with
   ``false`` planning and tasks skip it with a warning;
-* the :class:`~txn_core.ranges.OffsetRange` tasks of ``[start, end)``, with the filters executors apply.
+* the :class:`~txn_core.partition.ranges.OffsetRange` tasks of ``[start, end)``, with the filters executors apply.
 
 Nothing here is pickled to executors; only the ``OffsetRange`` values are.
 """
@@ -32,20 +32,21 @@ from spark_txn_source.options import (
     OffsetSpec,
     SourceOptions,
 )
-from txn_core import paths
+from txn_core.clients.topics import TopicMeta
 from txn_core.errors import ConfigurationError, CorruptDataError, DataLossError
-from txn_core.ids import TopicPartition
+from txn_core.format import paths
+from txn_core.format.ids import TopicPartition
+from txn_core.format.paths import has_log
 from txn_core.log import Log
 from txn_core.logs import get_logger
-from txn_core.parallel import parallel_map, submit
-from txn_core.partition import PartitionLog
-from txn_core.ranges import OffsetRange, available_end, plan_range, split_range
-from txn_core.reader import PartitionState
-from txn_core.storage import has_log, open_storage
-from txn_core.timeindex import offset_for_timestamp
-from txn_core.topics import TopicMeta
+from txn_core.partition.partition import PartitionLog
+from txn_core.partition.ranges import OffsetRange, available_end, plan_range, split_range
+from txn_core.partition.reader import PartitionState
+from txn_core.partition.timeindex import offset_for_timestamp
+from txn_core.storage import open_storage
+from txn_core.storage.parallel import parallel_map, submit
 
-log = get_logger(__name__)
+logger = get_logger(__name__)
 
 #: A task reads at most this many offsets; longer ranges are split (parallelism, bounded task time).
 MAX_OFFSETS_PER_TASK = 1_000_000
@@ -132,7 +133,7 @@ class LogView:
         self, begin: Mapping[TopicPartition, int | None]
     ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
         """``(checked start, available end)`` of every partition read (``begin`` as for
-        :meth:`checked_start`). The partitions' requests overlap (:mod:`txn_core.parallel`), and the topic
+        :meth:`checked_start`). The partitions' requests overlap (:mod:`txn_core.storage.parallel`), and the topic
         metadata refresh overlaps them; partitions it discovers are looked at right after."""
         known = self.topic_partitions(refresh=False)
         refreshed = submit(self.topic_partitions)
@@ -215,7 +216,7 @@ class LogView:
             )
             if self.opts.fail_on_data_loss:
                 raise SourceDataLossError(data_loss_hint(message))
-            log.warning("%s; skipping them (failOnDataLoss=false)", message)
+            logger.warning("%s; skipping them (failOnDataLoss=false)", message)
             return first
         return start
 
@@ -262,7 +263,7 @@ class LogView:
                 rng = plan(lo)
             return state.log, rng
 
-        # one partition's requests never wait for another's (txn_core.parallel); results in partition order
+        # one partition's requests never wait for another's (txn_core.storage.parallel); results in partition order
         ranges = [r for r in parallel_map(one, sorted(end)) if r is not None]
         total = sum(r.size for _, r in ranges)
         out: list[OffsetRange] = []
@@ -271,7 +272,7 @@ class LogView:
             if min_partitions and total:
                 pieces = max(pieces, math.ceil(min_partitions * rng.size / total))
             out.extend(split_range(plog, rng, pieces, max_size=MAX_OFFSETS_PER_TASK))
-        log.info("planned %d offsets of %d partitions as %d tasks", total, len(ranges), len(out))
+        logger.info("planned %d offsets of %d partitions as %d tasks", total, len(ranges), len(out))
         return out
 
 

@@ -5,9 +5,9 @@
 * :func:`make_batch_reader` / :func:`make_stream_reader`: the readers (:mod:`spark_txn_source.batch`,
   :mod:`spark_txn_source.stream`);
 * :func:`read_partition`: what every task runs, on executors: read one planned
-  :class:`~txn_core.ranges.OffsetRange` with :func:`txn_core.ranges.read_range` and hand Spark Arrow record
-  batches of exactly the schema it expects. Executors never talk to the transaction coordinator and never
-  write: the range carries every filter, and storage is opened without the write self-test.
+  :class:`~txn_core.partition.ranges.OffsetRange` with :func:`txn_core.partition.ranges.read_range` and hand
+  Spark Arrow record batches of exactly the schema it expects. Executors never talk to the transaction
+  coordinator and never write: the range carries every filter, and storage is opened without the write self-test.
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ from spark_txn_source.schema import (
     spark_schema,
     topic_arrow_schema,
 )
+from txn_core.clock import system_clock
 from txn_core.errors import CorruptDataError, DataLossError
-from txn_core.partition import PartitionLog
-from txn_core.ranges import OffsetRange, read_range
+from txn_core.partition.partition import PartitionLog
+from txn_core.partition.ranges import OffsetRange, read_range
 from txn_core.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def read_partition(opts: SourceOptions, schema: StructType, partition: InputPart
         return  # Spark's placeholder partition when the plan is empty
     target = arrow_target(schema)
     rng = partition.range
-    plog = PartitionLog(_storage(opts), rng.path)
+    plog = PartitionLog(_storage(opts), rng.path, clock=system_clock)  # a task has no Log: its own clock
     try:
         for batch in read_range(
             plog,

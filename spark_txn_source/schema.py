@@ -29,9 +29,9 @@ from pyspark.sql.types import (
     VarcharType,
 )
 
+from txn_core.clients.topics import METADATA_COLUMNS
 from txn_core.errors import ConfigurationError
-from txn_core.records import METADATA_FIELDS, buildable_metadata_field
-from txn_core.topics import METADATA_COLUMNS
+from txn_core.partition.records import METADATA_FIELDS, buildable_metadata_field
 
 
 def topic_arrow_schema(schemas: dict[str, pa.Schema]) -> pa.Schema:

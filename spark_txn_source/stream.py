@@ -4,7 +4,7 @@ Offsets are per topic-partition record offsets (:mod:`spark_txn_source.offsets`)
 :meth:`TxnLogStreamReader.latestOffset` asks ``txn_core`` for each partition's available end, the last
 stable offset under read_committed, so a micro-batch ``[start, end)`` never reaches into a transaction that
 is still open; :meth:`partitions` plans the ranges with the aborted transactions and skip ranges executors
-drop (:mod:`txn_core.ranges`). Because the bound only moves forward and decisions are durable, a batch
+drop (:mod:`txn_core.partition.ranges`). Because the bound only moves forward and decisions are durable, a batch
 replayed after a restart, planned by a new driver, reads exactly the same records.
 
 Admission control: ``maxOffsetsPerTrigger`` becomes the default ``ReadMaxRows`` limit, split fairly over
@@ -42,8 +42,8 @@ from spark_txn_source.options import SourceOptions
 from spark_txn_source.planning import LogView, fair_split
 from spark_txn_source.reader import RangePartition, read_partition
 from txn_core.errors import ConfigurationError
-from txn_core.ids import TopicPartition
-from txn_core.parallel import parallel_map
+from txn_core.format.ids import TopicPartition
+from txn_core.storage.parallel import parallel_map
 
 
 class TxnLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

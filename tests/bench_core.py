@@ -18,11 +18,13 @@ import pyarrow as pa
 import pytest
 
 import txn_core
-from txn_core import paths, snapshots
-from txn_core.aborted import AbortedIndex
-from txn_core.buffer import TxnBuffer
-from txn_core.ids import TxnId
-from txn_core.reader import PartitionState
+from txn_core.clock import system_clock
+from txn_core.format import paths
+from txn_core.format.ids import TxnId
+from txn_core.partition import snapshots
+from txn_core.partition.aborted import AbortedIndex
+from txn_core.partition.buffer import TxnBuffer
+from txn_core.partition.reader import PartitionState
 
 pytestmark = pytest.mark.bench
 
@@ -295,7 +297,7 @@ def _synthetic_snapshot(tmp_path: Path, aborted: int, history_entries: int) -> t
             )
         ]
     )
-    snapshots.SnapshotStore(log.storage, path).write(buf)
+    snapshots.SnapshotStore(log.storage, path, clock=system_clock).write(buf)
 
     def rebuild() -> float:
         fresh = txn_core.open_log(str(tmp_path / f"snap-{history_entries}"))

@@ -44,7 +44,8 @@ from latency_storage import DelayedStorage
 from servers import SeaweedS3
 
 import txn_core
-from txn_core import maintenance, paths
+from txn_core.format import paths
+from txn_core.ops import maintenance
 from txn_core.storage import open_storage
 
 pytestmark = [pytest.mark.bench, pytest.mark.seaweedfs]

@@ -71,9 +71,9 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit
 
 import txn_core
-from txn_core import paths
-from txn_core.ranges import available_end, plan_range, read_range, split_range
-from txn_core.reader import READ_COMMITTED
+from txn_core.format import paths
+from txn_core.partition.ranges import available_end, plan_range, read_range, split_range
+from txn_core.partition.reader import READ_COMMITTED
 
 #: A task of either source reads at most about this many offsets (the txnlog source's MAX_OFFSETS_PER_TASK).
 OFFSETS_PER_TASK = 1_000_000
@@ -169,7 +169,7 @@ class BareArrowSource(DataSource):
 def write_bare_files(log: txn_core.Log, topic: str, root: Path) -> str:
     """One Arrow IPC file per txnlog entry of ``topic``, holding its committed rows and metadata columns in
     the exact Arrow schema Spark expects; returns a manifest of the tasks: the txnlog source's own split
-    (:func:`txn_core.ranges.split_range`, as its planner calls it), each task the same rows."""
+    (:func:`txn_core.partition.ranges.split_range`, as its planner calls it), each task the same rows."""
     schema = BARE_SCHEMA
     tasks: list[list[tuple[str, int, int]]] = []
     for info in log.describe_topic(topic).partitions:

@@ -6,7 +6,7 @@ import struct
 from collections.abc import Callable
 
 import txn_core
-from txn_core.entry import HEADER_SIZE, EntryHeader, decode_header
+from txn_core.format.entry import HEADER_SIZE, EntryHeader, decode_header
 
 #: The segment format (PROTOCOL.md "Segments"): an 80-byte header, then one 160-byte index row per slot,
 #: each holding the entry's 128-byte header and, right after it, where the entry's bytes start.

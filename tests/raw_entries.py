@@ -6,9 +6,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 import txn_core
-from txn_core import paths
-from txn_core.entry import EntryKind, Payload
-from txn_core.ids import TxnId
+from txn_core.format import paths
+from txn_core.format.entry import EntryKind, Payload
+from txn_core.format.ids import TxnId
 
 
 def append_data(

@@ -28,7 +28,7 @@ def read_topic(log: txn_core.Log, topic: str, *, isolation_level: str = "read_co
 
 
 def consumer_schema_empty(log: txn_core.Log, topic: str) -> pa.Table:
-    from txn_core.records import with_metadata_schema
+    from txn_core.partition.records import with_metadata_schema
 
     return with_metadata_schema(log.topics.get(topic).schema).empty_table()
 
@@ -63,8 +63,8 @@ def open_transactions(log: txn_core.Log, topic: str) -> list[Any]:
 
 def referenced_keys(log: txn_core.Log, topic: str) -> set[str]:
     """Staged object keys named by any DATA_REF entry of ``topic`` (committed, open or aborted)."""
-    from txn_core import paths
-    from txn_core.entry import EntryKind, decode_json
+    from txn_core.format import paths
+    from txn_core.format.entry import EntryKind, decode_json
 
     keys: set[str] = set()
     for p in range(log.topics.get(topic).partitions):

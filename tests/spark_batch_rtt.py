@@ -29,16 +29,18 @@ from unittest import mock
 
 import pyarrow as pa
 
+from txn_core.clock import system_clock
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from latency_storage import DelayedStorage
 
 import txn_core
-from txn_core.parallel import parallel_map
-from txn_core.partition import PartitionLog
-from txn_core.ranges import read_range
-from txn_core.staging import StagedRef, write_staged
+from txn_core.partition.partition import PartitionLog
+from txn_core.partition.ranges import read_range
+from txn_core.partition.staging import StagedRef, write_staged
 from txn_core.storage import Storage, open_storage
+from txn_core.storage.parallel import parallel_map
 
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
 PHASES = ("latestOffset", "partitions", "tasks", "commit")
@@ -189,7 +191,7 @@ def run(
             def task(i_part: tuple[int, Any], ident: BatchIdentity = ident) -> StagedRef | None:
                 i, part = i_part
                 rng = part.range
-                plog = PartitionLog(task_storage, rng.path)
+                plog = PartitionLog(task_storage, rng.path, clock=system_clock)
                 batches_ = [b.select(["id", "key"]) for b in read_range(plog, rng)]
                 return write_staged(
                     task_storage,
@@ -199,6 +201,7 @@ def run(
                     [pa.RecordBatch.from_arrays(b.columns, schema=SCHEMA) for b in batches_],
                     SCHEMA,
                     tag=f"t{i}a0",
+                    clock=system_clock,
                 )
 
             with meter.phase(phases["tasks"]):

@@ -14,9 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import txn_core
-from txn_core import paths
-from txn_core.apptxn import RUN_HISTORY, AppCommitter, AppVersion, abort_staged, commit_staged, stage_table
-from txn_core.staging import write_staged
+from txn_core.clients.apptxn import AppCommitter, abort_staged, commit_staged, stage_table
+from txn_core.clients.appunit import RUN_HISTORY, AppVersion
+from txn_core.clock import system_clock
+from txn_core.format import paths
+from txn_core.partition.staging import write_staged
 from txn_core.storage import MemoryStorage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -100,6 +102,7 @@ def test_only_the_listed_staged_objects_become_visible_and_the_rest_is_cleaned_u
         [pa.record_batch([pa.array([666])], schema=SCHEMA)],
         SCHEMA,
         tag="failed",
+        clock=system_clock,
     )
     refs = stage_table(log, unit, "t", pa.table({"id": [1]}, schema=SCHEMA), partition=0)
     result, kept = commit_staged(log, unit, refs, topic="t")
@@ -419,8 +422,8 @@ def test_an_abort_after_another_topics_later_version_deletes_nothing() -> None:
 
 
 def test_scoped_ids_are_valid_names_and_long_ones_are_hashed_apart() -> None:
-    from txn_core.apptxn import scoped_transactional_id
-    from txn_core.ids import validate_name
+    from txn_core.clients.appunit import scoped_transactional_id
+    from txn_core.format.ids import validate_name
 
     assert scoped_transactional_id("loader", "orders") == "loader.orders"
     long_app, long_topic = "a" * 200, "t" * 200

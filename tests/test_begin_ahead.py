@@ -21,14 +21,15 @@ from test_round_trips import HeldRecords
 from test_transactions import STORES, ids, make_log, send, tx
 
 import txn_core
-from txn_core import paths
+from txn_core.clock import system_clock
 from txn_core.coordinator import txnlog
 from txn_core.coordinator.actions import Add, Begin, Complete, Init, Prepare, Withdraw
 from txn_core.coordinator.apply import apply
 from txn_core.coordinator.service import coordinator_for
-from txn_core.coordinator.states import CoordinatorState
 from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
-from txn_core.ids import TxnId
+from txn_core.format import paths
+from txn_core.format.ids import TxnId
+from txn_core.format.states import CoordinatorState
 
 _C = CoordinatorState
 P0, P1 = paths.partition_log_path("t", 0), paths.partition_log_path("t", 1)
@@ -472,7 +473,7 @@ def test_a_group_committed_record_gives_each_begin_an_index() -> None:
     from txn_core.storage import MemoryStorage
 
     storage = MemoryStorage(uuid.uuid4().hex)
-    view = CoordinatorPartition(storage, 3)
+    view = CoordinatorPartition(storage, 3, clock=system_clock)
     view.refresh()
     tids = ["a", "b", "c"]
     for t in tids:
@@ -481,7 +482,7 @@ def test_a_group_committed_record_gives_each_begin_an_index() -> None:
     view.append("a", lambda cur: actions)  # one record, three begins
     ids_ = [view.state(t).txn for t in tids]  # type: ignore[union-attr]
     assert ids_ == [TxnId(3, 3, 0), TxnId(3, 3, 1), TxnId(3, 3, 2)]
-    replayed = CoordinatorPartition(storage, 3)
+    replayed = CoordinatorPartition(storage, 3, clock=system_clock)
     replayed.refresh()
     assert [replayed.state(t).txn for t in tids] == ids_  # type: ignore[union-attr]
     assert [str(t) for t in ids_] == ["3:3", "3:3.1", "3:3.2"] and TxnId.parse("3:3.2") == ids_[2]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from txn_core import checksum
-from txn_core.checksum import crc32c
+from txn_core.format import checksum
+from txn_core.format.checksum import crc32c
 
 
 def test_known_answers() -> None:

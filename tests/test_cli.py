@@ -25,10 +25,12 @@ from fakeclock import FakeClock
 from raw_entries import append_data
 
 import txn_core
-from txn_core import cli, paths
+from txn_core import cli
 from txn_core.cli.output import Progress, format_bytes, format_duration, render_table
 from txn_core.cli.schemaspec import format_schema, parse_schema
-from txn_core.staging import staging_prefix, write_staged
+from txn_core.clock import system_clock
+from txn_core.format import paths
+from txn_core.partition.staging import staging_prefix, write_staged
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200"}
@@ -386,7 +388,7 @@ def test_groups_list_and_describe_lag_against_the_last_stable_offset(
 
 
 def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Path, here: Callable[..., Result]) -> None:
-    from txn_core import maintenance
+    from txn_core.ops import maintenance
 
     url = str(tmp_path / "log")
     log = txn_core.open_log(url)
@@ -498,6 +500,7 @@ def test_maintenance_snapshot_compact_retention_sweep(scenario: Path, here: Call
         0,
         pa.table({"id": [1], "name": ["a"]}).to_batches(),
         SCHEMA,
+        clock=system_clock,
     )
     assert ref is not None  # a staged object no entry references: what a failed Spark task leaves behind
     snaps, compacted, swept = txnlog_all(
@@ -1064,7 +1067,7 @@ def test_produce_overtaken_by_another_run_of_its_application_says_to_run_it_agai
 ) -> None:
     """Two runs of one ``--app-id`` at once (a scheduler's retry overlapping the first attempt): the one
     fenced exited with the producer API's "close this producer", no fix a command-line user can apply."""
-    from txn_core.apptxn import AppCommitter
+    from txn_core.clients.apptxn import AppCommitter
 
     url = tmp_path / "log"
     txn_core.open_log(str(url)).create_topic("t", 1, SCHEMA)

@@ -9,8 +9,8 @@ import pyarrow as pa
 from fakeclock import FakeClock
 
 import txn_core
-from txn_core import envelope, paths
-from txn_core.snapshots import SNAPSHOT_EVERY_MS, SNAPSHOT_MIN_ENTRIES
+from txn_core.format import envelope, paths
+from txn_core.partition.snapshots import SNAPSHOT_EVERY_MS, SNAPSHOT_MIN_ENTRIES
 from txn_core.storage import MemoryStorage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -81,7 +81,7 @@ def test_a_buffer_snapshot_falls_due_by_the_logs_clock() -> None:
 def test_a_fake_clock_ages_process_caches_too() -> None:
     """The clock's monotonic time ages a partition's cached log start: moving the fake clock past the
     re-check interval makes the next lookup read the start again (one LIST)."""
-    from txn_core.partition import LOG_START_RECHECK_S
+    from txn_core.partition.partition import LOG_START_RECHECK_S
 
     clock = FakeClock()
     log = _log(clock)

@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 
 import txn_core
 from txn_core import TopicPartition
-from txn_core.entry import EntryKind, crc32, encode_arrow
+from txn_core.clock import system_clock
 from txn_core.errors import TxnLogError
-from txn_core.partition import PartitionLog
-from txn_core.staging import reference_payload, staging_prefix, write_staged
+from txn_core.format.entry import EntryKind, crc32, encode_arrow
+from txn_core.partition.partition import PartitionLog
+from txn_core.partition.staging import reference_payload, staging_prefix, write_staged
 
 SCHEMA = pa.schema([("x", pa.int64())])
 FAULTS = ["gap", "missing_staged", "corrupt", "header"]
@@ -42,7 +43,15 @@ def build(url: str, sizes: list[int], bad: int, fault: str, partition: int = 0, 
     for i, n in enumerate(sizes):
         rows = pa.record_batch([pa.array(range(offset, offset + n), pa.int64())], schema=SCHEMA)
         if fault == "missing_staged" and i == bad:
-            ref = write_staged(log.storage, staging_prefix("test", uuid.uuid4().hex), "t", partition, [rows], SCHEMA)
+            ref = write_staged(
+                log.storage,
+                staging_prefix("test", uuid.uuid4().hex),
+                "t",
+                partition,
+                [rows],
+                SCHEMA,
+                clock=system_clock,
+            )
             assert ref is not None
             payload = reference_payload(ref)
             result = plog.append(

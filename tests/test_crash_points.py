@@ -23,8 +23,9 @@ from fakeclock import FakeClock
 from faults import FaultyStorage, SimulatedCrash
 
 import txn_core
-from txn_core.coordinator.states import CoordinatorState
-from txn_core.producer import client, completion
+from txn_core.clients.producer import client, completion
+from txn_core.clock import system_clock
+from txn_core.format.states import CoordinatorState
 from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -91,7 +92,7 @@ def _count_ops(action: Callable[[txn_core.Log], None]) -> int:
     return len(faulty.ops)
 
 
-#: Where a decided transaction's markers are written (txn_core.producer.completion): by the committing thread
+#: Where a decided transaction's markers are written (txn_core.clients.producer.completion): by the committing thread
 #: where the store's records are fast (the memory store here), else by the background thread. The commit
 #: protocol's crash tests run both ways.
 SECOND_PHASE = {"inline": 1.0, "background": 0.0}
@@ -222,7 +223,7 @@ def _count_ops_on(make: Callable[[], Storage], action: Callable[[txn_core.Log], 
 def _two_fast_txns(log: txn_core.Log) -> None:
     """Two transactions of one producer whose records count as fast: the first one's markers are written
     before its commit returns, and the second one's begin (carrying the first one's Complete) before its
-    entries, on the committing thread (txn_core.producer.completion.FAST_RECORD_S)."""
+    entries, on the committing thread (txn_core.clients.producer.completion.FAST_RECORD_S)."""
     p = log.producer(TID, transaction_timeout_ms=10_000)
     p.init_transactions()
     p.begin_transaction()
@@ -392,8 +393,8 @@ def _decided(inner: Storage, clock: FakeClock) -> tuple[bool, bool]:
     committed = []
     for seq in range(view.next_slot):
         record = view.slots.read(seq)
-        from txn_core import envelope
         from txn_core.coordinator.actions import Prepare, Record
+        from txn_core.format import envelope
 
         key = view.slots.key(seq)
         rec = Record.from_json(envelope.decode(record, key, envelope.ObjectKind.COORDINATOR_RECORD).json(key))
@@ -512,7 +513,7 @@ ROLL_PATH = "topics/r/00000"
 def _roll_setup() -> tuple[Storage, FakeClock]:
     """A partition with committed and aborted transactions (inline rows and staged references) and plain
     rows, all decided."""
-    from txn_core import staging
+    from txn_core.partition import staging
 
     inner = MemoryStorage(f"roll-crash-{uuid.uuid4().hex}")
     clock = FakeClock(1_700_000_000_000)
@@ -525,7 +526,9 @@ def _roll_setup() -> tuple[Storage, FakeClock]:
         p.begin_transaction()
         p.send("r", pa.table({"id": [i]}), partition=0)
         batch = pa.record_batch({"id": [100 + i]}, schema=SCHEMA)
-        ref = staging.write_staged(inner, staging.staging_prefix("roller-input", i), "r", 0, [batch], SCHEMA)
+        ref = staging.write_staged(
+            inner, staging.staging_prefix("roller-input", i), "r", 0, [batch], SCHEMA, clock=system_clock
+        )
         assert ref is not None
         p.send_staged([ref])
         p.flush()
@@ -541,13 +544,13 @@ def _roll_setup() -> tuple[Storage, FakeClock]:
 
 
 def _roll_all(log: txn_core.Log) -> Any:
-    from txn_core.rolling import Roller, RollPolicy
+    from txn_core.ops.rolling import Roller, RollPolicy
 
     return Roller(log, ROLL_PATH, RollPolicy(entries=1, max_entries=5)).roll(min_age_ms=0)
 
 
 def _roll_reads(inner: Storage, clock: FakeClock) -> tuple[object, ...]:
-    from txn_core.partition import PartitionLog
+    from txn_core.partition.partition import PartitionLog
 
     out: list[object] = []
     for isolation in ("read_committed", "read_uncommitted"):
@@ -557,7 +560,7 @@ def _roll_reads(inner: Storage, clock: FakeClock) -> tuple[object, ...]:
         while (got := c.poll()).num_rows:
             rows += zip(got.column("_offset").to_pylist(), got.column("id").to_pylist(), strict=True)
         out.append(rows)
-    plog = PartitionLog(inner, ROLL_PATH)
+    plog = PartitionLog(inner, ROLL_PATH, clock=system_clock)
     tail, _end = plog.tail(refresh=True)
     out.append([plog.read_header(s) for s in range(tail)])
     return tuple(out)
@@ -565,7 +568,7 @@ def _roll_reads(inner: Storage, clock: FakeClock) -> tuple[object, ...]:
 
 def _check_rolled(inner: Storage, clock: FakeClock, before: tuple[object, ...]) -> None:
     """Readers see what they saw before; the next roll completes it; appends continue at the log end."""
-    from txn_core import paths
+    from txn_core.format import paths
 
     assert _roll_reads(inner, clock) == before
     result = _roll_all(txn_core.Log(inner, clock=clock))

@@ -21,15 +21,17 @@ from damaging import damage_segment_payload, flip_bit, segment_rows
 
 import txn_core
 from conftest import make_location
-from txn_core import partition, paths, staging
+from txn_core.clock import system_clock
 from txn_core.coordinator.txnlog import TxnStatus
-from txn_core.entry import HEADER_SIZE, EntryKind
 from txn_core.errors import ConfigurationError, DamagedEntryError, TxnLogError
-from txn_core.lost import ABORT, COMMIT, UNKNOWN
-from txn_core.maintenance import roll_segments
-from txn_core.ranges import available_end, plan_range, read_range
-from txn_core.reader import READ_COMMITTED, READ_UNCOMMITTED
-from txn_core.rolling import RollPolicy
+from txn_core.format import paths
+from txn_core.format.entry import HEADER_SIZE, EntryKind
+from txn_core.ops.maintenance import roll_segments
+from txn_core.ops.rolling import RollPolicy
+from txn_core.partition import partition, staging
+from txn_core.partition.lost import ABORT, COMMIT, UNKNOWN
+from txn_core.partition.ranges import available_end, plan_range, read_range
+from txn_core.partition.reader import READ_COMMITTED, READ_UNCOMMITTED
 
 SCHEMA = pa.schema([("x", pa.int64())])
 PATH = paths.partition_log_path("t", 0)
@@ -307,7 +309,7 @@ def test_a_roll_past_a_lost_abort_marker_keeps_the_aborted_references_staged_obj
     log = txn_core.open_log(url)
     log.create_topic("t", 1, SCHEMA)
     batch = pa.record_batch({"x": [7, 8]})
-    ref = staging.write_staged(log.storage, staging.staging_prefix("w", 1), "t", 0, [batch], SCHEMA)
+    ref = staging.write_staged(log.storage, staging.staging_prefix("w", 1), "t", 0, [batch], SCHEMA, clock=system_clock)
     assert ref is not None
     producer = log.producer("sink")
     producer.init_transactions()
@@ -368,8 +370,12 @@ def test_a_roll_past_a_lost_abort_marker_drops_rows_whose_staged_object_is_gone(
     log = txn_core.open_log(url)
     log.create_topic("t", 1, SCHEMA)
     prefix = staging.staging_prefix("w", 1)
-    aborted = staging.write_staged(log.storage, prefix, "t", 0, [pa.record_batch({"x": [7, 8]})], SCHEMA)
-    committed = staging.write_staged(log.storage, prefix, "t", 0, [pa.record_batch({"x": [9]})], SCHEMA)
+    aborted = staging.write_staged(
+        log.storage, prefix, "t", 0, [pa.record_batch({"x": [7, 8]})], SCHEMA, clock=system_clock
+    )
+    committed = staging.write_staged(
+        log.storage, prefix, "t", 0, [pa.record_batch({"x": [9]})], SCHEMA, clock=system_clock
+    )
     assert aborted is not None and committed is not None
     producer = log.producer("sink")
     producer.init_transactions()

@@ -1,4 +1,4 @@
-"""Where a producer writes its markers and its begin (``txn_core.producer.completion``, PROTOCOL.md
+"""Where a producer writes its markers and its begin (``txn_core.clients.producer.completion``, PROTOCOL.md
 "Transactions"): on its own thread where its records are cheaper than a hand-off to another thread
 (``FAST_RECORD_S``), in the background (markers) and overlapped with the first entries (begin) where they
 cost a round trip. Either way the decision is durable before the markers, and the Complete record is
@@ -18,10 +18,10 @@ import pytest
 from test_overlapped_begin import _record_overlaps
 
 import txn_core
-from txn_core.coordinator.states import CoordinatorState
-from txn_core.entry import EntryKind
+from txn_core.clients.producer import completion
 from txn_core.errors import StorageError
-from txn_core.producer import completion
+from txn_core.format.entry import EntryKind
+from txn_core.format.states import CoordinatorState
 from txn_core.storage import MemoryStorage, Storage
 from txn_core.storage.base import Chunks, DelegatingStorage
 

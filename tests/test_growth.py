@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 import txn_core
-from txn_core import paths
-from txn_core.entry import EntryKind, crc32, encode_arrow
-from txn_core.producer_state import PRODUCER_STATE_RETENTION_MS
+from txn_core.format import paths
+from txn_core.format.entry import EntryKind, crc32, encode_arrow
+from txn_core.partition.sequences import PRODUCER_STATE_RETENTION_MS
 
 SCHEMA = pa.schema([("x", pa.int64())])
 HOUR = 3600 * 1000
@@ -131,8 +131,8 @@ def test_snapshots_stop_growing_under_10000_one_shot_transactional_writers(monke
     transactions cross them. Both snapshot objects grow for the first week, then stop."""
     from fakeclock import FakeClock
 
-    from txn_core import snapshots
     from txn_core.coordinator import txnlog
+    from txn_core.partition import snapshots
 
     monkeypatch.setattr(txnlog, "RECENT_OUTCOMES", 1_000)
     monkeypatch.setattr(snapshots, "ENDED_KEPT", 1_000)

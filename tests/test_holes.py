@@ -20,13 +20,15 @@ from test_damage import ENTRIES, PATH, SCHEMA, build, consume, lost_warnings, ra
 
 import txn_core
 from conftest import make_location
-from txn_core import partition, paths
-from txn_core.entry import EntryKind
+from txn_core.clock import system_clock
 from txn_core.errors import CorruptDataError, DamagedEntryError
-from txn_core.partition import PartitionLog
-from txn_core.ranges import available_end, plan_range, read_range
-from txn_core.reader import READ_COMMITTED
-from txn_core.slotlog import SlotLog
+from txn_core.format import paths
+from txn_core.format.entry import EntryKind
+from txn_core.format.slotlog import SlotLog
+from txn_core.partition import partition
+from txn_core.partition.partition import PartitionLog
+from txn_core.partition.ranges import available_end, plan_range, read_range
+from txn_core.partition.reader import READ_COMMITTED
 from txn_core.storage import MemoryStorage
 
 HOLE = 2  # of the ENTRIES entries test_damage.build writes: entry n holds offsets (and values) 2n, 2n + 1
@@ -175,10 +177,10 @@ def test_another_entry_copied_over_a_slot_stops_readers_naming_it(where: str) ->
 def test_an_appender_whose_cached_tail_is_behind_steps_over_a_hole() -> None:
     """It lost the race for its cached slot: stepping on, it must not take the missing slot after the winner."""
     storage = MemoryStorage(uuid.uuid4().hex)
-    a = PartitionLog(storage, "p")
+    a = PartitionLog(storage, "p", clock=system_clock)
     for _ in range(2):
         a.append(EntryKind.DATA, [b"x"], 1, 0, 2)  # a's tail: slot 2, offset 4
-    b = PartitionLog(storage, "p")
+    b = PartitionLog(storage, "p", clock=system_clock)
     for _ in range(4):
         b.append(EntryKind.DATA, [b"x"], 1, 0, 2)  # slots 2..5, offsets 4..11
     storage.delete(a.entries.key(3))
@@ -243,8 +245,8 @@ def test_a_slot_retention_removes_while_it_is_looked_at_is_not_a_hole(monkeypatc
     log start and deletes that segment in between. A later segment is still listed, which makes a missing
     slot a hole: the log start must be read again after the failed open, or a slot retention removed is
     reported as damage (``damaged`` lists it, ``mark_lost`` accepts it, a planned read fails on it)."""
-    from txn_core.maintenance import apply_retention, roll_segments
-    from txn_core.rolling import RollPolicy
+    from txn_core.ops.maintenance import apply_retention, roll_segments
+    from txn_core.ops.rolling import RollPolicy
 
     url = f"memory://{uuid.uuid4().hex}"
     log = txn_core.open_log(url)

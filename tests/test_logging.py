@@ -18,10 +18,11 @@ from fakeclock import FakeClock
 from faults import FaultyStorage
 
 import txn_core
-from txn_core import ProducerFencedError, TxnLogError, paths
+from txn_core import ProducerFencedError, TxnLogError
 from txn_core.errors import RetryableStorageError
+from txn_core.format import paths
 from txn_core.logs import get_logger, parse_levels
-from txn_core.maintenance import compact_transaction_log, take_snapshots
+from txn_core.ops.maintenance import compact_transaction_log, take_snapshots
 from txn_core.storage.base import create_resolving
 from txn_core.storage.memory import MemoryStorage
 
@@ -49,7 +50,7 @@ def run(script: str, *args: str, level: str | None) -> subprocess.CompletedProce
 
 
 def test_module_loggers_live_under_txnlog() -> None:
-    assert get_logger("txn_core.snapshots").name == "txnlog.snapshots"
+    assert get_logger("txn_core.partition.snapshots").name == "txnlog.snapshots"
     assert get_logger("spark_txn_sink.commit").name == "txnlog.spark.sink"
     assert get_logger("spark_txn_source.planning").name == "txnlog.spark.source"
     assert get_logger("txnlog.coordinator").name == "txnlog.coordinator"

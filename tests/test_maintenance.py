@@ -17,11 +17,14 @@ from fakeclock import FakeClock
 
 import txn_core
 from conftest import make_location
-from txn_core import maintenance, paths, staging
-from txn_core.entry import EntryKind
+from txn_core.clock import system_clock
 from txn_core.errors import ConfigurationError, DataLossError
-from txn_core.partition import PartitionLog
-from txn_core.rolling import BackgroundRoller, RollPolicy
+from txn_core.format import paths
+from txn_core.format.entry import EntryKind
+from txn_core.ops import maintenance
+from txn_core.ops.rolling import BackgroundRoller, RollPolicy
+from txn_core.partition import staging
+from txn_core.partition.partition import PartitionLog
 from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -106,7 +109,7 @@ def test_a_reader_behind_retention_gets_data_loss_not_silence(storage: Storage) 
     log.create_topic("t", 1, SCHEMA, retention_ms=1)
     _entries(log, clock, 6)
     reader = txn_core.Log(log.storage, clock=clock)
-    c = txn_core.consumer.Consumer(reader, window_bytes=1)  # reads one entry ahead at most
+    c = txn_core.clients.consumer.Consumer(reader, window_bytes=1)  # reads one entry ahead at most
     c.assign([("t", 0)])
     assert c.poll().column("id").to_pylist() == [0]
     assert c.poll().column("id").to_pylist() == [1]
@@ -157,8 +160,8 @@ def test_staged_objects_nobody_references_are_swept(storage: Storage) -> None:
     log.create_topic("t", 1, SCHEMA)
     prefix = staging.staging_prefix("owner", 1)
     batch = pa.record_batch({"id": [1, 2]})
-    kept = staging.write_staged(log.storage, prefix, "t", 0, [batch], SCHEMA, tag="a")
-    orphan = staging.write_staged(log.storage, prefix, "t", 0, [batch], SCHEMA, tag="b")
+    kept = staging.write_staged(log.storage, prefix, "t", 0, [batch], SCHEMA, tag="a", clock=system_clock)
+    orphan = staging.write_staged(log.storage, prefix, "t", 0, [batch], SCHEMA, tag="b", clock=system_clock)
     assert kept is not None and orphan is not None
     p = log.producer("st")
     p.init_transactions()
@@ -178,7 +181,9 @@ def _staged_committer(log: txn_core.Log) -> tuple[txn_core.Producer, Callable[[i
 
     def commit(i: int) -> None:
         batch = pa.record_batch({"id": [i]})
-        ref = staging.write_staged(log.storage, staging.staging_prefix("w", i), "t", 0, [batch], SCHEMA)
+        ref = staging.write_staged(
+            log.storage, staging.staging_prefix("w", i), "t", 0, [batch], SCHEMA, clock=system_clock
+        )
         assert ref is not None
         p.begin_transaction()
         p.send_staged([ref])
@@ -260,7 +265,13 @@ def test_the_sweep_keeps_the_staged_objects_of_a_partition_with_an_entry_marked_
     )
     txn_core.Log(log.storage, clock=clock).mark_lost("t", 0, slot, reason="bit rot")
     orphan = staging.write_staged(
-        log.storage, staging.staging_prefix("w", "x"), "t", 0, [pa.record_batch({"id": [9]})], SCHEMA
+        log.storage,
+        staging.staging_prefix("w", "x"),
+        "t",
+        0,
+        [pa.record_batch({"id": [9]})],
+        SCHEMA,
+        clock=system_clock,
     )
     assert orphan is not None
     assert maintenance.sweep_staging(log, older_than_ms=0, now_ms=10**15, check_min_age=False) == 0
@@ -294,12 +305,14 @@ def test_a_fresh_process_sees_counts_and_sizes_after_retention(storage: Storage)
 
 
 def test_read_uncommitted_skips_aborted_staged_data_that_cleanup_removed(storage: Storage) -> None:
-    from txn_core.ranges import plan_range, read_range
+    from txn_core.partition.ranges import plan_range, read_range
 
     log = txn_core.Log(storage)
     log.create_topic("t", 1, SCHEMA)
     prefix = staging.staging_prefix("o", 1)
-    ref = staging.write_staged(log.storage, prefix, "t", 0, [pa.record_batch({"id": [1, 2]})], SCHEMA)
+    ref = staging.write_staged(
+        log.storage, prefix, "t", 0, [pa.record_batch({"id": [1, 2]})], SCHEMA, clock=system_clock
+    )
     assert ref is not None
     p = log.producer("s")
     p.init_transactions()

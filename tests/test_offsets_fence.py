@@ -10,7 +10,7 @@ import pytest
 
 import txn_core
 from txn_core import GroupFencedError, InvalidTxnStateError, ProducerFencedError, TopicPartition
-from txn_core.offsets_fence import claims_prefix
+from txn_core.clients.offsets_fence import claims_prefix
 from txn_core.storage import MemoryStorage
 
 SCHEMA = pa.schema([("id", pa.int64())])

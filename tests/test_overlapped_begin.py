@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 
 import txn_core
+from txn_core.clients.producer import client, completion
 from txn_core.errors import CommitFailedError, CompletionFailedError, StorageError
-from txn_core.ids import TxnId
-from txn_core.producer import client, completion
+from txn_core.format.ids import TxnId
 from txn_core.storage import open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from txn_core.parallel import in_pool_thread, inline_leaves, parallel_map, submit
+from txn_core.storage.parallel import in_pool_thread, inline_leaves, parallel_map, submit
 
 
 def test_results_keep_input_order_and_calls_overlap() -> None:

@@ -12,10 +12,11 @@ import pytest
 import workers
 
 import txn_core
-from txn_core import paths
-from txn_core.entry import HEADER_SIZE, EntryKind, crc32, decode_header, encode_arrow
+from txn_core.clock import system_clock
 from txn_core.errors import CorruptDataError
-from txn_core.partition import PartitionLog
+from txn_core.format import paths
+from txn_core.format.entry import HEADER_SIZE, EntryKind, crc32, decode_header, encode_arrow
+from txn_core.partition.partition import PartitionLog
 from txn_core.storage import MemoryStorage
 
 
@@ -26,7 +27,7 @@ def _append(plog: PartitionLog, n: int) -> int:
 
 
 def test_offsets_are_dense_across_entries_and_markers() -> None:
-    plog = PartitionLog(MemoryStorage(uuid.uuid4().hex), "topics/t/00000")
+    plog = PartitionLog(MemoryStorage(uuid.uuid4().hex), "topics/t/00000", clock=system_clock)
     assert _append(plog, 5) == 0
     assert _append(plog, 3) == 5
     marker = b'{"outcome":"COMMIT"}'
@@ -38,10 +39,10 @@ def test_offsets_are_dense_across_entries_and_markers() -> None:
 
 def test_a_second_log_object_discovers_the_tail_without_listing() -> None:
     storage = MemoryStorage(uuid.uuid4().hex)
-    a = PartitionLog(storage, "topics/t/00000")
+    a = PartitionLog(storage, "topics/t/00000", clock=system_clock)
     for i in range(37):
         _append(a, i + 1)
-    b = PartitionLog(storage, "topics/t/00000")
+    b = PartitionLog(storage, "topics/t/00000", clock=system_clock)
     assert b.tail() == a.tail() == (37, sum(range(1, 38)))
     assert _append(b, 4) == sum(range(1, 38))
     assert a.end_offset() == sum(range(1, 38)) + 4  # a follows b's append
@@ -49,7 +50,7 @@ def test_a_second_log_object_discovers_the_tail_without_listing() -> None:
 
 def test_two_appenders_in_one_process_interleave_without_collisions() -> None:
     storage = MemoryStorage(uuid.uuid4().hex)
-    a, b = PartitionLog(storage, "p"), PartitionLog(storage, "p")
+    a, b = PartitionLog(storage, "p", clock=system_clock), PartitionLog(storage, "p", clock=system_clock)
     got = [_append(a if i % 3 else b, 2) for i in range(30)]
     assert sorted(got) == list(range(0, 60, 2))
 
@@ -57,15 +58,15 @@ def test_two_appenders_in_one_process_interleave_without_collisions() -> None:
 @pytest.mark.parametrize("offset", [0, 1, 4, 5, 17, 44])
 def test_slot_for_offset_finds_the_containing_entry(offset: int) -> None:
     storage = MemoryStorage(uuid.uuid4().hex)
-    _ = [_append(PartitionLog(storage, "p"), 5) for _ in range(9)]
-    fresh = PartitionLog(storage, "p")
+    _ = [_append(PartitionLog(storage, "p", clock=system_clock), 5) for _ in range(9)]
+    fresh = PartitionLog(storage, "p", clock=system_clock)
     slot = fresh.slot_for_offset(offset)
     h = fresh.read_header(slot)
     assert h.base_offset <= offset < h.next_offset
 
 
 def test_slot_for_offset_out_of_range() -> None:
-    plog = PartitionLog(MemoryStorage(uuid.uuid4().hex), "p")
+    plog = PartitionLog(MemoryStorage(uuid.uuid4().hex), "p", clock=system_clock)
     _append(plog, 3)
     assert plog.slot_for_offset(3) == 1  # the end maps to the next free slot
     with pytest.raises(txn_core.OffsetOutOfRangeError):
@@ -169,7 +170,7 @@ def test_header_decoder_rejects_unknown_versions() -> None:
     data[4] = 9  # version
     import struct
 
-    from txn_core.checksum import crc32c
+    from txn_core.format.checksum import crc32c
 
     data[124:128] = struct.pack("<I", crc32c(bytes(data[:124])))
     with pytest.raises(CorruptDataError, match="version 9"):
@@ -177,7 +178,7 @@ def test_header_decoder_rejects_unknown_versions() -> None:
 
 
 def test_a_long_lived_process_remembers_a_bounded_number_of_entries(monkeypatch: pytest.MonkeyPatch) -> None:
-    from txn_core import partition as partition_module
+    from txn_core.partition import partition as partition_module
 
     monkeypatch.setattr(partition_module, "INDEX_MAX_ENTRIES", 8)
     log = txn_core.open_log(f"memory://{uuid.uuid4().hex}")

@@ -1,4 +1,4 @@
-"""Pipelined appends (``txn_core.appendchain``): a second append of this process to a partition writes its
+"""Pipelined appends (``txn_core.partition.appendchain``): a second append of this process to a partition writes its
 bytes while the first is in flight, and becomes visible only after the first landed. Whatever happens to the
 first (it lands, loses its slot to another process, fails, the process dies), no slot is ever missing below
 a present one and offsets stay dense."""
@@ -16,9 +16,10 @@ import pyarrow as pa
 import pytest
 from faults import FaultyStorage, SimulatedCrash
 
-from txn_core.entry import EntryKind, crc32, encode_arrow
+from txn_core.clock import system_clock
 from txn_core.errors import RetryableStorageError, StorageError
-from txn_core.partition import AppendResult, PartitionLog
+from txn_core.format.entry import EntryKind, crc32, encode_arrow
+from txn_core.partition.partition import AppendResult, PartitionLog
 from txn_core.storage.base import Chunks, Storage
 from txn_core.storage.local import LocalStorage
 
@@ -85,7 +86,7 @@ def _slot_name(slot: int) -> str:
 def _check_dense(storage: Storage) -> list[tuple[int, int]]:
     """``(base offset, record count)`` of every entry, read by a fresh log object: no slot missing below the
     tail, each entry beginning where the one before it ends."""
-    fresh = PartitionLog(storage, PATH)
+    fresh = PartitionLog(storage, PATH, clock=system_clock)
     slot_end, end = fresh.tail(refresh=True)
     out, expected = [], 0
     for slot in range(slot_end):
@@ -99,7 +100,7 @@ def _check_dense(storage: Storage) -> list[tuple[int, int]]:
 
 def test_a_second_append_is_written_while_the_first_is_in_flight_and_shows_after_it(tmp_path: Path) -> None:
     storage = HeldStorage(tmp_path, _slot_name(0))
-    plog = PartitionLog(storage, PATH)
+    plog = PartitionLog(storage, PATH, clock=system_clock)
     with ThreadPoolExecutor(2) as pool:
         # The second append reaches the store (its bytes are being written) while the first one is held...
         first, second = _second_behind_first(pool, storage, plog)
@@ -118,7 +119,7 @@ def test_when_the_first_append_fails_the_second_never_shows_at_its_slot_and_land
     tmp_path: Path,
 ) -> None:
     storage = HeldStorage(tmp_path, _slot_name(0), then=_refuse)
-    plog = PartitionLog(storage, PATH)
+    plog = PartitionLog(storage, PATH, clock=system_clock)
     with ThreadPoolExecutor(2) as pool:
         first, second = _second_behind_first(pool, storage, plog)
         storage.release.set()
@@ -136,9 +137,9 @@ def test_when_another_process_takes_the_first_appends_slot_both_move_past_it_wit
 ) -> None:
     """The first append loses slot 0 to another process's entry of 7 records: the second one, claimed at
     slot 1 with offsets that assumed the first's 3 records, must not land there with them."""
-    other = PartitionLog(LocalStorage(str(tmp_path)), PATH)
+    other = PartitionLog(LocalStorage(str(tmp_path)), PATH, clock=system_clock)
     storage = HeldStorage(tmp_path, _slot_name(0), then=lambda: _append(other, 7))
-    plog = PartitionLog(storage, PATH)
+    plog = PartitionLog(storage, PATH, clock=system_clock)
     with ThreadPoolExecutor(2) as pool:
         first, second = _second_behind_first(pool, storage, plog)
         storage.release.set()
@@ -154,7 +155,7 @@ def test_a_crash_at_the_first_append_leaves_no_slot_missing_below_a_present_one(
     second is claimed behind it: the store holds a prefix of the chain, never the second without the first."""
     held = HeldStorage(tmp_path, _slot_name(0))
     faulty = FaultyStorage(held, landed=landed)
-    plog = PartitionLog(faulty, PATH)
+    plog = PartitionLog(faulty, PATH, clock=system_clock)
     # The first operation of a fresh log object is the tail search; learn the tail first, then crash at the
     # first create.
     plog.tail()
@@ -174,7 +175,10 @@ def test_a_crash_at_the_first_append_leaves_no_slot_missing_below_a_present_one(
 
 def test_many_threads_and_another_process_append_at_once_without_holes_or_duplicates(tmp_path: Path) -> None:
     storage = LocalStorage(str(tmp_path))
-    ours, theirs = PartitionLog(storage, PATH), PartitionLog(LocalStorage(str(tmp_path)), PATH)
+    ours, theirs = (
+        PartitionLog(storage, PATH, clock=system_clock),
+        PartitionLog(LocalStorage(str(tmp_path)), PATH, clock=system_clock),
+    )
     sizes = {}
 
     def work(i: int) -> None:
@@ -220,8 +224,8 @@ def test_failures_anywhere_in_a_chain_lose_no_landed_append_and_show_no_failed_o
     """Threads of one process append through a store that refuses creates at random while another process
     appends too: every append that returned is in the log once, at the offsets it reported; every one that
     raised is absent; no slot is missing below a present one."""
-    ours = PartitionLog(FlakyStorage(tmp_path, seed), PATH)
-    theirs = PartitionLog(LocalStorage(str(tmp_path)), PATH)
+    ours = PartitionLog(FlakyStorage(tmp_path, seed), PATH, clock=system_clock)
+    theirs = PartitionLog(LocalStorage(str(tmp_path)), PATH, clock=system_clock)
     landed: dict[int, int] = {}
     failed = 0
     lock = threading.Lock()
@@ -265,7 +269,7 @@ def test_an_append_refused_before_its_gate_was_asked_still_waits_for_the_one_ahe
     once, and the append ahead then failed: a hole below a landed append."""
 
     storage = RetryFirstStorage(tmp_path, _slot_name(0), then=_refuse)
-    plog = PartitionLog(storage, PATH)
+    plog = PartitionLog(storage, PATH, clock=system_clock)
     with ThreadPoolExecutor(2) as pool:
         first, second = _second_behind_first(pool, storage, plog)
         threading.Event().wait(0.2)  # the retry's backoff is over
@@ -281,7 +285,7 @@ def test_an_append_refused_before_its_gate_was_asked_still_waits_for_the_one_ahe
 def test_an_append_that_fails_before_its_create_holds_up_no_later_append(tmp_path: Path) -> None:
     """A header that cannot be encoded (a sequence past the 32-bit field) fails its append; it used to leave
     its claim unsettled, and every later append of the process waited for it for ever."""
-    plog = PartitionLog(LocalStorage(str(tmp_path)), PATH)
+    plog = PartitionLog(LocalStorage(str(tmp_path)), PATH, clock=system_clock)
     view = memoryview(encode_arrow([pa.record_batch({"id": [1]})], pa.schema([("id", pa.int64())])))
     with pytest.raises(struct.error):
         plog.append(EntryKind.DATA, [view], len(view), crc32(view), 1, producer_id=1, base_sequence=2**31)

@@ -14,8 +14,9 @@ import pytest
 from faults import FaultyStorage
 
 import txn_core
-from txn_core import paths, staging
-from txn_core.entry import EntryKind, crc32, encode_arrow
+from txn_core.clients.producer.client import SEQUENCE_LIMIT
+from txn_core.clients.routing import partition_for
+from txn_core.clock import system_clock
 from txn_core.errors import (
     ConfigurationError,
     OutOfOrderSequenceError,
@@ -23,8 +24,9 @@ from txn_core.errors import (
     TransactionTooLargeError,
     UnknownOutcomeError,
 )
-from txn_core.producer.client import SEQUENCE_LIMIT
-from txn_core.routing import partition_for
+from txn_core.format import paths
+from txn_core.format.entry import EntryKind, crc32, encode_arrow
+from txn_core.partition import staging
 from txn_core.storage import MemoryStorage
 
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
@@ -349,6 +351,7 @@ def _staged(log: txn_core.Log, ids: list[int], partition: int) -> staging.Staged
         partition,
         [pa.record_batch({"id": ids, "key": ["s"] * len(ids)}, schema=SCHEMA)],
         SCHEMA,
+        clock=system_clock,
     )
     assert ref is not None
     return ref

@@ -22,9 +22,9 @@ from txn_core.coordinator.actions import (
     Withdraw,
     action_from_json,
 )
-from txn_core.coordinator.states import COORDINATOR_TRANSITIONS, CoordinatorState
 from txn_core.errors import CorruptDataError
-from txn_core.ids import TxnId
+from txn_core.format.ids import TxnId
+from txn_core.format.states import COORDINATOR_TRANSITIONS, CoordinatorState
 
 PROTOCOL = (Path(__file__).resolve().parent.parent / "txn_core" / "PROTOCOL.md").read_text()
 

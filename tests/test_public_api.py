@@ -36,8 +36,14 @@ def test_the_spark_source_imports_no_writer_admin_or_subscription_code() -> None
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     loaded = set(json.loads(out.stdout))
-    assert "txn_core.reader" in loaded and "txn_core.ranges" in loaded  # the check sees what it should
-    writing = {"txn_core.producer", "txn_core.admin", "txn_core.consumer", "txn_core.subscriptions", "txn_core.apptxn"}
+    assert {"txn_core.partition.reader", "txn_core.partition.ranges"} <= loaded  # the check sees what it should
+    writing = {
+        "txn_core.clients.producer",
+        "txn_core.ops.admin",
+        "txn_core.clients.consumer",
+        "txn_core.clients.subscriptions",
+        "txn_core.clients.apptxn",
+    }
     assert not loaded & writing, sorted(loaded & writing)
 
 
@@ -46,7 +52,7 @@ def test_the_read_path_loads_the_crc32c_function_without_the_package_init() -> N
     every fresh process: each Spark worker, each query's driver process, each CLI command)."""
     code = (
         "import json, sys\n"
-        "import spark_txn_source.reader, txn_core.entry\n"
+        "import spark_txn_source.reader, txn_core.format.entry\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('crc32c', 'argparse', 'email'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

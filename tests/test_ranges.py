@@ -1,5 +1,5 @@
-"""Reading planned offset ranges without the coordinator (txn_core.ranges) and finding offsets by time
-(txn_core.timeindex).
+"""Reading planned offset ranges without the coordinator (txn_core.partition.ranges) and finding offsets by time
+(txn_core.partition.timeindex).
 
 The oracle is the core consumer: for every range below the last stable offset, ``read_range`` of the planned
 range must deliver exactly the records a read_committed ``PartitionReader`` delivers for those offsets.
@@ -15,13 +15,13 @@ import pyarrow as pa
 import pytest
 
 import txn_core
-from txn_core import paths
-from txn_core.entry import EntryKind, crc32, encode_arrow
 from txn_core.errors import DataLossError, TxnLogError
-from txn_core.ranges import available_end, plan_range, read_range, split_range
-from txn_core.reader import READ_COMMITTED, READ_UNCOMMITTED, PartitionReader
+from txn_core.format import paths
+from txn_core.format.entry import EntryKind, crc32, encode_arrow
+from txn_core.partition.ranges import available_end, plan_range, read_range, split_range
+from txn_core.partition.reader import READ_COMMITTED, READ_UNCOMMITTED, PartitionReader
+from txn_core.partition.timeindex import offset_for_timestamp
 from txn_core.storage import MemoryStorage
-from txn_core.timeindex import offset_for_timestamp
 
 SCHEMA = pa.schema([("id", pa.int64())])
 PATH = paths.partition_log_path("t", 0)
@@ -228,7 +228,7 @@ def test_entries_removed_by_retention_are_data_loss_unless_accepted() -> None:
     state = log.partition_state(PATH, shared=False)
     rng = plan_range(state, "t", 0, 0, 8, READ_COMMITTED)
     # Retention: a new log start at slot 2 / offset 4, and the first two entries deleted.
-    from txn_core import envelope
+    from txn_core.format import envelope
 
     envelope.create_json(
         log.storage, paths.log_start(PATH) + paths.slot_name(2), envelope.ObjectKind.LOG_START, {"slot": 2, "offset": 4}
@@ -290,7 +290,7 @@ def _twenty_transactions(monkeypatch: pytest.MonkeyPatch) -> CountingStorage:
     """A partition of 20 entries of 50 records (ids 0-999), each followed by its commit marker: the markers
     are written by the committing thread (a loaded machine could otherwise measure the memory store's records
     as slow, leave them to the background thread, and a marker could follow the next transaction's entry)."""
-    from txn_core.producer import completion
+    from txn_core.clients.producer import completion
 
     monkeypatch.setattr(completion, "FAST_RECORD_S", 1.0)
     storage = CountingStorage()

@@ -20,8 +20,8 @@ import pytest
 
 import txn_core
 from txn_core.errors import StorageError, TxnLogError
-from txn_core.ranges import available_end, plan_range, read_range
-from txn_core.reader import READ_COMMITTED
+from txn_core.partition.ranges import available_end, plan_range, read_range
+from txn_core.partition.reader import READ_COMMITTED
 from txn_core.storage.base import DelegatingStorage, Storage
 
 SCHEMA = pa.schema([("id", pa.int64())])

@@ -21,22 +21,22 @@ from hypothesis import strategies as st
 from latency_storage import DelayedStorage
 
 import txn_core
-from txn_core import envelope, paths
 from txn_core.coordinator.actions import Begin, Prepare, Record
 from txn_core.coordinator.service import coordinator_for
-from txn_core.coordinator.states import CoordinatorState
 from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
 from txn_core.errors import ConfigurationError, CorruptDataError, InvalidNameError, ObjectNotFoundError
-from txn_core.ids import TxnId
-from txn_core.ranges import available_end, plan_range
-from txn_core.readahead import ReadAhead
-from txn_core.reader import READ_COMMITTED
-from txn_core.slotlog import SlotLog
-from txn_core.snapshots import SNAPSHOT_EVERY_ENTRIES
+from txn_core.format import envelope, paths
+from txn_core.format.ids import TxnId
+from txn_core.format.slotlog import SlotLog
+from txn_core.format.states import CoordinatorState
+from txn_core.partition.ranges import available_end, plan_range
+from txn_core.partition.readahead import ReadAhead
+from txn_core.partition.reader import READ_COMMITTED
+from txn_core.partition.snapshots import SNAPSHOT_EVERY_ENTRIES
+from txn_core.partition.timeindex import offset_for_timestamp
 from txn_core.storage import MemoryStorage, ObjectStoreStorage, open_storage
 from txn_core.storage.base import Storage
 from txn_core.storage.obstore_s3 import ObstoreS3Storage, obstore_config
-from txn_core.timeindex import offset_for_timestamp
 
 SCHEMA = pa.schema([("id", pa.int64())])
 

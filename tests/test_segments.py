@@ -21,15 +21,18 @@ import pytest
 from fakeclock import FakeClock
 
 import txn_core
-from txn_core import maintenance, paths, staging
+from txn_core.clock import system_clock
 from txn_core.errors import CorruptDataError, DataLossError
-from txn_core.partition import PartitionLog
-from txn_core.ranges import plan_range, read_range, split_range
-from txn_core.rolling import Roller, RollPolicy
-from txn_core.segment import Form
+from txn_core.format import paths
+from txn_core.format.segment import Form
+from txn_core.ops import maintenance
+from txn_core.ops.rolling import Roller, RollPolicy
+from txn_core.partition import staging
+from txn_core.partition.partition import PartitionLog
+from txn_core.partition.ranges import plan_range, read_range, split_range
+from txn_core.partition.timeindex import offset_for_timestamp
 from txn_core.storage import MemoryStorage, Storage, open_storage
 from txn_core.storage.base import DelegatingStorage
-from txn_core.timeindex import offset_for_timestamp
 
 SCHEMA = pa.schema([("id", pa.int64())])
 PATH = paths.partition_log_path("t", 0)
@@ -61,6 +64,7 @@ def _history(log: txn_core.Log, clock: FakeClock, txns: int = 40, start: int = 0
                 0,
                 [pa.record_batch({"id": [i + 200_000]}, schema=SCHEMA)],
                 SCHEMA,
+                clock=system_clock,
             )
             assert ref is not None
             p.send_staged([ref])
@@ -103,7 +107,7 @@ def _read(storage: Storage, clock: FakeClock, isolation: str = "read_committed")
 
 
 def _headers(storage: Storage) -> list[Any]:
-    plog = PartitionLog(storage, PATH)
+    plog = PartitionLog(storage, PATH, clock=system_clock)
     tail, _ = plog.tail(refresh=True)
     return [plog.read_header(s) for s in range(plog.log_start(refresh=True).slot, tail)]
 
@@ -154,13 +158,13 @@ def test_staged_rows_are_inlined_and_only_committed_ones_lose_their_staged_objec
     # the staged objects of aborted references stay (a later commit may name the same objects)
     assert [_staged_id(storage, k) for k in _staged(storage)] == aborted_refs[1:]
     assert _everything(storage, clock) == before
-    forms = list(PartitionLog(storage, PATH).segments.open(0).forms())
+    forms = list(PartitionLog(storage, PATH, clock=system_clock).segments.open(0).forms())
     assert forms.count(Form.INLINED) == len(committed_refs)
     assert (forms.count(Form.HIDDEN), forms.count(Form.DROPPED)) == (1, 1)
 
 
 def _staged_id(storage: Storage, key: str) -> int:
-    from txn_core.entry import decode_arrow, decode_header, verify_payload
+    from txn_core.format.entry import decode_arrow, decode_header, verify_payload
 
     data = storage.read(key)
     return int(decode_arrow(verify_payload(decode_header(data, key), data, key), key).column("id")[0].as_py())
@@ -260,13 +264,13 @@ def test_a_loose_reference_read_just_before_cleanup_is_read_from_the_segment(sto
     entry = plog.read_entry(committed[0])  # the loose entry, before the roll
     assert entry.inlined is None
     _roll(storage, clock, RollPolicy(entries=1))  # deletes the staged object and the loose entry
-    from txn_core.records import entry_table
+    from txn_core.partition.records import entry_table
 
     assert entry_table(storage, entry).column("id").to_pylist() == [200_000]
 
 
 def _read_one(plog: PartitionLog, slot: int) -> Any:
-    from txn_core.records import StagedDataMissingError, entry_table
+    from txn_core.partition.records import StagedDataMissingError, entry_table
 
     try:
         return entry_table(plog.storage, plog.read_entry(slot))
@@ -287,7 +291,7 @@ def test_range_plans_splits_and_reads_are_the_same_over_segments(storage: Storag
         for isolation, end in ends.items():
             rng = plan_range(state, "t", 0, 3, end, isolation)
             for piece in split_range(plog, rng, 5):
-                rows = pa.Table.from_batches(list(read_range(PartitionLog(storage, PATH), piece)))
+                rows = pa.Table.from_batches(list(read_range(PartitionLog(storage, PATH, clock=system_clock), piece)))
                 out.append(list(zip(rows.column("_offset").to_pylist(), rows.column("id").to_pylist(), strict=True)))
         return out
 
@@ -302,8 +306,8 @@ def test_buffer_rebuilds_time_lookups_and_dumps_are_the_same_over_segments(stora
     def facts() -> tuple[object, ...]:
         fresh = _log(storage, clock)
         plog = fresh.partition_log(PATH)
-        state = txn_core.reader.PartitionState(plog, fresh.coordinator.resolve, write_snapshots=False)
-        state._buffer = txn_core.buffer.TxnBuffer(0, 0)
+        state = txn_core.partition.reader.PartitionState(plog, fresh.coordinator.resolve, write_snapshots=False)
+        state._buffer = txn_core.partition.buffer.TxnBuffer(0, 0)
         state.scan_to_end()
         b = state.buffer
         times = [offset_for_timestamp(plog, T0 + k * 2_500) for k in range(0, 20)]
@@ -349,10 +353,10 @@ def test_retention_deletes_whole_segments_and_readers_start_at_the_log_start(sto
     result = maintenance.apply_retention(_log(storage, clock), "t", retention_ms=1, min_age_ms=0, check_min_age=False)[
         0
     ]
-    start_slot = PartitionLog(storage, PATH).log_start(refresh=True).slot
+    start_slot = PartitionLog(storage, PATH, clock=system_clock).log_start(refresh=True).slot
     for name in segments:
         gone = name not in _segments(storage)
-        end = PartitionLog(storage, PATH).segments.end_of(int(name)) if not gone else None
+        end = PartitionLog(storage, PATH, clock=system_clock).segments.end_of(int(name)) if not gone else None
         assert gone or (end is not None and end > start_slot)
         kept += not gone
     assert result.new_start > 0 and kept < len(segments)
@@ -381,7 +385,7 @@ def test_two_rollers_of_one_range_create_one_segment_and_agree(storage: Storage)
     assert results[0].chain_end == results[1].chain_end
     assert sum(r.segments for r in results) == len(_segments(storage))
     firsts = sorted(int(n) for n in _segments(storage))
-    catalog = PartitionLog(storage, PATH).segments
+    catalog = PartitionLog(storage, PATH, clock=system_clock).segments
     assert all(catalog.end_of(a) == b for a, b in itertools.pairwise(firsts))  # a chain, no overlap
     _roll(storage, clock)  # cleanup
     assert _everything(storage, clock) == before
@@ -478,9 +482,9 @@ class _KeyLog(DelegatingStorage):
 def test_read_ahead_recovers_from_a_failed_read_with_a_segment_span_planned_behind_it() -> None:
     """A loose read fails while the read behind it spans a segment being opened: the failure is raised at
     its own slot, and the next call reads again from there (no read is left half-planned)."""
-    from txn_core.entry import EntryHeader, EntryKind
     from txn_core.errors import ObjectNotFoundError
-    from txn_core.readahead import HeaderReadAhead
+    from txn_core.format.entry import EntryHeader, EntryKind
+    from txn_core.partition.readahead import HeaderReadAhead
 
     class Plan:
         def plan(self, slot: int, max_slots: int, max_bytes: int) -> tuple[int, bool]:
@@ -516,10 +520,10 @@ def test_a_damaged_entry_stops_rolling_and_one_marked_lost_stays_loose_between_s
     """Rolling never copies a damaged entry: the buffer (and so the stable slot) stops before one not marked
     lost; once an operator marks it lost, a segment ends before it, the next starts after it, and every
     reader still skips exactly its offsets (PROTOCOL.md "Damage")."""
-    from txn_core.damage import mark_lost
+    from txn_core.ops.damage import mark_lost
 
     _, clock = _setup(storage, txns=12)
-    plog = PartitionLog(storage, PATH)
+    plog = PartitionLog(storage, PATH, clock=system_clock)
     # a plain entry (an entry marked lost that was a transaction's marker would hold rolling at that
     # transaction's data: the buffer keeps it open, only the read bound decides it by the record)
     damaged = next(s for s in range(8, 30) if plog.read_header(s).txn is None)
@@ -541,7 +545,7 @@ def test_a_damaged_entry_stops_rolling_and_one_marked_lost_stays_loose_between_s
 
 
 def test_the_background_roller_looks_at_a_partition_once_enough_entries_were_appended(storage: Storage) -> None:
-    from txn_core.rolling import BackgroundRoller
+    from txn_core.ops.rolling import BackgroundRoller
 
     log, clock = _setup(storage, txns=20)
     roller = BackgroundRoller(_log(storage, clock), RollPolicy(entries=10), min_age_ms=0, check_min_age=False)
@@ -571,6 +575,6 @@ def test_a_task_reading_a_range_lists_segments_once_however_many_of_its_reads_mi
     state.scan_to_end()
     rng = plan_range(state, "t", 0, 0, state.buffer.position, "read_uncommitted")
     counted = _KeyLog(inner)
-    rows = sum(b.num_rows for b in read_range(PartitionLog(counted, PATH), rng))
+    rows = sum(b.num_rows for b in read_range(PartitionLog(counted, PATH, clock=system_clock), rng))
     assert rows == len(_read(inner, clock, "read_uncommitted"))
     assert counted.keys.count(paths.segments(PATH)) <= 1

@@ -8,10 +8,12 @@ import pyarrow as pa
 import pytest
 
 import txn_core
-from txn_core import envelope, paths, snapshots
-from txn_core.buffer import TxnBuffer
-from txn_core.ids import TxnId
-from txn_core.reader import PartitionState
+from txn_core.clock import system_clock
+from txn_core.format import envelope, paths
+from txn_core.format.ids import TxnId
+from txn_core.partition import snapshots
+from txn_core.partition.buffer import TxnBuffer
+from txn_core.partition.reader import PartitionState
 from txn_core.storage import MemoryStorage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -53,11 +55,11 @@ def test_large_aborted_set_is_split_into_parts_and_reloads_equal(monkeypatch: py
     log = _aborting_log(11, 2)
     state = log.partition_state(PATH)
     state.scan_to_end()
-    store = snapshots.SnapshotStore(log.storage, PATH)
+    store = snapshots.SnapshotStore(log.storage, PATH, clock=system_clock)
     store.write(state.buffer)
     names = log.storage.list(paths.buffer_snapshots(PATH) + "parts/")
     assert len(names) == 2  # 11 aborted rows: two sealed parts of 4, 3 rows inline in the final object
-    loaded = snapshots.SnapshotStore(log.storage, PATH).load_latest(PATH)
+    loaded = snapshots.SnapshotStore(log.storage, PATH, clock=system_clock).load_latest(PATH)
     assert loaded is not None
     assert _summary(loaded) == _summary(state.buffer)
     loaded._check()
@@ -69,7 +71,7 @@ def test_a_snapshot_whose_final_object_is_missing_is_never_used(monkeypatch: pyt
     log = _aborting_log(6)
     state = log.partition_state(PATH)
     state.scan_to_end()
-    store = snapshots.SnapshotStore(log.storage, PATH)
+    store = snapshots.SnapshotStore(log.storage, PATH, clock=system_clock)
     first = store.write(state.buffer)
     p = log.producer("ab")
     p.init_transactions()
@@ -92,7 +94,7 @@ def test_a_snapshot_whose_final_object_is_missing_is_never_used(monkeypatch: pyt
     with pytest.raises(RuntimeError):
         store.write(state.buffer)
     monkeypatch.setattr(envelope, "create_json", real_create)
-    fresh = snapshots.SnapshotStore(log.storage, PATH)
+    fresh = snapshots.SnapshotStore(log.storage, PATH, clock=system_clock)
     assert fresh.finals() == [first]
     rebuilt = PartitionState(
         txn_core.Log(log.storage).partition_log(PATH), log.coordinator.resolve, write_snapshots=False
@@ -107,7 +109,7 @@ def test_a_damaged_snapshot_falls_back_to_an_older_one_or_replay(damage: str, mo
     log = _aborting_log(7)
     state = log.partition_state(PATH)
     state.scan_to_end()
-    snapshots.SnapshotStore(log.storage, PATH).write(state.buffer)
+    snapshots.SnapshotStore(log.storage, PATH, clock=system_clock).write(state.buffer)
     prefix = paths.buffer_snapshots(PATH)
     key = prefix + (
         "parts/" + log.storage.list(prefix + "parts/")[0]
@@ -118,7 +120,7 @@ def test_a_damaged_snapshot_falls_back_to_an_older_one_or_replay(damage: str, mo
     data[-3] ^= 0xFF
     log.storage.delete(key)
     log.storage.create(key, [bytes(data)])
-    assert snapshots.SnapshotStore(log.storage, PATH).load_latest(PATH) is None
+    assert snapshots.SnapshotStore(log.storage, PATH, clock=system_clock).load_latest(PATH) is None
     rebuilt = PartitionState(
         txn_core.Log(log.storage).partition_log(PATH), log.coordinator.resolve, write_snapshots=False
     )
@@ -133,7 +135,7 @@ def test_snapshots_are_taken_every_n_transactions(monkeypatch: pytest.MonkeyPatc
     c.assign([("t", 0)])
     while c.poll().num_rows:
         pass
-    finals = snapshots.SnapshotStore(log.storage, PATH).finals()
+    finals = snapshots.SnapshotStore(log.storage, PATH, clock=system_clock).finals()
     assert finals, "a reader that crossed N transactions took a snapshot"
     assert len(finals) <= snapshots.SNAPSHOTS_KEPT
 
@@ -143,7 +145,7 @@ def test_rebuild_reads_the_snapshot_and_the_tail_not_the_history(monkeypatch: py
     log = _aborting_log(20, 20)
     state = log.partition_state(PATH)
     state.scan_to_end()
-    snapshots.SnapshotStore(log.storage, PATH).write(state.buffer)
+    snapshots.SnapshotStore(log.storage, PATH, clock=system_clock).write(state.buffer)
 
     reads: list[str] = []
     inner = log.storage

@@ -15,7 +15,7 @@ from test_spark_sink_protocol import SCHEMA, ident, options, stage
 import txn_core
 from spark_txn_sink import commit as commit_module
 from spark_txn_sink.commit import commit_batch
-from txn_core import partition
+from txn_core.partition import partition
 
 PARTITIONS = 4
 

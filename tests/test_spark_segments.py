@@ -20,8 +20,9 @@ from sink_helpers import garbage, ids, read_topic, staged_objects
 from test_spark_sink_chaos import segment_count
 
 import txn_core
-from txn_core import maintenance, paths
-from txn_core.rolling import RollPolicy
+from txn_core.format import paths
+from txn_core.ops import maintenance
+from txn_core.ops.rolling import RollPolicy
 
 pytestmark = pytest.mark.spark
 

@@ -16,7 +16,7 @@ import sink_sources
 from sink_helpers import duplicates, garbage, ids, open_transactions, read_topic, staged_objects
 
 import txn_core
-from txn_core.routing import partition_for
+from txn_core.clients.routing import partition_for
 
 pytestmark = pytest.mark.spark
 

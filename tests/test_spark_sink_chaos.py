@@ -29,8 +29,9 @@ from sink_driver import kill_driver, start_driver, wait_driver
 from sink_helpers import garbage, ids, open_transactions, read_topic
 
 import txn_core
-from txn_core import maintenance, paths
-from txn_core.rolling import RollPolicy
+from txn_core.format import paths
+from txn_core.ops import maintenance
+from txn_core.ops.rolling import RollPolicy
 
 pytestmark = [pytest.mark.spark, pytest.mark.chaos]
 

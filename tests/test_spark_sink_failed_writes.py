@@ -11,7 +11,7 @@ import pytest
 from sink_helpers import read_topic, staged_objects
 
 import txn_core
-from txn_core.maintenance import sweep_staging
+from txn_core.ops.maintenance import sweep_staging
 
 pytestmark = pytest.mark.spark
 

@@ -20,7 +20,7 @@ from spark_txn_sink.stager import PartitionStager, TopicTarget
 from spark_txn_sink.topic import frame_arrow_schema, ignored_columns, plan_topic
 from spark_txn_source.reader import source_schema
 from txn_core import ConfigurationError, SchemaMismatchError
-from txn_core.topics import METADATA_COLUMNS
+from txn_core.clients.topics import METADATA_COLUMNS
 
 ID = st.StructField("id", st.LongType())
 

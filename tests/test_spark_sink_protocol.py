@@ -20,8 +20,8 @@ from spark_txn_sink.faults import InjectedFaultError
 from spark_txn_sink.options import SinkOptions, parse_sink_options
 from spark_txn_sink.stager import ROUTE_ROWS, PartitionStager, TopicTarget, align_timestamps
 from spark_txn_sink.writer import default_transactional_id
-from txn_core.routing import partition_for
-from txn_core.staging import StagedRef
+from txn_core.clients.routing import partition_for
+from txn_core.partition.staging import StagedRef
 
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
 TID = "sink-test"

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 import txn_core
-from txn_core import paths
+from txn_core.format import paths
 
 pytestmark = pytest.mark.spark
 

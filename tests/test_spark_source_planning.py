@@ -22,12 +22,12 @@ from spark_txn_source.planning import SourceCorruptDataError, SourceDataLossErro
 from spark_txn_source.reader import make_batch_reader, make_stream_reader, source_schema
 from spark_txn_source.schema import arrow_target, conform, metadata_fields
 from spark_txn_source.stream import TxnLogStreamReader
-from txn_core import envelope, paths
-from txn_core import partition as partition_module
-from txn_core.entry import EntryKind, crc32, encode_arrow
-from txn_core.ids import TopicPartition
-from txn_core.ranges import read_range
-from txn_core.records import MetadataColumns
+from txn_core.format import envelope, paths
+from txn_core.format.entry import EntryKind, crc32, encode_arrow
+from txn_core.format.ids import TopicPartition
+from txn_core.partition import partition as partition_module
+from txn_core.partition.ranges import read_range
+from txn_core.partition.records import MetadataColumns
 
 SCHEMA = pa.schema([("id", pa.int64())])
 

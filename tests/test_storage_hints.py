@@ -16,7 +16,8 @@ import pytest
 
 import txn_core
 from txn_core.errors import ConfigurationError, StorageError, StoragePermissionError
-from txn_core.storage import has_log, open_storage
+from txn_core.format.paths import has_log
+from txn_core.storage import open_storage
 from txn_core.storage.hints import hint
 
 SCHEMA = pa.schema([("id", pa.int64())])

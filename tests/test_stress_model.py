@@ -27,11 +27,13 @@ import pytest
 from fakeclock import FakeClock
 
 import txn_core
-from txn_core import partition, paths, snapshots
-from txn_core.buffer import TxnBuffer
-from txn_core.partition import PartitionLog
-from txn_core.reader import PartitionState
-from txn_core.rolling import Roller, RollPolicy
+from txn_core.clock import system_clock
+from txn_core.format import paths
+from txn_core.ops.rolling import Roller, RollPolicy
+from txn_core.partition import partition, snapshots
+from txn_core.partition.buffer import TxnBuffer
+from txn_core.partition.partition import PartitionLog
+from txn_core.partition.reader import PartitionState
 from txn_core.storage import MemoryStorage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -65,7 +67,7 @@ def _fresh_reads(storage: MemoryStorage, clock: FakeClock) -> tuple[object, ...]
             )
         out.append(sorted(rows))
     for part in range(PARTITIONS):
-        plog = PartitionLog(storage, paths.partition_log_path("t", part))
+        plog = PartitionLog(storage, paths.partition_log_path("t", part), clock=system_clock)
         tail, _end = plog.tail(refresh=True)
         out.append([plog.read_header(slot) for slot in range(plog.log_start(refresh=True).slot, tail)])
     return tuple(out)

@@ -24,16 +24,16 @@ from txn_core import (
     OffsetOutOfRangeError,
     SubscriptionNotFoundError,
     TransactionConflictError,
-    maintenance,
 )
-from txn_core.entry import EntryKind, crc32
+from txn_core.clients.subscriptions import acklog as acklog_mod
+from txn_core.clients.subscriptions import state as state_mod
+from txn_core.clients.subscriptions.acklog import AckLog
+from txn_core.clients.subscriptions.records import AckOp, AckRecord, EntryAck
+from txn_core.clients.subscriptions.store import read_meta, validate_ref
+from txn_core.clients.subscriptions.subscription import Subscription, trim_all
+from txn_core.format.entry import EntryKind, crc32
+from txn_core.ops import maintenance
 from txn_core.storage import MemoryStorage
-from txn_core.subscriptions import acklog as acklog_mod
-from txn_core.subscriptions import state as state_mod
-from txn_core.subscriptions.acklog import AckLog
-from txn_core.subscriptions.records import AckOp, AckRecord, EntryAck
-from txn_core.subscriptions.store import read_meta, validate_ref
-from txn_core.subscriptions.subscription import Subscription, trim_all
 
 SCHEMA = pa.schema([("id", pa.int64())])
 TIMEOUT = 10_000
@@ -488,7 +488,7 @@ def test_snapshot_plus_tail_equals_a_full_replay(env: Any, monkeypatch: pytest.M
             c.acklog.write_snapshot(clock.now)
     meta = read_meta(log.storage, validate_ref("in", 0, "s"))
     from_snapshot = AckLog(_log(name, clock), meta).refresh().to_json()
-    monkeypatch.setattr("txn_core.subscriptions.store.SnapshotStore.load_latest", lambda *a, **k: None)
+    monkeypatch.setattr("txn_core.clients.subscriptions.store.SnapshotStore.load_latest", lambda *a, **k: None)
     full = AckLog(_log(name, clock), meta).refresh().to_json()
     assert from_snapshot == full and full["pending"]
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from txn_core.clients.subscriptions import bitsets
+from txn_core.clients.subscriptions.records import AckOp, AckRecord, EntryAck, entry_acks
+from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
 from txn_core.errors import CorruptDataError
-from txn_core.ids import TxnId
-from txn_core.subscriptions import bitsets
-from txn_core.subscriptions.records import AckOp, AckRecord, EntryAck, entry_acks
-from txn_core.subscriptions.state import AckStatus, SubscriptionState
+from txn_core.format.ids import TxnId
 
 T1, T2, T3 = TxnId(1, 10), TxnId(2, 20), TxnId(3, 30)
 

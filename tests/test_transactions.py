@@ -14,7 +14,8 @@ from raw_entries import append_data
 
 import txn_core
 from conftest import make_location
-from txn_core.coordinator.states import (
+from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
+from txn_core.format.states import (
     CLIENT_TRANSITIONS,
     COORDINATOR_TRANSITIONS,
     ClientState,
@@ -22,7 +23,6 @@ from txn_core.coordinator.states import (
     check_client_transition,
     check_coordinator_transition,
 )
-from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
 from txn_core.storage import MemoryStorage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -438,7 +438,7 @@ def test_a_write_after_the_commit_marker_is_dropped_even_when_forgotten(
 ) -> None:
     """A zombie write landing after its transaction's commit marker, read by a buffer that no longer
     remembers that transaction ended, is still dropped (the coordinator says finished; no marker follows)."""
-    import txn_core.buffer as buffer_module
+    import txn_core.partition.buffer as buffer_module
 
     p = tx(log)
     p.begin_transaction()
@@ -625,7 +625,7 @@ def test_a_hole_below_an_unreadable_newest_snapshot_is_reported_not_reloaded_for
     """A record missing between two snapshots, the newer one unreadable: the listing's newer snapshot said
     "compaction", the reload fell back to the older one below the hole, and the refresh went round for ever
     holding the view's lock. One reload per missing slot; then the hole is reported."""
-    from txn_core import paths
+    from txn_core.format import paths
 
     url = f"memory://{uuid.uuid4().hex}"
     log, c = _committed_three(url)

@@ -20,10 +20,17 @@ from typing import TYPE_CHECKING, Any
 from txn_core.logs import configure_from_env
 
 if TYPE_CHECKING:
-    from txn_core.admin import HangingTransaction, TransactionDescription, TransactionListing
-    from txn_core.apptxn import AppCommitter, AppVersion, CommitResult, GroupPosition, abort_staged, commit_staged
-    from txn_core.consumer import Consumer
-    from txn_core.coordinator.states import ClientState, CoordinatorState
+    from txn_core.clients.apptxn import AppCommitter, CommitResult, GroupPosition, abort_staged, commit_staged
+    from txn_core.clients.appunit import AppVersion
+    from txn_core.clients.consumer import Consumer
+    from txn_core.clients.producer import Producer, RecordMetadata
+    from txn_core.clients.subscriptions import (
+        AckStatus,
+        Subscription,
+        SubscriptionConsumer,
+        SubscriptionNotFoundError,
+        SubscriptionState,
+    )
     from txn_core.errors import (
         AppScopeError,
         CommitFailedError,
@@ -59,7 +66,8 @@ if TYPE_CHECKING:
         UnknownOutcomeError,
         UnstableOffsetsError,
     )
-    from txn_core.ids import TopicPartition, TxnId
+    from txn_core.format.ids import TopicPartition, TxnId
+    from txn_core.format.states import ClientState, CoordinatorState
     from txn_core.log import (
         DamagedEntryDescription,
         Log,
@@ -68,45 +76,38 @@ if TYPE_CHECKING:
         TopicDescription,
         open_log,
     )
-    from txn_core.producer import Producer, RecordMetadata
-    from txn_core.reader import READ_COMMITTED, READ_UNCOMMITTED
-    from txn_core.records import METADATA_FIELDS
-    from txn_core.subscriptions import (
-        AckStatus,
-        Subscription,
-        SubscriptionConsumer,
-        SubscriptionNotFoundError,
-        SubscriptionState,
-    )
+    from txn_core.ops.admin import HangingTransaction, TransactionDescription, TransactionListing
+    from txn_core.partition.reader import READ_COMMITTED, READ_UNCOMMITTED
+    from txn_core.partition.records import METADATA_FIELDS
 
 #: Public name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
-    "AckStatus": "txn_core.subscriptions",
-    "AppCommitter": "txn_core.apptxn",
-    "AppVersion": "txn_core.apptxn",
+    "AckStatus": "txn_core.clients.subscriptions",
+    "AppCommitter": "txn_core.clients.apptxn",
+    "AppVersion": "txn_core.clients.appunit",
     "AppScopeError": "txn_core.errors",
-    "ClientState": "txn_core.coordinator.states",
+    "ClientState": "txn_core.format.states",
     "CommitFailedError": "txn_core.errors",
-    "CommitResult": "txn_core.apptxn",
+    "CommitResult": "txn_core.clients.apptxn",
     "CommitStateUnknownError": "txn_core.errors",
     "CompletionFailedError": "txn_core.errors",
     "ConcurrentTransactionsError": "txn_core.errors",
     "ConfigurationError": "txn_core.errors",
-    "Consumer": "txn_core.consumer",
-    "CoordinatorState": "txn_core.coordinator.states",
+    "Consumer": "txn_core.clients.consumer",
+    "CoordinatorState": "txn_core.format.states",
     "CorruptDataError": "txn_core.errors",
     "DamagedEntryDescription": "txn_core.log",
     "DamagedEntryError": "txn_core.errors",
     "DataLossError": "txn_core.errors",
     "GroupFencedError": "txn_core.errors",
     "GroupNotFoundError": "txn_core.errors",
-    "GroupPosition": "txn_core.apptxn",
-    "HangingTransaction": "txn_core.admin",
+    "GroupPosition": "txn_core.clients.apptxn",
+    "HangingTransaction": "txn_core.ops.admin",
     "InvalidNameError": "txn_core.errors",
     "InvalidOffsetError": "txn_core.errors",
     "InvalidTxnStateError": "txn_core.errors",
     "Log": "txn_core.log",
-    "METADATA_FIELDS": "txn_core.records",
+    "METADATA_FIELDS": "txn_core.partition.records",
     "ObjectExistsError": "txn_core.errors",
     "ObjectNotFoundError": "txn_core.errors",
     "OffsetOutOfRangeError": "txn_core.errors",
@@ -114,35 +115,35 @@ _EXPORTS: dict[str, str] = {
     "OutOfOrderSequenceError": "txn_core.errors",
     "TransactionTooLargeError": "txn_core.errors",
     "PartitionDescription": "txn_core.log",
-    "Producer": "txn_core.producer",
+    "Producer": "txn_core.clients.producer",
     "ProducerClosedError": "txn_core.errors",
     "ProducerFencedError": "txn_core.errors",
-    "READ_COMMITTED": "txn_core.reader",
-    "READ_UNCOMMITTED": "txn_core.reader",
-    "RecordMetadata": "txn_core.producer",
+    "READ_COMMITTED": "txn_core.partition.reader",
+    "READ_UNCOMMITTED": "txn_core.partition.reader",
+    "RecordMetadata": "txn_core.clients.producer",
     "RetryableStorageError": "txn_core.errors",
     "SchemaMismatchError": "txn_core.errors",
     "StorageContractError": "txn_core.errors",
     "StorageError": "txn_core.errors",
-    "Subscription": "txn_core.subscriptions",
-    "SubscriptionConsumer": "txn_core.subscriptions",
-    "SubscriptionNotFoundError": "txn_core.subscriptions",
-    "SubscriptionState": "txn_core.subscriptions",
+    "Subscription": "txn_core.clients.subscriptions",
+    "SubscriptionConsumer": "txn_core.clients.subscriptions",
+    "SubscriptionNotFoundError": "txn_core.clients.subscriptions",
+    "SubscriptionState": "txn_core.clients.subscriptions",
     "TopicDescription": "txn_core.log",
     "TopicExistsError": "txn_core.errors",
     "TopicNotFoundError": "txn_core.errors",
-    "TopicPartition": "txn_core.ids",
+    "TopicPartition": "txn_core.format.ids",
     "TransactionConflictError": "txn_core.errors",
-    "TransactionDescription": "txn_core.admin",
-    "TransactionListing": "txn_core.admin",
+    "TransactionDescription": "txn_core.ops.admin",
+    "TransactionListing": "txn_core.ops.admin",
     "TransactionTimedOutError": "txn_core.errors",
     "TransactionalIdTakenOverError": "txn_core.errors",
-    "TxnId": "txn_core.ids",
+    "TxnId": "txn_core.format.ids",
     "TxnLogError": "txn_core.errors",
     "UnknownOutcomeError": "txn_core.errors",
     "UnstableOffsetsError": "txn_core.errors",
-    "abort_staged": "txn_core.apptxn",
-    "commit_staged": "txn_core.apptxn",
+    "abort_staged": "txn_core.clients.apptxn",
+    "commit_staged": "txn_core.clients.apptxn",
     "open_log": "txn_core.log",
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from txn_core.entry import EntryHeader
+    from txn_core.format.entry import EntryHeader
 
 
 class TxnLogError(Exception):

@@ -13,28 +13,28 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from txn_core import envelope, paths
+from txn_core.clients.groups import GroupStore
+from txn_core.clients.topics import TopicConfig, TopicMeta, TopicStore
 from txn_core.clock import Clock, system_clock
 from txn_core.coordinator.service import TransactionCoordinator
 from txn_core.coordinator.txnlog import CoordinatorViews
-from txn_core.damage import skipped_lost
 from txn_core.errors import ConfigurationError, ObjectNotFoundError
-from txn_core.groups import GroupStore
-from txn_core.ids import TxnId
+from txn_core.format import envelope, paths
+from txn_core.format.ids import TxnId
 from txn_core.logs import get_logger
-from txn_core.lost import list_lost
-from txn_core.partition import PartitionLog
-from txn_core.reader import PartitionState
+from txn_core.partition.lost import list_lost
+from txn_core.partition.partition import PartitionLog
+from txn_core.partition.reader import PartitionState
+from txn_core.partition.skipping import skipped_lost
 from txn_core.storage import Storage, open_storage
-from txn_core.topics import TopicConfig, TopicMeta, TopicStore
 
 if TYPE_CHECKING:
-    from txn_core.admin import HangingTransaction, TransactionDescription, TransactionListing
-    from txn_core.consumer import Consumer
-    from txn_core.damage import DamagedEntry
-    from txn_core.lost import LostEntry
-    from txn_core.producer import Producer
-    from txn_core.subscriptions import Subscription, SubscriptionConsumer
+    from txn_core.clients.consumer import Consumer
+    from txn_core.clients.producer import Producer
+    from txn_core.clients.subscriptions import Subscription, SubscriptionConsumer
+    from txn_core.ops.admin import HangingTransaction, TransactionDescription, TransactionListing
+    from txn_core.ops.damage import DamagedEntry
+    from txn_core.partition.lost import LostEntry
 
 FORMAT_VERSION = 1
 DEFAULT_COORDINATOR_PARTITIONS = 16
@@ -145,7 +145,7 @@ class Log:
         self.url = storage.url
         self.clock: Clock = clock or system_clock
         self.coordinator_partitions = self._ensure_format(coordinator_partitions, create, allow_non_empty)
-        self.topics = TopicStore(storage, self.clock)
+        self.topics = TopicStore(storage, clock=self.clock)
         self._plogs: dict[str, PartitionLog] = {}
         self._states: dict[str, PartitionState] = {}
         self._lock = threading.Lock()
@@ -203,7 +203,7 @@ class Log:
         with self._lock:
             plog = self._plogs.get(path)
             if plog is None:
-                plog = PartitionLog(self.storage, path, self.clock)
+                plog = PartitionLog(self.storage, path, clock=self.clock)
                 self._plogs[path] = plog
             return plog
 
@@ -328,8 +328,9 @@ class Log:
         batch_bytes: int | None = None,
     ) -> Producer:
         """An idempotent producer, or a transactional one when ``transactional_id`` is given; ``batch_bytes``
-        (default :data:`txn_core.producer.DEFAULT_BATCH_BYTES`, 4 MiB) is what a partition buffers before a write."""
-        from txn_core.producer import DEFAULT_BATCH_BYTES, Producer
+        (default :data:`txn_core.clients.producer.DEFAULT_BATCH_BYTES`, 4 MiB) is what a partition buffers
+        before a write."""
+        from txn_core.clients.producer import DEFAULT_BATCH_BYTES, Producer
 
         return Producer(
             self,
@@ -348,7 +349,7 @@ class Log:
     ) -> Consumer:
         """A consumer (see :class:`Consumer`); ``skip_damaged`` passes damaged entries nobody marked lost,
         with a warning, instead of stopping at them (PROTOCOL.md "Damage")."""
-        from txn_core.consumer import Consumer
+        from txn_core.clients.consumer import Consumer
 
         return Consumer(
             self,
@@ -358,7 +359,7 @@ class Log:
             skip_damaged=skip_damaged,
         )
 
-    # --- subscriptions (txn_core.subscriptions; PROTOCOL.md "Subscriptions") ------------------------
+    # --- subscriptions (txn_core.clients.subscriptions; PROTOCOL.md "Subscriptions") ------------------------
 
     def subscribe(
         self,
@@ -377,8 +378,8 @@ class Log:
     ) -> SubscriptionConsumer:
         """A consumer of the named subscription on one topic partition (created unless ``create=False``),
         shared with every other consumer of it; acknowledgements may be transactional. See
-        :class:`txn_core.subscriptions.SubscriptionConsumer`."""
-        from txn_core.subscriptions import SubscriptionConsumer
+        :class:`txn_core.clients.subscriptions.SubscriptionConsumer`."""
+        from txn_core.clients.subscriptions import SubscriptionConsumer
 
         return SubscriptionConsumer(
             self,
@@ -397,54 +398,54 @@ class Log:
 
     def subscription(self, topic: str, partition: int, subscription: str) -> Subscription:
         """An existing subscription, for its state, description and trimming."""
-        from txn_core.subscriptions import Subscription
+        from txn_core.clients.subscriptions import Subscription
 
         return Subscription(self, topic, partition, subscription)
 
     # --- transactions admin ---------------------------------------------------------------------
 
     def list_transactions(self, *, include_complete: bool = False) -> list[TransactionListing]:
-        from txn_core import admin
+        from txn_core.ops import admin
 
         return admin.list_transactions(self, include_complete=include_complete)
 
     def describe_transaction(self, transactional_id: str) -> TransactionDescription:
-        from txn_core import admin
+        from txn_core.ops import admin
 
         return admin.describe_transaction(self, transactional_id)
 
     def abort_transaction(self, transactional_id: str) -> TransactionDescription:
         """An operator's abort of a (hanging) transaction; its producer is fenced."""
-        from txn_core import admin
+        from txn_core.ops import admin
 
         return admin.abort_transaction(self, transactional_id)
 
     def find_hanging_transactions(
         self, topic: str | None = None, *, max_age_ms: int | None = None
     ) -> list[HangingTransaction]:
-        from txn_core import admin
+        from txn_core.ops import admin
 
         return admin.find_hanging_transactions(self, topic, max_age_ms=max_age_ms)
 
     def abort_hanging_transaction(self, topic: str, partition: int, txn: TxnId) -> int:
         """Write the missing ABORT marker of a hanging transaction into one partition (KIP-664); returns
-        the marker's offset. See :func:`txn_core.admin.abort_hanging`."""
-        from txn_core import admin
+        the marker's offset. See :func:`txn_core.ops.admin.abort_hanging`."""
+        from txn_core.ops import admin
 
         return admin.abort_hanging(self, topic, partition, txn)
 
     # --- damage (PROTOCOL.md "Damage") ----------------------------------------------------------
 
     def damaged_entries(self, topic: str, partition: int, *, payloads: bool = False) -> list[DamagedEntry]:
-        """The damaged entries of one partition, marked lost or not (see :func:`txn_core.damage.find_damaged`)."""
-        from txn_core import damage
+        """The damaged entries of one partition, marked lost or not (see :func:`txn_core.ops.damage.find_damaged`)."""
+        from txn_core.ops import damage
 
         return damage.find_damaged(self, topic, partition, payloads=payloads)
 
     def mark_lost(self, topic: str, partition: int, slot: int, *, reason: str, records: int | None = None) -> LostEntry:
         """An operator's act: record that the damaged entry at ``slot`` is lost, so readers skip its offsets
-        (see :func:`txn_core.damage.mark_lost`)."""
-        from txn_core import damage
+        (see :func:`txn_core.ops.damage.mark_lost`)."""
+        from txn_core.ops import damage
 
         return damage.mark_lost(self, topic, partition, slot, reason=reason, records=records)
 

@@ -32,12 +32,16 @@ ROOT = "txnlog"
 ENV_VAR = "TXNLOG_LOG_LEVEL"
 FORMAT = "%(asctime)s %(levelname)s %(name)s [pid %(process)d] %(message)s"
 _PACKAGES = {"txn_core": ROOT, "spark_txn_sink": f"{ROOT}.spark.sink", "spark_txn_source": f"{ROOT}.spark.source"}
+#: Layer packages of txn_core that loggers do not name: a module's logger is named for what it is
+#: (``txnlog.reader``), wherever the layout puts it.
+_UNNAMED_LAYERS = ("format.", "partition.", "clients.", "ops.")
 _configured: str | None = None
 
 
 def get_logger(module: str) -> logging.Logger:
-    """The txnlog logger for a module name (``txn_core.snapshots`` -> ``txnlog.snapshots``) or an area
-    name already under ``txnlog``."""
+    """The txnlog logger for a module name (``txn_core.partition.snapshots`` -> ``txnlog.snapshots``,
+    ``txn_core.coordinator.txnlog`` -> ``txnlog.coordinator.txnlog``) or an area name already under
+    ``txnlog``."""
     if module == ROOT or module.startswith(ROOT + "."):
         return logging.getLogger(module)
     package, _, rest = module.partition(".")
@@ -46,6 +50,7 @@ def get_logger(module: str) -> logging.Logger:
         return logging.getLogger(f"{ROOT}.{module}")
     if package != "txn_core":
         return logging.getLogger(base)  # one logger per connector side
+    rest = next((rest[len(layer) :] for layer in _UNNAMED_LAYERS if rest.startswith(layer)), rest)
     return logging.getLogger(f"{base}.{rest}" if rest else base)
 
 

@@ -16,13 +16,14 @@ from typing import Any, NoReturn, TypeAlias
 
 import pyarrow as pa
 
-from txn_core import paths
 from txn_core.cli.schemaspec import SchemaSpecError, parse_schema
+from txn_core.clients.topics import TopicMeta
 from txn_core.errors import ConfigurationError, CorruptDataError, TopicNotFoundError
+from txn_core.format import paths
+from txn_core.format.paths import has_log
 from txn_core.log import Log
-from txn_core.storage import has_log, open_storage
+from txn_core.storage import open_storage
 from txn_core.storage.options import nest_storage_options
-from txn_core.topics import TopicMeta
 
 PROG = "txnlog"
 

@@ -1,6 +1,6 @@
 """``txnlog dump URL TOPIC``: print a topic's records with their offsets (PROTOCOL.md "Reading").
 
-Records are read with a :class:`~txn_core.consumer.Consumer` under the chosen isolation level, one
+Records are read with a :class:`~txn_core.clients.consumer.Consumer` under the chosen isolation level, one
 partition at a time, from ``--from`` (default: the log start) up to ``--to`` (exclusive; default: the last
 stable offset under read_committed, the log end under read_uncommitted), at most ``--limit`` records in all.
 With ``--show-control`` the entry headers of the range are scanned too: every row gets the transaction it
@@ -17,14 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from txn_core import paths
 from txn_core.cli.common import Parser, SubParsers, add_verb, get_topic, non_negative_int, open_existing, warn
 from txn_core.cli.output import Progress, json_line, print_table
-from txn_core.entry import decode_json
 from txn_core.errors import ConfigurationError, CorruptDataError, DamagedEntryError
+from txn_core.format import paths
+from txn_core.format.entry import decode_json
 from txn_core.log import Log
-from txn_core.readahead import HeaderReadAhead
-from txn_core.reader import ISOLATION_LEVELS, READ_COMMITTED
+from txn_core.partition.readahead import HeaderReadAhead
+from txn_core.partition.reader import ISOLATION_LEVELS, READ_COMMITTED
 
 DEFAULT_LIMIT = 100
 POLL_RECORDS = 10_000

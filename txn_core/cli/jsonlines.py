@@ -27,7 +27,7 @@ from typing import IO, Any
 import pyarrow as pa
 
 from txn_core.errors import ConfigurationError
-from txn_core.ids import is_int
+from txn_core.format.ids import is_int
 
 
 def needs_conversion(t: pa.DataType) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from txn_core import damage, maintenance
 from txn_core.cli.common import (
     Parser,
     SubParsers,
@@ -33,7 +32,9 @@ from txn_core.cli.output import (
 )
 from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
 from txn_core.errors import ConfigurationError, CorruptDataError
-from txn_core.rolling import ROLL_BYTES, ROLL_ENTRIES, RollPolicy
+from txn_core.ops import damage, maintenance
+from txn_core.ops.rolling import ROLL_BYTES, ROLL_ENTRIES, RollPolicy
+from txn_core.partition import ages
 
 
 def register(sub: SubParsers, common: Parser) -> None:
@@ -237,7 +238,7 @@ def _check_age(args: argparse.Namespace, what: str, floor_ms: int, age_ms: int |
     --no-age-check: the verbs then call maintenance with ``check_min_age=False`` (checked here already)."""
     if not args.no_age_check:
         value = args.min_age_ms if age_ms is None else age_ms
-        maintenance.check_min_age_of(what, value, floor_ms, flag="--no-age-check", **kw)
+        ages.check_min_age_of(what, value, floor_ms, flag="--no-age-check", **kw)
 
 
 def snapshot(args: argparse.Namespace) -> int:
@@ -277,7 +278,7 @@ def compact(args: argparse.Namespace) -> int:
 
 
 def retention(args: argparse.Namespace) -> int:
-    _check_age(args, "retention", maintenance.SAFE_ENTRY_AGE_MS)
+    _check_age(args, "retention", ages.SAFE_ENTRY_AGE_MS)
     log = open_existing(args)
     explicit = args.retention_ms is not None or args.retention_bytes is not None
     if args.topic:
@@ -354,7 +355,7 @@ def retention(args: argparse.Namespace) -> int:
 
 
 def roll(args: argparse.Namespace) -> int:
-    _check_age(args, "rolling", maintenance.SAFE_ENTRY_AGE_MS)
+    _check_age(args, "rolling", ages.SAFE_ENTRY_AGE_MS)
     log = open_existing(args)
     topics = [get_topic(log, t).name for t in args.topic] if args.topic else log.list_topics()
     policy = RollPolicy(entries=args.entries, bytes=args.bytes)

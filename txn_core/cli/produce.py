@@ -18,14 +18,15 @@ from typing import IO, Any
 
 import pyarrow as pa
 
-from txn_core.apptxn import APP_MARK, AppCommitter, AppVersion
 from txn_core.cli import jsonlines
 from txn_core.cli.common import Parser, SubParsers, add_verb, get_topic, non_negative_int, storage_options
 from txn_core.cli.output import print_json
+from txn_core.clients.apptxn import AppCommitter
+from txn_core.clients.appunit import APP_MARK, AppVersion
+from txn_core.clients.topics import METADATA_COLUMNS
 from txn_core.errors import ConfigurationError, ProducerFencedError
 from txn_core.log import Log
 from txn_core.storage import open_storage
-from txn_core.topics import METADATA_COLUMNS
 
 FORMATS = ("parquet", "arrow", "csv", "jsonl")
 _BY_SUFFIX = {

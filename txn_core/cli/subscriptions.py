@@ -7,11 +7,11 @@ import dataclasses
 
 from txn_core.cli.common import Parser, SubParsers, add_noun, add_verb, get_topic, non_negative_int, open_existing
 from txn_core.cli.output import Progress, print_json, print_table
+from txn_core.clients.subscriptions.errors import SubscriptionNotFoundError
+from txn_core.clients.subscriptions.store import list_subscriptions
+from txn_core.clients.subscriptions.subscription import Subscription
 from txn_core.errors import ConfigurationError
 from txn_core.log import Log
-from txn_core.subscriptions.errors import SubscriptionNotFoundError
-from txn_core.subscriptions.store import list_subscriptions
-from txn_core.subscriptions.subscription import Subscription
 
 
 def register(sub: SubParsers, common: Parser) -> None:

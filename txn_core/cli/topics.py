@@ -29,9 +29,9 @@ from txn_core.cli.output import (
     print_table,
 )
 from txn_core.cli.schemaspec import EXAMPLE, TYPES_HELP, format_schema
+from txn_core.clients.topics import TopicConfig, TopicMeta
 from txn_core.errors import ConfigurationError
 from txn_core.log import PartitionDescription
-from txn_core.topics import TopicConfig, TopicMeta
 
 
 def register(sub: SubParsers, common: Parser) -> None:

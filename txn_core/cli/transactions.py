@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from txn_core.admin import HangingTransaction, TransactionDescription
 from txn_core.cli.common import Parser, SubParsers, add_noun, add_verb, get_topic, non_negative_int, open_existing
 from txn_core.cli.output import Progress, format_duration, format_time, print_fields, print_json, print_table
-from txn_core.coordinator.states import CoordinatorState
 from txn_core.errors import ConfigurationError
-from txn_core.ids import TxnId
+from txn_core.format.ids import TxnId
+from txn_core.format.states import CoordinatorState
+from txn_core.ops.admin import HangingTransaction, TransactionDescription
 
 _OPEN = {CoordinatorState.ONGOING.value, CoordinatorState.PREPARE_COMMIT.value, CoordinatorState.PREPARE_ABORT.value}
 

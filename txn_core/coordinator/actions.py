@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from txn_core.errors import CorruptDataError
-from txn_core.ids import MAX_BEGINS_PER_RECORD, TxnId
+from txn_core.format.ids import MAX_BEGINS_PER_RECORD, TxnId
 
 Outcome = Literal["COMMIT", "ABORT"]
 

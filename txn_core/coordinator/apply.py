@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from txn_core.coordinator.actions import Action, Add, Begin, Complete, Init, Prepare, Withdraw
-from txn_core.coordinator.states import CoordinatorState, check_coordinator_transition
 from txn_core.coordinator.tidstate import Ahead, Completing, TidState
 from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
-from txn_core.ids import TxnId
+from txn_core.format.ids import TxnId
+from txn_core.format.states import CoordinatorState, check_coordinator_transition
 
 _C = CoordinatorState
 

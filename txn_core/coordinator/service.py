@@ -27,9 +27,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from txn_core.clock import Clock
 from txn_core.coordinator.actions import Action, Add, Begin, Complete, Init, Outcome, Prepare, Withdraw
-from txn_core.coordinator.states import CoordinatorState
+from txn_core.coordinator.pidalloc import allocate_producer_id
 from txn_core.coordinator.txnlog import TID_EXPIRATION_MS, CoordinatorPartition, CoordinatorViews, TidState, TxnStatus
-from txn_core.entry import EntryKind, Payload
 from txn_core.errors import (
     ConcurrentTransactionsError,
     InvalidTxnStateError,
@@ -38,12 +37,13 @@ from txn_core.errors import (
     StoragePermissionError,
     TransactionTimedOutError,
 )
-from txn_core.ids import TxnId, validate_name
+from txn_core.format.entry import EntryKind, Payload
+from txn_core.format.ids import TxnId, validate_name
+from txn_core.format.states import CoordinatorState
 from txn_core.logs import get_logger
-from txn_core.parallel import parallel_map
-from txn_core.partition import PartitionLog
-from txn_core.pidalloc import allocate_producer_id
+from txn_core.partition.partition import PartitionLog
 from txn_core.storage.base import Storage
+from txn_core.storage.parallel import parallel_map
 
 _C = CoordinatorState
 #: the states of a transaction an abort decided
@@ -501,23 +501,23 @@ class TransactionCoordinator:
             st = view.state(status.tid)
             if st is not None:
                 st = st.seen_by(txn)  # begun ahead and written under: aborted as any open transaction
-            if st is not None and st.txn == txn and not getattr(self.storage, "read_only", False):
+            if st is not None and st.txn == txn and not self.storage.read_only:
                 try:
                     self._prepare_abort(view, st, reason="timeout")
                 except StoragePermissionError:  # a read-only reader cannot abort it: it waits for a writer
-                    self.storage.read_only = True  # type: ignore[attr-defined]
+                    self.storage.read_only = True
             status = view.status(txn) or TxnStatus(txn, None)
         elif status.state is not None and status.state.is_prepared and status.tid is not None:
             prepared = view.prepared(txn)
             if (
                 prepared is not None
-                and not getattr(self.storage, "read_only", False)
+                and not self.storage.read_only
                 and self.clock() - prepared.updated_ms > _grace_ms(prepared)
             ):
                 try:
                     self.complete(prepared)
                 except StoragePermissionError:  # decided already: readers treat it as such anyway
-                    self.storage.read_only = True  # type: ignore[attr-defined]
+                    self.storage.read_only = True
         return status
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from txn_core.coordinator.states import CoordinatorState
-from txn_core.ids import TxnId
+from txn_core.format.ids import TxnId
+from txn_core.format.states import CoordinatorState
 
 _C = CoordinatorState
 
@@ -249,36 +249,3 @@ class TidState:
         assert self.txn is not None and self.state in (_C.ONGOING, _C.PREPARE_COMMIT, _C.PREPARE_ABORT), self
         assert c.txn.coordinator == self.txn.coordinator and c.txn.sequence < self.txn.sequence, self
         assert c.epoch < self.epoch, self
-
-
-@dataclass(frozen=True, slots=True)
-class TxnStatus:
-    """What a reader needs to know about one transaction."""
-
-    txn: TxnId
-    #: Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort; None when only "finished"
-    #: is known (below the low watermark, outcome no longer kept: the partition's marker tells).
-    state: CoordinatorState | None
-    tid: str | None = None
-    #: None for a transaction begun ahead: its timeout runs from its first write (the caller's data tells)
-    start_ms: int | None = 0
-    timeout_ms: int = 0
-    #: participants of an open transaction (empty when only the final outcome is kept)
-    participants: tuple[str, ...] = ()
-
-    @property
-    def committed(self) -> bool:
-        return self.state in (_C.PREPARE_COMMIT, _C.COMPLETE_COMMIT)
-
-    @property
-    def aborted(self) -> bool:
-        return self.state in (_C.PREPARE_ABORT, _C.COMPLETE_ABORT)
-
-    @property
-    def decided(self) -> bool:
-        return self.committed or self.aborted
-
-    @property
-    def finished(self) -> bool:
-        """Every participant has its marker."""
-        return self.state in (_C.COMPLETE_COMMIT, _C.COMPLETE_ABORT) or self.state is None

@@ -36,24 +36,24 @@ from typing import Any, cast
 
 from sortedcontainers import SortedDict
 
-from txn_core import envelope, paths
-from txn_core.clock import Clock, monotonic, system_clock
+from txn_core.clock import Clock, monotonic
 from txn_core.coordinator.actions import Action, Begin, Record
 from txn_core.coordinator.apply import apply
-from txn_core.coordinator.states import CoordinatorState
-from txn_core.coordinator.tidstate import Completing, TidState, TxnStatus
+from txn_core.coordinator.tidstate import Completing, TidState
 from txn_core.errors import (
     CorruptDataError,
     ObjectExistsError,
     ObjectNotFoundError,
     TxnLogError,
 )
-from txn_core.ids import MAX_BEGINS_PER_RECORD, TxnId
+from txn_core.format import envelope, paths
+from txn_core.format.ids import MAX_BEGINS_PER_RECORD, TxnId
+from txn_core.format.slotlog import SlotLog
+from txn_core.format.states import CoordinatorState, TxnStatus
 from txn_core.logs import get_logger
-from txn_core.parallel import submit
-from txn_core.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
 from txn_core.storage.guarded import opportunistic
+from txn_core.storage.parallel import submit
 
 __all__ = ["Completing", "CoordinatorPartition", "CoordinatorViews", "TidState", "TxnStatus", "apply"]
 
@@ -156,11 +156,11 @@ class CoordinatorPartition:
     :data:`RECENT_OUTCOMES` final states; every transaction id's sequence is below ``next_slot``.
     """
 
-    def __init__(self, storage: Storage, coordinator: int, clock: Clock | None = None) -> None:
+    def __init__(self, storage: Storage, coordinator: int, *, clock: Clock) -> None:
         self.storage = storage
         self.coordinator = coordinator
         self.slots = SlotLog(storage, paths.coordinator_log(coordinator))
-        self.clock: Clock = clock or system_clock
+        self.clock: Clock = clock
         self._monotonic = monotonic(clock)
         self._lock = threading.RLock()
         self.next_slot = -1  # -1: not loaded yet
@@ -729,7 +729,7 @@ class CoordinatorViews:
 
     storage: Storage
     count: int
-    clock: Clock = system_clock
+    clock: Clock
     _views: dict[int, CoordinatorPartition] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -737,7 +737,7 @@ class CoordinatorViews:
         with self._lock:
             view = self._views.get(coordinator)
             if view is None:
-                view = CoordinatorPartition(self.storage, coordinator, self.clock)
+                view = CoordinatorPartition(self.storage, coordinator, clock=self.clock)
                 self._views[coordinator] = view
             return view
 

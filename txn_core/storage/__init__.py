@@ -1,7 +1,10 @@
-"""The storage contract and its backends (PROTOCOL.md section "Storage")."""
+"""The storage contract and its backends (PROTOCOL.md section "Storage"), and overlapping independent
+requests (``parallel``).
+
+The lowest layer: may import only ``errors``, ``clock`` and ``logs``."""
 
 from txn_core.storage.base import Storage, create_resolving
-from txn_core.storage.factory import has_log, open_storage, redact_url, self_test_storage
+from txn_core.storage.factory import open_storage, redact_url, self_test_storage
 from txn_core.storage.local import LocalStorage
 from txn_core.storage.memory import MemoryStorage
 from txn_core.storage.objectstore import ObjectStoreStorage
@@ -12,7 +15,6 @@ __all__ = [
     "ObjectStoreStorage",
     "Storage",
     "create_resolving",
-    "has_log",
     "open_storage",
     "redact_url",
     "self_test_storage",

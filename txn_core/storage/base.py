@@ -1,24 +1,10 @@
 """The storage contract: the only way txnlog touches a filesystem (PROTOCOL.md section "Storage").
 
-A :class:`Storage` is a flat key space under one log URL. It offers exactly five operations:
-
-``create(key, chunks)``
-    Create-if-absent. Atomic and complete-or-absent: a reader either sees the whole object or no
-    object; two concurrent creates of one key have exactly one winner. The loser gets
-    :class:`ObjectExistsError`. "Please retry" is :class:`RetryableStorageError` (the write certainly
-    did not land); anything else that leaves the outcome open is :class:`UnknownOutcomeError`.
-``read(key, start, end)``
-    The bytes of a complete object (or a byte range of it). :class:`ObjectNotFoundError` if absent.
-``exists(key)``
-    Whether the object exists (a HEAD). Never served from a cache.
-``list(prefix)``
-    The direct children of a "directory" prefix (ending in ``/``), sorted. Sub-prefixes end in ``/``.
-``delete(key)``
-    Remove an object; deleting an absent object is not an error.
-
-Nothing else: no rename, no overwrite, no exists-then-write. Unknown outcomes are resolved by
-:func:`create_resolving`, which reads the object back and compares the writer identity that every
-txnlog object carries in its first bytes.
+The contract is the :class:`Storage` class: its docstring states every guarantee a backend gives, and its
+attributes declare the capabilities a backend may have. Wrappers (:class:`DelegatingStorage`) implement the
+whole class by forwarding; nothing is discovered with ``getattr``. Unknown outcomes are resolved by
+:func:`create_resolving`, which reads the object back and compares the writer identity that every txnlog
+object carries in its first bytes.
 """
 
 from __future__ import annotations
@@ -43,14 +29,47 @@ _log = logging.getLogger("txnlog.storage")
 
 
 class Storage(abc.ABC):
-    """One log URL's key space. Implementations are thread-safe; instances are cheap to pickle."""
+    """One log URL's flat key space. Implementations are thread-safe; instances are cheap to pickle.
+
+    **Guarantees** (every backend, proven by ``tests/test_storage_contract.py`` on each):
+
+    ``create(key, chunks)``
+        Create-if-absent. Atomic and complete-or-absent: a reader either sees the whole object or no object;
+        of two concurrent creates of one key exactly one succeeds, the other gets :class:`ObjectExistsError`
+        (and the server's own check-and-store must be atomic too: PROTOCOL.md "Storage"). "Please retry" is
+        :class:`RetryableStorageError` (the write certainly did not land); anything else that leaves the
+        outcome open is :class:`UnknownOutcomeError`. A refusal for permission is
+        :class:`StoragePermissionError`.
+    ``read(key, start, end)``
+        The bytes of a complete object (or a byte range of it); :class:`ObjectNotFoundError` if absent.
+    ``exists(key)``
+        Whether the object exists now (a HEAD); never served from a cache.
+    ``list(prefix)``
+        The direct children of a "directory" prefix (ending in ``/``), sorted; sub-prefixes end in ``/``.
+    ``delete(key)``
+        Remove an object; deleting an absent object is not an error.
+
+    Those five are the protocol's. The rest are derived, with defaults built on them: :meth:`create_gated`,
+    :meth:`read_buffer`, :meth:`size`, :meth:`mtime_ms`, :meth:`sweep_temp`, :meth:`describe`,
+    :meth:`close`. Nothing else: no rename, no overwrite, no exists-then-write.
+
+    **Capabilities**, declared here and overridden by the backends that have them: :attr:`overlap_reads`,
+    :attr:`stages_creates`; and one thing learned while running, :attr:`read_only`.
+    """
 
     #: The URL this storage was opened from (without credentials).
     url: str
     #: Whether a read waits on something besides this process's CPU (a network round trip), so that reading
-    #: ahead on threads pays (txn_core.parallel). False where a read is a memory copy (local disk through
-    #: the page cache, memory): there a task that already has its core reads inline (txn_core.ranges).
+    #: ahead on threads pays (txn_core.storage.parallel). False where a read is a memory copy (local disk through
+    #: the page cache, memory): there a task that already has its core reads inline (txn_core.partition.ranges).
     overlap_reads: bool = True
+    #: Whether :meth:`create_gated` writes the bytes before waiting for its gate (local disk: into a
+    #: temporary file that only the final link makes visible). Where False, it waits, then creates.
+    stages_creates: bool = False
+    #: Set once a write this process only made to help others (a snapshot) was refused for permission: the
+    #: store is read-only to this process, and such writes are no longer tried
+    #: (:func:`txn_core.storage.guarded.opportunistic`).
+    read_only: bool = False
 
     @abc.abstractmethod
     def create(self, key: str, chunks: Chunks) -> None:
@@ -75,10 +94,6 @@ class Storage(abc.ABC):
     def delete(self, key: str) -> None:
         """Delete ``key`` if present."""
 
-    #: Whether :meth:`create_gated` writes the bytes before waiting for its gate (local disk: into a
-    #: temporary file that only the final link makes visible). Where False, it waits, then creates.
-    stages_creates: bool = False
-
     def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
         """:meth:`create`, made visible only once ``gate()`` returns True; if it returns False (or raises),
         nothing is created and :class:`GateClosedError` (or its error) is raised. A backend that can write the
@@ -102,6 +117,11 @@ class Storage(abc.ABC):
         """The store's modification time of ``key`` in ms, when the backend knows it."""
         return None
 
+    def sweep_temp(self) -> int:
+        """Remove temporary objects crashed creates left (local disk's named fallback); returns how many.
+        Backends whose creates leave none remove nothing."""
+        return 0
+
     def describe(self) -> str:
         """A human-readable name of the backend and URL, never containing credentials."""
         return f"{type(self).__name__}({self.url})"
@@ -115,16 +135,34 @@ class GateClosedError(Exception):
 
 
 class DelegatingStorage(Storage):
-    """Forwards every operation to ``inner``: the base of wrappers that change one or two of them (the
-    write check before a first write, request logging, fault injection in tests)."""
+    """Forwards the whole contract to ``inner``, capabilities included: the base of wrappers that change one
+    or two operations (the write check before a first write, request logging, fault injection in tests)."""
 
     def __init__(self, inner: Storage) -> None:
         self.inner = inner
         self.url = inner.url
-        self.overlap_reads = inner.overlap_reads
+
+    @property
+    def overlap_reads(self) -> bool:  # type: ignore[override]
+        return self.inner.overlap_reads
+
+    @property
+    def stages_creates(self) -> bool:  # type: ignore[override]
+        return self.inner.stages_creates
+
+    @property
+    def read_only(self) -> bool:
+        return self.inner.read_only
+
+    @read_only.setter
+    def read_only(self, value: bool) -> None:
+        self.inner.read_only = value
 
     def create(self, key: str, chunks: Chunks) -> None:
         self.inner.create(key, chunks)
+
+    def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
+        self.inner.create_gated(key, chunks, gate)
 
     def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         return self.inner.read(key, start, end)
@@ -146,6 +184,9 @@ class DelegatingStorage(Storage):
 
     def mtime_ms(self, key: str) -> int | None:
         return self.inner.mtime_ms(key)
+
+    def sweep_temp(self) -> int:
+        return self.inner.sweep_temp()
 
     def describe(self) -> str:
         return self.inner.describe()

@@ -9,7 +9,6 @@ import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
-from txn_core import paths
 from txn_core.errors import (
     ConfigurationError,
     ObjectExistsError,
@@ -86,16 +85,6 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
     if self_test:  # before this process's first write, never on open: reading never writes
         storage = WriteCheckedStorage(storage, self_test_storage)
     return storage
-
-
-def has_log(storage: Storage) -> bool:
-    """Whether ``storage`` holds a log (its format object). Before answering no, the log's root is listed
-    once: a lookup of one object cannot tell a missing bucket from a missing log, a listing can, and a
-    missing bucket then raises its own error naming the bucket and the fix (:mod:`.hints`)."""
-    if storage.exists(paths.FORMAT_KEY):
-        return True
-    storage.list(paths.FORMAT_KEY.rpartition("/")[0] + "/")  # the log's own directory: small wherever it is
-    return False
 
 
 #: Values of the ``client`` storage option: which library talks to an object store.

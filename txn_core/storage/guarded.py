@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from txn_core.errors import StoragePermissionError
 from txn_core.logs import get_logger
 from txn_core.storage.base import Chunks, DelegatingStorage, Storage
 
-log = get_logger("txnlog.storage")
+logger = get_logger("txnlog.storage")
 _verified: set[str] = set()
 _verified_lock = threading.Lock()
 
@@ -45,10 +44,6 @@ class WriteCheckedStorage(DelegatingStorage):
         self._before_write()
         self.inner.create(key, chunks)
 
-    @property
-    def stages_creates(self) -> bool:  # type: ignore[override]
-        return self.inner.stages_creates
-
     def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
         self._before_write()
         self.inner.create_gated(key, chunks, gate)
@@ -57,20 +52,15 @@ class WriteCheckedStorage(DelegatingStorage):
         self._before_write()
         self.inner.delete(key)
 
-    def __getattr__(self, name: str) -> Any:  # backend extras (e.g. LocalStorage.sweep_temp)
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
 
 def opportunistic(storage: Storage, what: str, write: Callable[[], object]) -> bool:
     """Run ``write`` (a write that only helps later readers); skip it on a read-only store. True if written."""
-    if getattr(storage, "read_only", False):
+    if storage.read_only:
         return False
     try:
         write()
     except StoragePermissionError as exc:
-        storage.read_only = True  # type: ignore[attr-defined]
-        log.info("%s: %s not written, the store is read-only for this process (%s)", storage.url, what, exc)
+        storage.read_only = True
+        logger.info("%s: %s not written, the store is read-only for this process (%s)", storage.url, what, exc)
         return False
     return True

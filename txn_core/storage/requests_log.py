@@ -13,24 +13,19 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from txn_core.logs import get_logger
-from txn_core.storage.base import Chunks, Storage
+from txn_core.storage.base import Chunks, DelegatingStorage
 
-log = get_logger("txnlog.storage.requests")
+logger = get_logger("txnlog.storage.requests")
 T = TypeVar("T")
 
 
 def wanted() -> bool:
     """Whether request logging is on."""
-    return log.isEnabledFor(10)
+    return logger.isEnabledFor(10)
 
 
-class RequestLoggingStorage(Storage):
+class RequestLoggingStorage(DelegatingStorage):
     """Logs every request of ``inner`` at DEBUG (see module doc)."""
-
-    def __init__(self, inner: Storage) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.overlap_reads = inner.overlap_reads
 
     def _timed(
         self, op: str, key: str, call: Callable[[], T], size: Callable[[T], int] | None = None, sent: int | None = None
@@ -39,20 +34,16 @@ class RequestLoggingStorage(Storage):
         try:
             result = call()
         except Exception as exc:
-            log.debug(
+            logger.debug(
                 "%s %s failed after %.1f ms: %s", op, key, (time.perf_counter() - started) * 1000, type(exc).__name__
             )
             raise
         moved = sent if sent is not None else (size(result) if size is not None else 0)
-        log.debug("%s %s %d B %.1f ms", op, key, moved, (time.perf_counter() - started) * 1000)
+        logger.debug("%s %s %d B %.1f ms", op, key, moved, (time.perf_counter() - started) * 1000)
         return result
 
     def create(self, key: str, chunks: Chunks) -> None:
         self._timed("create", key, lambda: self.inner.create(key, chunks), sent=sum(len(c) for c in chunks))
-
-    @property
-    def stages_creates(self) -> bool:  # type: ignore[override]
-        return self.inner.stages_creates
 
     def create_gated(self, key: str, chunks: Chunks, gate: Callable[[], bool]) -> None:
         self._timed("create", key, lambda: self.inner.create_gated(key, chunks, gate), sent=sum(len(c) for c in chunks))
@@ -77,9 +68,3 @@ class RequestLoggingStorage(Storage):
 
     def mtime_ms(self, key: str) -> int | None:
         return self._timed("mtime", key, lambda: self.inner.mtime_ms(key))
-
-    def describe(self) -> str:
-        return self.inner.describe()
-
-    def close(self) -> None:
-        self.inner.close()

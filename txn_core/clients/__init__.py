@@ -1,0 +1,11 @@
+"""The clients (PROTOCOL.md "Transactions", "Consuming", "Consumer groups", "Topics", "Subscriptions",
+"Application transactions").
+
+Holds: ``producer`` (the idempotent and transactional producer), ``consumer``, ``groups`` (consumer-group
+offsets), ``offsets_fence``, ``topics`` (topic metadata), ``routing`` (rows to partitions), ``appunit``
+(an application transaction's unit and the rules of its progress), ``apptxn`` (committing a unit
+exactly once), ``subscriptions`` (Pulsar-style subscriptions with transactional acknowledgements).
+
+May import: ``txn_core.coordinator``, ``txn_core.partition``, ``txn_core.format``, ``txn_core.storage``,
+``errors``, ``clock``, ``logs``.
+"""

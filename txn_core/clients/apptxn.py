@@ -1,0 +1,537 @@
+"""Application transactions: staged data committed exactly once per (application, version) (PROTOCOL.md
+"Application transactions").
+
+Delta Lake's ``txn`` action, delta-rs's application transactions: an application that writes in numbered
+units (a stream's micro-batches, a nightly load's dates) commits unit ``N`` of run ``R`` at most once,
+however often it is retried or replayed. Distributed writers stage rows as objects
+(:mod:`txn_core.partition.staging`); one committer per unit then calls :func:`commit_staged`:
+
+1. With a kept producer (this process committed the application's previous unit) skip to 3; else
+   ``init_transactions(T)`` for the application's transactional id ``T``: it fences every older committer
+   (a zombie, an earlier attempt) and finishes what it left; then read ``T``'s **progress**, the metadata
+   of its last committed transaction.
+2. If the progress shows this unit committed (same application mark; the same write id, or the same run
+   with a version at or above this one) it is a **replay**: nothing is committed, only this attempt's own
+   staged objects are deleted, and an interrupted cleanup of the committed attempt is finished from its
+   manifest.
+3. Write the unit's **manifest** (the staged keys about to be committed) under the unit's staging prefix,
+   overlapping the transaction's first requests; it is durable before the commit point.
+4. ``begin``; one ``DATA_REF`` entry per staged object, and with a consumer group its offsets (fenced by
+   their start position, PROTOCOL.md "Offsets fence"), all at once; ``commit_transaction(progress)``: the
+   progress rides on the PrepareCommit record, so output, offsets and progress are one decision.
+5. Wait for the markers; delete the unit's staged objects the commit does not name (failed or duplicate
+   attempts), then the manifest. Failures here are logged: the unit is committed.
+
+Only staged objects the committed transaction lists become visible; a staged object is deleted only by a
+committer that knows it uncommitted (fenced first) or unreferenced by the committed unit (PROTOCOL.md
+"Staged data"). One-shot writes (a ``write_id`` instead of run and version) keep no manifest and mark
+their progress ``ephemeral``, so their transactional ids expire.
+
+:class:`AppCommitter` keeps a log's producers between units (the steady state skips step 1: a kept
+producer that another committer fenced fails at its begin, before anything is decided, and the unit
+starts over from storage alone). The Spark sink (``spark_txn_sink.commit``) is a translation onto
+:func:`commit_staged`; ``AppCommitter.write_once`` and ``txnlog produce --app-id`` use it for whole tables.
+
+Units are scoped to the topic they write, as Delta scopes ``(appId, version)`` to a table: an application
+id commits to each topic under a transactional id of its own (:func:`scoped_transactional_id`), so writing
+version ``N`` to two topics commits it once to each (:class:`AppVersion`, scope).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from txn_core.clients.appunit import AppVersion
+from txn_core.errors import (
+    AppScopeError,
+    ConfigurationError,
+    GroupFencedError,
+    ObjectNotFoundError,
+    ProducerFencedError,
+    StorageError,
+    TransactionalIdTakenOverError,
+    TxnLogError,
+)
+from txn_core.format.ids import TopicPartition, validate_name
+from txn_core.logs import get_logger
+from txn_core.partition.staging import StagedRef, delete_keys, delete_unreferenced
+from txn_core.storage.base import Storage, create_resolving
+from txn_core.storage.parallel import parallel_map, submit
+
+if TYPE_CHECKING:
+    from txn_core.clients.producer import Producer
+    from txn_core.log import Log
+
+logger = get_logger("txnlog.apptxn")
+
+MANIFEST_PREFIX = "_manifest-"
+
+Offsets = dict[tuple[str, int] | TopicPartition, int]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPosition:
+    """A unit's input for its consumer group: ``end`` offsets to commit, and the ``start`` the input began
+    at (the offsets fence claims it; None: the run's first unit did not start from the group)."""
+
+    end: dict[tuple[str, int], int]
+    start: dict[tuple[str, int], int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """What a commit did: ``committed`` (a new transaction) or ``replayed`` (already committed: no-op)."""
+
+    outcome: str
+    rows: int
+    objects: int
+    deleted: int
+
+
+#: A producer kept from the application's previous committed unit, with the progress it committed.
+Kept = tuple["Producer", dict[str, Any]]
+
+
+def _no_fault(point: str) -> None:
+    return None
+
+
+def commit_staged(
+    log: Log,
+    unit: AppVersion,
+    refs: list[StagedRef],
+    *,
+    topic: str,
+    group: str | None = None,
+    offsets: GroupPosition | dict[tuple[str, int], int] | None = None,
+    storage: Storage | None = None,
+    kept: Kept | None = None,
+    transaction_timeout_ms: int = 60_000,
+    before_begin: Callable[[Log], None] | None = None,
+    hit: Callable[[str], None] = _no_fault,
+) -> tuple[CommitResult, Kept | None]:
+    """Commit ``refs`` (objects staged for ``topic``) as ``unit``, exactly once (module doc, steps 1-5).
+
+    ``offsets`` for ``group``: a :class:`GroupPosition` (fenced) or bare end offsets (unfenced, for a
+    writer that owns the group alone). ``storage``: the storage for manifests and cleanup (default: the
+    log's). ``kept``: the producer this process kept from the application's previous unit. ``before_begin``
+    runs right before a new transaction begins; ``hit`` names the protocol's steps for fault injection
+    (``before_commit``, ``after_prepare``, ``after_commit``). Returns the result and the producer to keep
+    for the next unit (None: nothing to keep)."""
+    storage = storage or log.storage
+    unit = unit.for_topic(topic)
+    if kept is not None:
+        try:
+            return _commit(log, storage, unit, refs, topic, group, offsets, before_begin, hit, *kept)
+        except ProducerFencedError:  # another committer of the id ran since: start from storage alone
+            pass
+    refused = _refusal(unit, offsets, *_progress(log, unit))
+    if refused is not None:
+        raise refused  # before fencing the run that owns the id now
+    producer = log.producer(unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
+    try:
+        producer.init_transactions()
+        previous, source = _progress(log, unit, fence_timeout_ms=transaction_timeout_ms)
+    except BaseException:
+        producer.close()
+        raise
+    return _commit(log, storage, unit, refs, topic, group, offsets, before_begin, hit, producer, previous, source)
+
+
+def _commit(
+    log: Log,
+    storage: Storage,
+    unit: AppVersion,
+    refs: list[StagedRef],
+    topic: str,
+    group: str | None,
+    offsets: GroupPosition | dict[tuple[str, int], int] | None,
+    before_begin: Callable[[Log], None] | None,
+    hit: Callable[[str], None],
+    producer: Producer,
+    previous: dict[str, Any] | None,
+    source: str | None = None,
+) -> tuple[CommitResult, Kept | None]:
+    """Steps 2-5 with ``producer`` (initialised, or kept) and ``previous``, the id's progress (``source``: the
+    id it is of, when the unit's scoped id fell back to its application id's, see :func:`_progress`). Keeps the
+    producer when the unit commits; closes it otherwise. Raises :class:`ProducerFencedError` before
+    anything of the unit is durable but its manifest when a kept producer was fenced meanwhile."""
+    keep: Kept | None = None
+    try:
+        refused = _refusal(unit, offsets, previous, source)
+        if refused is not None:
+            raise refused  # another run committed between the check before fencing and the fencing
+        if unit.committed_by(previous):
+            return CommitResult("replayed", 0, 0, _cleanup_replay(storage, unit, previous, refs)), None
+        if before_begin is not None:
+            before_begin(log)
+        manifest_key = _manifest_key(unit) if unit.write_id is None else None
+        # the manifest's create overlaps the transaction's first requests; it is durable before the commit point
+        written = submit(_write_manifest, storage, unit, refs, manifest_key) if manifest_key else None
+        try:
+            if refs and max(r.partition for r in refs) >= log.topics.get(topic, refresh=False).partitions:
+                log.topics.get(topic)  # the writers saw partitions added since this process last looked
+            producer.begin_transaction()
+            if offsets is not None and group is not None:
+                # One begin record registers every partition and the group's log; the references, the
+                # offsets and the offsets fence's claim are then written at once.
+                end, start = _offsets_to_send(log, group, offsets)
+                producer.send_staged(refs, offsets=end, group_id=group, start_offsets=start)
+            else:
+                producer.send_staged(refs)
+        finally:
+            if written is not None:
+                written.result()
+        hit("before_commit")
+        progress = unit.progress(topic, refs, manifest_key, previous)
+        producer.commit_transaction(metadata=progress)
+        hit("after_prepare")
+        listing = submit(storage.list, unit.prefix)  # for the cleanup, overlapping the markers
+        # Markers in every partition before the unit returns (readers need not ask the transaction log);
+        # the Complete record rides on the next unit's records (or close() writes it).
+        producer.wait_for_markers()
+        hit("after_commit")
+        deleted = _cleanup_committed(storage, unit, refs, manifest_key, listing)
+        if unit.write_id is None:
+            keep = (producer, progress)
+        return CommitResult("committed", sum(r.rows for r in refs), len(refs), deleted), keep
+    finally:
+        if keep is None:
+            producer.close()
+
+
+def _refusal(
+    unit: AppVersion,
+    offsets: GroupPosition | dict[tuple[str, int], int] | None,
+    progress: dict[str, Any] | None,
+    source: str | None = None,
+) -> AppScopeError | TransactionalIdTakenOverError | None:
+    """Why ``unit`` may not commit after ``progress`` (of transactional id ``source``):
+    :meth:`AppVersion.out_of_scope`, then :meth:`AppVersion.taken_over` unless the unit's group offsets are
+    fenced (a :class:`GroupPosition`): the offsets fence already refuses a run that another run overtook on
+    its group, naming the offsets."""
+    scope = unit.out_of_scope(progress, source)
+    if scope is not None or isinstance(offsets, GroupPosition):
+        return scope
+    return unit.taken_over(progress)
+
+
+def _progress(log: Log, unit: AppVersion, *, fence_timeout_ms: int | None = None) -> tuple[dict[str, Any] | None, str]:
+    """The progress of ``unit``'s transactional id, and the id it is of.
+
+    A scoped id with none yet takes that of the application id it was scoped from (PROTOCOL.md "Application
+    transactions", scope): units were committed under the bare application id before units were scoped per
+    topic, and the last of them must still be recognised (a query restarted across the change replays it),
+    whatever topic it names (:meth:`AppVersion.committed_by` and :meth:`AppVersion.out_of_scope` judge it).
+    An application id whose last commit carries another mark is another application's, and is left alone.
+    With ``fence_timeout_ms`` (after the scoped id's own fencing), the application id is fenced too before
+    its progress is read: a committer of the older kind still in the middle of a unit under it (a zombie)
+    could otherwise commit that unit after this one did."""
+    tid = unit.transactional_id
+    progress = log.transaction_metadata(tid)
+    if progress is not None or unit.scoped_from is None:
+        return progress, tid
+    state = log.coordinator.state(unit.scoped_from)
+    if state is None or (state.last_committed is not None and state.last_committed.get("sink") != unit.app):
+        return None, tid
+    if fence_timeout_ms is not None:
+        producer = log.producer(unit.scoped_from, transaction_timeout_ms=fence_timeout_ms)
+        try:
+            producer.init_transactions()
+        finally:
+            producer.close()
+    earlier = log.transaction_metadata(unit.scoped_from)
+    if earlier is None or earlier.get("sink") != unit.app:
+        return None, tid
+    return earlier, unit.scoped_from
+
+
+def abort_staged(
+    log: Log,
+    unit: AppVersion,
+    refs: list[StagedRef],
+    *,
+    storage: Storage | None = None,
+    transaction_timeout_ms: int = 60_000,
+    group_fenced: bool = False,
+    topic: str | None = None,
+) -> int:
+    """The unit failed: settle the transaction state (``init_transactions`` fences and finishes whatever a
+    failed commit left), then delete this attempt's staged objects unless the unit turned out committed (a
+    commit that raised after its commit point). Returns objects deleted.
+
+    A unit whose fate the progress cannot tell (:meth:`AppVersion.out_of_scope`: the same run's version at
+    or above it committed to another topic) is settled but deletes nothing: it may have committed before
+    that commit, and the staged-data sweep removes its objects if it did not.
+
+    A run whose id another run took over (:meth:`AppVersion.taken_over`) does neither, unless
+    ``group_fenced`` (its commits sent fenced group offsets, so the offsets fence refused it, possibly with
+    its transaction open: that one is settled as always). ``topic``: the topic the unit wrote, for a unit
+    not bound to one (default: that of ``refs``)."""
+    storage = storage or log.storage
+    bound = topic or unit.topic or next((r.topic for r in refs), None)
+    if bound is None:
+        raise ConfigurationError(
+            f"abort_staged: unit {unit.staging_batch} of application {unit.transactional_id!r} is bound to no "
+            "topic and has no staged objects to tell it: pass topic=, the topic the unit was committing to"
+        )
+    unit = unit.for_topic(bound)
+    if not group_fenced and unit.taken_over(_progress(log, unit)[0]) is not None:
+        # Another run owns the id: it fenced this run (settling what it left) before committing, and fencing
+        # it back would abort its open transaction. Whether this attempt got past its commit point before
+        # the other run committed is no longer known, so nothing is deleted: the staged-data sweep removes
+        # what no committed transaction references.
+        return 0
+    producer = log.producer(unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
+    try:
+        producer.init_transactions()
+        progress, source = _progress(log, unit, fence_timeout_ms=transaction_timeout_ms)
+        if unit.committed_by(progress) or unit.out_of_scope(progress, source) is not None:
+            return 0  # committed, or not known to be uncommitted: its objects may be data
+    finally:
+        producer.close()
+    return _quiet_delete(storage, [r.key for r in refs] + _manifests(storage, unit))
+
+
+def _offsets_to_send(
+    log: Log, group: str, position: GroupPosition | dict[tuple[str, int], int]
+) -> tuple[Offsets, Offsets | None]:
+    """The unit's group offsets and the start that fences them (PROTOCOL.md "Offsets fence"), or no start
+    for plain offsets. A first unit that did not start from the group may commit only to a group that has
+    no offsets for its partitions yet (its start is then the group's origin, -1)."""
+    if not isinstance(position, GroupPosition):
+        return dict(position.items()), None
+    start = position.start
+    if start is None:
+        committed = log.groups.committed(group, require_stable=True)
+        held = sorted(str(tp) for tp in committed if (tp.topic, tp.partition) in position.end)
+        if held:
+            raise GroupFencedError(
+                f"consumer group {group!r} already has committed offsets for {', '.join(held[:4])}"
+                f"{' ...' if len(held) > 4 else ''}, but this query's first batch did not start from them "
+                "(startingOffsets is not 'group'), so committing its offsets could commit input twice. Start "
+                "the query with startingOffsets=group (and consumerGroup on the reader), or use a new "
+                "consumerGroup.",
+                group,
+            )
+        start = {tp: -1 for tp in position.end}
+    return dict(position.end.items()), dict(start.items())
+
+
+# --- manifests and cleanup ------------------------------------------------------------------------
+
+
+def _manifest_key(unit: AppVersion) -> str:
+    return f"{unit.prefix}{MANIFEST_PREFIX}{uuid.uuid4().hex}.json"
+
+
+def _write_manifest(storage: Storage, unit: AppVersion, refs: list[StagedRef], key: str) -> str:
+    """Record the keys this unit is about to commit, so that a replay can finish an interrupted cleanup.
+
+    Written before the commit point; its key is part of the committed progress, so a manifest named by
+    committed progress lists exactly the committed keys of that unit.
+    """
+    body = json.dumps(
+        {
+            "transactional_id": unit.transactional_id,
+            "query_id": unit.run_id,
+            "batch_id": unit.version,
+            "keys": [r.key for r in refs],
+        }
+    ).encode()
+    create_resolving(storage, key, [body], body)
+    return key
+
+
+def _manifests(storage: Storage, unit: AppVersion) -> list[str]:
+    """Manifests under the unit's prefix. Called only once the unit is known uncommitted (after fencing):
+    such a manifest names nothing committed; deleting one at worst leaves garbage for a later cleanup."""
+    try:
+        return [unit.prefix + n for n in storage.list(unit.prefix) if n.startswith(MANIFEST_PREFIX)]
+    except StorageError:
+        return []
+
+
+def _read_manifest(storage: Storage, key: str) -> list[str] | None:
+    try:
+        value = json.loads(storage.read(key))
+    except ObjectNotFoundError:
+        return None
+    return [str(k) for k in value["keys"]]
+
+
+def _cleanup_committed(
+    storage: Storage,
+    unit: AppVersion,
+    refs: list[StagedRef],
+    manifest: str | None,
+    listing: Future[list[str]] | None = None,
+) -> int:
+    """After this process's commit of the unit: delete every unreferenced object of its prefix.
+
+    ``listing`` is the prefix's listing taken after the commit point (overlapping the markers); the
+    objects it shows that the unit did not commit are failed or duplicate attempts, deleted in parallel,
+    then the manifest. Without it the prefix is listed here.
+    """
+    keep = {r.key for r in refs}
+    if manifest is not None:
+        keep.add(manifest)
+    try:
+        if listing is None:
+            n = delete_unreferenced(storage, unit.prefix, keep)
+        else:
+            names = [unit.prefix + name for name in listing.result() if not name.endswith("/")]
+            n = len(parallel_map(storage.delete, [k for k in names if k not in keep]))
+        if manifest is not None:
+            storage.delete(manifest)
+        return n
+    except StorageError as exc:  # the unit is committed; leftovers are garbage a replay or sweep removes
+        logger.warning("cleanup of %s failed after commit: %s", unit.prefix, exc)
+        return 0
+
+
+def _cleanup_replay(storage: Storage, unit: AppVersion, progress: dict[str, Any] | None, refs: list[StagedRef]) -> int:
+    """A replayed unit that is already committed: delete this attempt's objects (never committed); if the
+    committed attempt's cleanup was interrupted (its manifest still exists), finish it from the manifest."""
+    own = [r.key for r in refs]
+    manifest = progress.get("manifest") if progress and progress.get("batch_id") == unit.version else None
+    if isinstance(manifest, str) and manifest.startswith(unit.prefix):
+        try:
+            committed = _read_manifest(storage, manifest)
+            if committed is not None:
+                n = delete_unreferenced(storage, unit.prefix, {*committed, manifest})
+                storage.delete(manifest)
+                return n
+        except StorageError as exc:
+            logger.warning("cleanup of replayed unit %s failed: %s", unit.prefix, exc)
+            return 0
+    return _quiet_delete(storage, own)
+
+
+def _quiet_delete(storage: Storage, keys: list[str]) -> int:
+    try:
+        return delete_keys(storage, keys)
+    except StorageError as exc:
+        logger.warning("could not delete %d uncommitted staged objects: %s", len(keys), exc)
+        return 0
+
+
+# --- a committer that keeps its producers ---------------------------------------------------------
+
+
+class AppCommitter:
+    """Commits units of one or more applications to one log exactly once, keeping each application's
+    producer between units (its steady state skips ``init_transactions`` and the progress read). One per
+    process and log; thread-safe across applications, one unit at a time per application."""
+
+    def __init__(self, log: Log, *, transaction_timeout_ms: int = 60_000) -> None:
+        self.log = log
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._kept: dict[str, Kept] = {}
+        self._lock = threading.Lock()
+
+    def commit(
+        self,
+        unit: AppVersion,
+        refs: list[StagedRef],
+        *,
+        topic: str,
+        group: str | None = None,
+        offsets: GroupPosition | dict[tuple[str, int], int] | None = None,
+    ) -> CommitResult:
+        """:func:`commit_staged` with this committer's kept producer for ``unit``'s transactional id."""
+        unit = unit.for_topic(topic)
+        with self._lock:
+            kept = self._kept.pop(unit.transactional_id, None)
+        try:
+            result, keep = commit_staged(
+                self.log,
+                unit,
+                refs,
+                topic=topic,
+                group=group,
+                offsets=offsets,
+                kept=kept,
+                transaction_timeout_ms=self.transaction_timeout_ms,
+            )
+        except BaseException:
+            self._drop(unit.transactional_id)
+            raise
+        if keep is not None:
+            with self._lock:
+                old = self._kept.pop(unit.transactional_id, None)
+                self._kept[unit.transactional_id] = keep
+            if old is not None and old[0] is not keep[0]:
+                old[0].close()
+        return result
+
+    def write_once(
+        self, unit: AppVersion, topic: str, data: object, *, partition: int | None = None, key_column: str | None = None
+    ) -> CommitResult:
+        """Stage ``data`` (anything ``Producer.send`` takes) for ``topic`` and commit it as ``unit``: a
+        replay of the same unit commits nothing and leaves nothing staged."""
+        return self.commit(
+            unit, stage_table(self.log, unit, topic, data, partition=partition, key_column=key_column), topic=topic
+        )
+
+    def _drop(self, tid: str) -> None:
+        with self._lock:
+            kept = self._kept.pop(tid, None)
+        if kept is not None:
+            try:
+                kept[0].close()
+            except TxnLogError as exc:
+                logger.info("kept producer of %s not closed cleanly: %s", tid, exc)
+
+    def close(self) -> None:
+        """Close the kept producers (their last Complete records are written)."""
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), {}
+        for producer, _ in kept:
+            producer.close()
+
+    def __enter__(self) -> AppCommitter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def stage_table(
+    log: Log,
+    unit: AppVersion,
+    topic: str,
+    data: object,
+    *,
+    partition: int | None = None,
+    key_column: str | None = None,
+) -> list[StagedRef]:
+    """Conform ``data`` to ``topic``'s schema, route it (a partition, a key column's hash, else partition
+    0) and stage one object per partition under ``unit``'s prefix."""
+    from txn_core.clients.routing import split_by_key
+    from txn_core.format.schema import conform
+    from txn_core.partition.staging import write_staged
+
+    unit = unit.for_topic(topic)
+    validate_name("transactional id", unit.transactional_id)
+    meta = log.topics.get(topic)
+    if partition is not None and not (isinstance(partition, int) and 0 <= partition < meta.partitions):
+        raise ConfigurationError(
+            f"partition {partition!r} does not exist in topic {topic!r} (partitions 0..{meta.partitions - 1})"
+        )
+    table = conform(data, meta.schema, topic=topic)
+    parts = split_by_key(table, key_column, meta.partitions) if key_column is not None else {partition or 0: table}
+    refs = []
+    for p, part in sorted(parts.items()):
+        ref = write_staged(
+            log.storage, unit.prefix, topic, p, part.to_batches(), meta.schema, tag=unit.staging_batch, clock=log.clock
+        )
+        if ref is not None:
+            refs.append(ref)
+    return refs

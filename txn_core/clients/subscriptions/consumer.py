@@ -1,0 +1,319 @@
+"""The subscription consumer: shared consumption with individual, cumulative, negative and
+transactional acknowledgements (PROTOCOL.md "Subscriptions").
+
+::
+
+    c = log.subscribe("orders", 0, "billing", ack_timeout_ms=30_000)
+    p = log.producer(transactional_id="billing-worker-1"); p.init_transactions()
+    while True:
+        batch = c.receive(max_records=100, timeout_s=1.0)
+        if not batch.num_rows:
+            continue
+        p.begin_transaction()
+        try:
+            p.send("invoices", process(batch))
+            c.acknowledge(batch, transaction=p)     # pending until the transaction ends
+            p.commit_transaction()                  # the acks apply when the commit marker lands
+        except txn_core.TransactionConflictError:   # another transaction acknowledged one of them first
+            p.abort_transaction()
+            c.redeliver_unacknowledged()
+
+Any number of consumers, in any processes, may consume one subscription; each record is delivered to one
+of them at a time (range leases, see :mod:`.dispatcher`), and delivered again when it is not acknowledged
+within the ack timeout, when it is negatively acknowledged, or when the transaction holding its
+acknowledgement aborts. A transactional acknowledgement is appended to the ack log inside the producer's
+current transaction; the consumer replays the log up to it and raises :class:`TransactionConflictError`
+(and makes the transaction abortable) if an earlier record in the log already acknowledged or holds one
+of its records.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from txn_core.clients.subscriptions import trim as trimming
+from txn_core.clients.subscriptions.acklog import AckLog
+from txn_core.clients.subscriptions.dispatcher import Dispatcher
+from txn_core.clients.subscriptions.records import AckOp, AckRecord, entry_acks
+from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
+from txn_core.clients.subscriptions.store import (
+    DEFAULT_RANGE_SIZE,
+    SubscriptionMeta,
+    SubscriptionRef,
+    create_meta,
+    read_meta,
+    validate_ref,
+)
+from txn_core.errors import ConfigurationError, DataLossError, InvalidOffsetError, ProducerClosedError
+from txn_core.format import paths
+from txn_core.format.ids import TxnId, is_int, validate_name
+from txn_core.partition.ages import SAFE_ENTRY_AGE_MS, check_min_age_of
+from txn_core.partition.partition import AppendResult
+from txn_core.partition.ranges import available_end
+from txn_core.partition.reader import READ_COMMITTED
+
+if TYPE_CHECKING:
+    from txn_core.clients.producer import Producer
+    from txn_core.log import Log
+
+INITIAL_POSITIONS = ("earliest", "latest")
+#: How often a consumer considers trimming (log clock).
+TRIM_EVERY_MS = 30_000
+
+
+def open_meta(
+    log: Log, topic: str, partition: int, name: str, *, create: bool, initial_position: str, range_size: int | None
+) -> SubscriptionMeta:
+    """The subscription's metadata, creating it if asked (checks the topic partition exists)."""
+    ref = validate_ref(topic, partition, name)
+    meta = log.topics.get(topic)
+    if not 0 <= partition < meta.partitions:
+        raise ConfigurationError(f"topic {topic!r} has no partition {partition} (partitions 0..{meta.partitions - 1})")
+    if initial_position not in INITIAL_POSITIONS:
+        raise ConfigurationError(f"initial_position must be one of {INITIAL_POSITIONS}, got {initial_position!r}")
+    if range_size is not None and (not isinstance(range_size, int) or not 1 <= range_size <= 1 << 20):
+        raise ConfigurationError(f"range_size must be an int in [1, {1 << 20}], got {range_size!r}")
+    if not create:
+        stored = read_meta(log.storage, ref)
+    else:
+        path = paths.partition_log_path(topic, partition)
+        if initial_position == "earliest":
+            initial = log.partition_log(path).log_start(refresh=True).offset
+        else:  # the last stable offset: a transaction open at the log end is delivered once it commits
+            initial = available_end(log.partition_state(path, shared=False), READ_COMMITTED)  # its own: not thread-safe
+        stored = create_meta(log.storage, SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, log.clock()))
+    if range_size is not None and stored.range_size != range_size:
+        raise ConfigurationError(
+            f"{ref} was created with range_size {stored.range_size}; it cannot be opened with {range_size}"
+        )
+    return stored
+
+
+class SubscriptionConsumer:
+    """One consumer of a subscription (see module doc). Thread-safe; one receive at a time."""
+
+    def __init__(
+        self,
+        log: Log,
+        topic: str,
+        partition: int,
+        subscription: str,
+        *,
+        consumer_name: str | None = None,
+        ack_timeout_ms: int = 30_000,
+        nack_delay_ms: int = 1_000,
+        create: bool = True,
+        initial_position: str = "earliest",
+        range_size: int | None = None,
+        max_unacked: int = 1000,
+        trim_min_age_ms: int = trimming.MIN_ENTRY_AGE_MS,
+    ) -> None:
+        if consumer_name is not None:
+            validate_name("consumer", consumer_name)
+        for what, value, low in (
+            ("ack_timeout_ms", ack_timeout_ms, 1),
+            ("nack_delay_ms", nack_delay_ms, 0),
+            ("max_unacked", max_unacked, 1),
+            ("trim_min_age_ms", trim_min_age_ms, 0),
+        ):
+            if not is_int(value) or value < low:
+                raise ConfigurationError(f"{what} must be an int >= {low}, got {value!r}")
+        check_min_age_of("trim_min_age_ms: trimming the ack log", trim_min_age_ms, SAFE_ENTRY_AGE_MS, flag=None)
+        self.log = log
+        self.meta = open_meta(
+            log, topic, partition, subscription, create=create, initial_position=initial_position, range_size=range_size
+        )
+        self.ref: SubscriptionRef = self.meta.ref
+        self.consumer_id = f"{consumer_name or 'consumer'}-{uuid.uuid4().hex[:12]}"
+        self.trim_min_age_ms = trim_min_age_ms
+        self.acklog = AckLog(log, self.meta)
+        self._dispatch = Dispatcher(
+            log,
+            self.meta,
+            self.acklog,
+            self.consumer_id,
+            ack_timeout_ms=ack_timeout_ms,
+            nack_delay_ms=nack_delay_ms,
+            max_unacked=max_unacked,
+            max_ranges=8,
+        )
+        self._last_trim = log.clock()
+        self._closed = False
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"SubscriptionConsumer({self.ref}, id={self.consumer_id!r})"
+
+    @property
+    def ack_log_path(self) -> str:
+        """The log path of the subscription's ack log (a transaction participant)."""
+        return self.ref.ack_log_path
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProducerClosedError(f"consumer {self.consumer_id!r} of {self.ref} is closed")
+
+    # --- receiving ------------------------------------------------------------------------------
+
+    def receive(self, max_records: int = 100, *, timeout_s: float = 0.0) -> pa.Table:
+        """Up to ``max_records`` records for this consumer (topic columns plus ``_topic``, ``_partition``,
+        ``_offset``, ``_timestamp``), waiting up to ``timeout_s`` for some; an empty table if none."""
+        if not isinstance(max_records, int) or max_records <= 0:
+            raise ConfigurationError(f"max_records must be a positive int, got {max_records!r}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                self._check_open()
+                now = self.log.clock()
+                try:
+                    table = self._dispatch.receive(max_records, now)
+                except DataLossError as exc:
+                    raise DataLossError(
+                        f"{self.ref}: {exc}. Retention removed records this subscription had not acknowledged; "
+                        "they cannot be delivered. Call skip_lost() to give them up and go on from the log "
+                        "start (recorded in the ack log: every consumer of the subscription goes on from there)"
+                    ) from exc
+                skips = self._dispatch.take_skips() if not table.num_rows else ()
+                if skips:
+                    self.acklog.append(AckRecord(AckOp.SKIP, skips=skips, consumer=self.consumer_id))
+                self._maintain(now)
+            if table.num_rows or time.monotonic() >= deadline:
+                return table
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _maintain(self, now: int) -> None:
+        if self.acklog.snapshot_due(now):
+            self.acklog.write_snapshot(now)
+        if now - self._last_trim >= TRIM_EVERY_MS:
+            self._last_trim = now
+            trimming.trim(self.log, self.acklog, self._dispatch.leases, min_age_ms=self.trim_min_age_ms, now_ms=now)
+
+    def unacknowledged(self) -> list[int]:
+        """Offsets delivered to this consumer and not yet acknowledged or negatively acknowledged."""
+        with self._lock:
+            return sorted(self._dispatch.inflight)
+
+    # --- acknowledging --------------------------------------------------------------------------
+
+    def acknowledge(self, offsets: int | Iterable[int] | pa.Table, *, transaction: Producer | None = None) -> None:
+        """Acknowledge records delivered to this consumer (individually; several of one entry become a
+        batch-index acknowledgement with a bitset).
+
+        With ``transaction`` (a transactional producer inside a transaction), the acknowledgement is
+        pending until that transaction ends: applied if it commits, discarded (the records deliverable
+        again) if it aborts. Raises :class:`TransactionConflictError` if another party's acknowledgement
+        of one of these records comes first in the ack log (the transaction then cannot commit),
+        :class:`InvalidOffsetError` for records this consumer does not hold.
+        """
+        offs = _offsets(offsets)
+        with self._lock:
+            self._check_open()
+            if not offs:
+                return
+            offs = self._dispatch.check_delivered(offs)
+            acks = entry_acks(offs, self._dispatch.bounds)
+            record = AckRecord(AckOp.ACK, acks, 0, self._dispatch.take_skips(), self.consumer_id)
+            try:
+                self._submit(record, offs, transaction)
+            except Exception:
+                state = self.acklog.state  # records someone else holds or finished are no longer ours
+                self._dispatch.settled([o for o in offs if state.status(o) is not AckStatus.UNACKED], pending=False)
+                raise
+            self._dispatch.settled(offs, pending=transaction is not None)
+
+    def acknowledge_cumulative(self, offset: int, *, transaction: Producer | None = None) -> None:
+        """Acknowledge every record of the partition at or below ``offset`` (delivered to this consumer).
+
+        In a subscription shared by several consumers this also acknowledges records delivered to the
+        others; Pulsar refuses cumulative acknowledgement on shared subscriptions for that reason — use it
+        when one consumer reads the subscription. In a transaction it is pending like an individual one,
+        and conflicts with any other transaction holding an unacknowledged record below ``offset``.
+        """
+        (off,) = _offsets(offset)
+        with self._lock:
+            self._check_open()
+            self._dispatch.check_delivered([off])
+            record = AckRecord(AckOp.CUMULATIVE, (), off + 1, self._dispatch.take_skips(), self.consumer_id)
+            self._submit(record, [off], transaction)
+            self._dispatch.settled(
+                [o for o in list(self._dispatch.inflight) if o <= off], pending=transaction is not None
+            )
+
+    def _submit(self, record: AckRecord, offsets: list[int], transaction: Producer | None) -> None:
+        if transaction is None:
+            result = self.acklog.append(record)
+            AckLog.raise_if_void(self.acklog.verdict(result.slot), self.ref, offsets)
+            return
+
+        def check(txn: TxnId | None, result: AppendResult) -> None:
+            AckLog.raise_if_void(self.acklog.verdict(result.slot), self.ref, offsets)
+
+        transaction.append_to_transaction(self.ref.ack_log_path, record.encode(), check=check)
+
+    def negative_acknowledge(self, offsets: int | Iterable[int] | pa.Table) -> None:
+        """Ask for these records again: they are redelivered after the consumer's ``nack_delay_ms``."""
+        offs = _offsets(offsets)
+        with self._lock:
+            self._check_open()
+            self._dispatch.nack(self._dispatch.check_delivered(offs), self.log.clock())
+
+    def redeliver_unacknowledged(self) -> None:
+        """Deliver every record in flight again on the next receive (e.g. after aborting a transaction)."""
+        with self._lock:
+            self._dispatch.redeliver_all(self.log.clock())
+
+    def skip_lost(self) -> int:
+        """Give up the records retention removed before they were acknowledged: the subscription goes on
+        from the topic partition's log start (Pulsar's cursor reset, Kafka's ``auto.offset.reset``), for every
+        consumer of it. Returns how far its mark-delete position moved (0 when nothing was lost; offsets
+        acknowledged above the old position and markers count too).
+
+        One non-transactional ``lost`` record in the ack log: the mark-delete position moves to the log
+        start, whatever acknowledgements or transactions held below it (a transaction holding some still
+        commits or aborts; what it held there no longer matters)."""
+        with self._lock:
+            self._check_open()
+            return self.acklog.give_up_lost(self.consumer_id)
+
+    # --- state ----------------------------------------------------------------------------------
+
+    def state(self) -> SubscriptionState:
+        """The replayed subscription state, caught up (shared with this consumer: do not modify)."""
+        with self._lock:
+            return self.acklog.refresh(resolve=True)
+
+    def close(self) -> None:
+        """Release this consumer's leases so others redeliver its unacknowledged records at once."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            now = self.log.clock()
+            skips = self._dispatch.take_skips()
+            if skips:
+                self.acklog.append(AckRecord(AckOp.SKIP, skips=skips, consumer=self.consumer_id))
+            self._dispatch.release_all(now)
+
+    def __enter__(self) -> SubscriptionConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _offsets(value: int | Iterable[int] | pa.Table) -> list[int]:
+    if isinstance(value, pa.Table):
+        if "_offset" not in value.column_names:
+            raise ConfigurationError("acknowledge a table returned by receive() (it needs the _offset column)")
+        return [int(o) for o in value.column("_offset").to_pylist()]
+    items = [value] if isinstance(value, int) else list(value)
+    for o in items:
+        if not is_int(o) or o < 0:
+            raise InvalidOffsetError(f"offsets must be non-negative ints, got {o!r}")
+    return items

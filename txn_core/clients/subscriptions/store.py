@@ -1,0 +1,183 @@
+"""Where a subscription lives, its metadata object and its state snapshots (PROTOCOL.md "Subscriptions",
+"Subscription layout").
+
+Under ``subscriptions/<topic>/<05d partition>/<name>/``:
+
+==============================  ===================================================================
+``meta``                        subscription metadata (envelope kind 10, JSON), create-if-absent
+``acks/log/<020d slot>``        the **ack log**: a partition log of ack records and COMMIT/ABORT markers;
+                                its log path ``.../acks`` is a transaction participant
+``acks/start/<020d slot>``      the ack log's log start (trimming), as for any partition log
+``state/<020d slot>.<013d ms>`` a snapshot of the subscription state before ack-log slot ``slot``,
+                                written at ``ms`` (envelope kind 10, JSON)
+``leases/<020d range>-<020d g>``  dispatch lease generation ``g`` of an offset range (see ``leases.py``)
+==============================  ===================================================================
+
+Snapshots carry their write time in their name so that the trimmer can pick, from one LIST, the newest
+snapshot older than the minimum entry age without reading any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from txn_core.clients.subscriptions.errors import SubscriptionNotFoundError
+from txn_core.clients.subscriptions.state import SubscriptionState
+from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
+from txn_core.format import envelope, paths
+from txn_core.format.ids import is_int, validate_name
+from txn_core.storage.base import Storage
+
+META_VERSION = 1
+DEFAULT_RANGE_SIZE = 256
+_KIND = envelope.ObjectKind.SUBSCRIPTION
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionRef:
+    """Names one subscription: (topic, partition, name)."""
+
+    topic: str
+    partition: int
+    name: str
+
+    @property
+    def root(self) -> str:
+        return paths.subscription_root(self.topic, self.partition, self.name)
+
+    @property
+    def ack_log_path(self) -> str:
+        """The ack log's log path: the participant name transactions register."""
+        return self.root + "acks"
+
+    @property
+    def meta_key(self) -> str:
+        return self.root + "meta"
+
+    @property
+    def snapshots(self) -> str:
+        return self.root + "state/"
+
+    @property
+    def leases(self) -> str:
+        return self.root + "leases/"
+
+    def __str__(self) -> str:
+        return f"subscription {self.name!r} of {self.topic}-{self.partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionMeta:
+    """The immutable settings of a subscription, fixed when it is created."""
+
+    ref: SubscriptionRef
+    initial_offset: int  # the mark-delete position of a new subscription
+    range_size: int  # offsets per dispatch lease range
+    created_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": META_VERSION,
+            "topic": self.ref.topic,
+            "partition": self.ref.partition,
+            "name": self.ref.name,
+            "initial_offset": self.initial_offset,
+            "range_size": self.range_size,
+            "created_ms": self.created_ms,
+        }
+
+    @classmethod
+    def from_json(cls, ref: SubscriptionRef, v: dict[str, Any], key: str) -> SubscriptionMeta:
+        try:
+            if int(v["version"]) != META_VERSION or v["name"] != ref.name or v["topic"] != ref.topic:
+                raise CorruptDataError(f"{key}: metadata does not describe {ref}", key)
+            return cls(ref, int(v["initial_offset"]), int(v["range_size"]), int(v["created_ms"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptDataError(f"{key}: malformed subscription metadata: {exc!r}", key) from exc
+
+
+def validate_ref(topic: str, partition: int, name: str) -> SubscriptionRef:
+    validate_name("topic", topic, allow_internal=True)
+    validate_name("subscription", name)
+    if not is_int(partition) or partition < 0:
+        raise ConfigurationError(f"partition must be a non-negative int, got {partition!r}")
+    return SubscriptionRef(topic, partition, name)
+
+
+def read_meta(storage: Storage, ref: SubscriptionRef) -> SubscriptionMeta:
+    """The metadata of ``ref``; :class:`SubscriptionNotFoundError` (listing the existing ones) if absent."""
+    try:
+        value = envelope.read_json(storage, ref.meta_key, _KIND)
+    except ObjectNotFoundError:
+        existing = list_subscriptions(storage, ref.topic, ref.partition)
+        raise SubscriptionNotFoundError(
+            f"{ref} does not exist (existing: {', '.join(existing) or 'none'}); subscribe with create=True to create it"
+        ) from None
+    return SubscriptionMeta.from_json(ref, value, ref.meta_key)
+
+
+def create_meta(storage: Storage, meta: SubscriptionMeta) -> SubscriptionMeta:
+    """Create the subscription if absent (exactly one racing creator wins); returns the stored metadata."""
+    envelope.create_json(storage, meta.ref.meta_key, _KIND, meta.to_json())
+    return read_meta(storage, meta.ref)
+
+
+def list_subscriptions(storage: Storage, topic: str, partition: int) -> list[str]:
+    prefix = paths.subscription_root(topic, partition, "x")[: -len("x/")]
+    return [n.rstrip("/") for n in storage.list(prefix) if n.endswith("/")]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SnapshotRef:
+    slot: int
+    time_ms: int
+
+    @property
+    def name(self) -> str:
+        return f"{paths.slot_name(self.slot)}.{self.time_ms:013d}"
+
+
+class SnapshotStore:
+    """The state snapshots of one subscription."""
+
+    def __init__(self, storage: Storage, ref: SubscriptionRef) -> None:
+        self.storage = storage
+        self.prefix = ref.snapshots
+
+    def list(self) -> list[SnapshotRef]:
+        """Snapshots present, ascending by slot then time (one LIST)."""
+        out = []
+        for name in self.storage.list(self.prefix):
+            slot, _, ms = name.partition(".")
+            if slot.isdigit() and ms.isdigit():
+                out.append(SnapshotRef(int(slot), int(ms)))
+        return sorted(out)
+
+    def write(self, state: SubscriptionState, time_ms: int) -> SnapshotRef:
+        ref = SnapshotRef(state.slot, time_ms)
+        value = state.to_json()
+        value["time_ms"] = time_ms
+        envelope.create_json(self.storage, self.prefix + ref.name, _KIND, value)
+        return ref
+
+    def read(self, snap: SnapshotRef) -> SubscriptionState:
+        key = self.prefix + snap.name
+        state = SubscriptionState.from_json(envelope.read_json(self.storage, key, _KIND), key)
+        if state.slot != snap.slot:
+            raise CorruptDataError(f"{key}: holds the state at slot {state.slot}", key)
+        return state
+
+    def load_latest(self, min_slot: int, max_slot: int | None = None) -> SubscriptionState | None:
+        """The newest readable snapshot with ``min_slot <= slot (<= max_slot)``; damaged ones are skipped."""
+        for snap in reversed(self.list()):
+            if snap.slot < min_slot or (max_slot is not None and snap.slot > max_slot):
+                continue
+            try:
+                return self.read(snap)
+            except (ObjectNotFoundError, CorruptDataError):
+                continue  # raced a delete, or damaged: an older one will do
+        return None
+
+    def delete(self, snap: SnapshotRef) -> None:
+        self.storage.delete(self.prefix + snap.name)

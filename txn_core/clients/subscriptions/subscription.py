@@ -1,0 +1,108 @@
+"""Administration of a subscription: its state, a description, trimming (PROTOCOL.md "Subscriptions")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from txn_core.clients.subscriptions import trim as trimming
+from txn_core.clients.subscriptions.acklog import AckLog
+from txn_core.clients.subscriptions.leases import LeaseStore
+from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
+from txn_core.clients.subscriptions.store import SubscriptionMeta, list_subscriptions, read_meta, validate_ref
+from txn_core.format import paths
+from txn_core.format.ids import TxnId
+from txn_core.partition.ages import SAFE_ENTRY_AGE_MS, check_min_age_of
+
+if TYPE_CHECKING:
+    from txn_core.log import Log
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionDescription:
+    topic: str
+    partition: int
+    name: str
+    mark_delete: int
+    acked_above_mark_delete: int
+    pending: dict[TxnId, tuple[int, ...]]  # open transaction -> offsets it holds individually
+    pending_cumulative: dict[TxnId, int]  # open transaction -> its pending cumulative bound
+    backlog: int  # offsets between the mark-delete and the last stable offset
+    ack_log_start_slot: int
+    ack_log_end_slot: int
+    accepted: int
+    void: int
+
+
+class Subscription:
+    """An existing subscription (:class:`SubscriptionNotFoundError` otherwise)."""
+
+    def __init__(self, log: Log, topic: str, partition: int, name: str) -> None:
+        self.log = log
+        self.meta: SubscriptionMeta = read_meta(log.storage, validate_ref(topic, partition, name))
+        self.ref = self.meta.ref
+        self.acklog = AckLog(log, self.meta)
+        self.leases = LeaseStore(log.storage, self.ref, self.meta.range_size)
+
+    def state(self) -> SubscriptionState:
+        """The state, caught up; open transactions past their timeout are aborted on the way."""
+        return self.acklog.refresh(resolve=True)
+
+    def status(self, offset: int) -> AckStatus:
+        return self.state().status(offset)
+
+    def describe(self) -> SubscriptionDescription:
+        st = self.state()
+        topic_path = paths.partition_log_path(self.ref.topic, self.ref.partition)
+        pstate = self.log.partition_state(topic_path)
+        pstate.scan_to_end()
+        lso = pstate.read_bound()
+        start = self.acklog.plog.log_start(refresh=True)
+        end_slot, _ = self.acklog.plog.tail(refresh=True)
+        return SubscriptionDescription(
+            self.ref.topic,
+            self.ref.partition,
+            self.ref.name,
+            st.mark_delete,
+            st.acked_above_mark_delete(),
+            {t: tuple(st.pending_offsets(t)) for t in st.txns},
+            {t.txn: t.cumulative for t in st.txns.values() if t.cumulative},
+            max(0, lso - st.mark_delete),
+            start.slot,
+            end_slot,
+            st.accepted_count,
+            st.void_count,
+        )
+
+    def skip_lost(self) -> int:
+        """Give up the records retention removed before they were acknowledged, for every consumer (see
+        :meth:`SubscriptionConsumer.skip_lost`; returns how far the mark-delete position moved): for an
+        operator when no consumer runs."""
+        return self.acklog.give_up_lost("admin")
+
+    def trim(
+        self, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS, now_ms: int | None = None, check_min_age: bool = True
+    ) -> trimming.TrimResult:
+        """Snapshot and trim the ack log and old leases now (for a cron when no consumer runs). ``min_age_ms``
+        below :data:`~txn_core.partition.ages.SAFE_ENTRY_AGE_MS` is refused unless ``check_min_age`` is false: an
+        acknowledging producer in another process could write its marker at a slot just trimmed."""
+        if check_min_age:
+            check_min_age_of("trimming the ack log", min_age_ms, SAFE_ENTRY_AGE_MS)
+        return trimming.trim(self.log, self.acklog, self.leases, min_age_ms=min_age_ms, now_ms=now_ms)
+
+
+def trim_all(
+    log: Log, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS, now_ms: int | None = None, check_min_age: bool = True
+) -> dict[str, trimming.TrimResult]:
+    """Trim every subscription of every topic; returns results by ``topic/partition/name``
+    (``check_min_age`` as in :meth:`Subscription.trim`)."""
+    if check_min_age:
+        check_min_age_of("trimming ack logs", min_age_ms, SAFE_ENTRY_AGE_MS)
+    out = {}
+    for topic in log.topics.list(include_internal=True):
+        for p in range(log.topics.get(topic).partitions):
+            for name in list_subscriptions(log.storage, topic, p):
+                out[f"{topic}/{p}/{name}"] = Subscription(log, topic, p, name).trim(
+                    min_age_ms=min_age_ms, now_ms=now_ms, check_min_age=False
+                )
+    return out

@@ -1,0 +1,212 @@
+"""Reading a partition's entries in slot order with several reads in flight (PROTOCOL.md "Reading").
+
+On an object store each entry read is a round trip; reading a partition's history one entry after another
+costs one round trip per entry. :class:`ReadAhead` keeps up to ``depth`` reads of the next slots in flight
+on the leaf pool (:mod:`txn_core.storage.parallel`) and hands out their results strictly in slot order.
+
+Invariants:
+
+* **Order and effects.** Results are returned in slot order, and everything with an effect on shared
+  state (the partition's cache of where entries are, its tail) happens on the caller's thread as each
+  result is returned; the pool threads only read bytes.
+* **Errors stay where they are.** A read that fails (missing slot, damage, storage error) raises at
+  *its* slot, after every earlier slot was returned; the reads behind it are discarded and re-issued
+  by the next call, so nothing past a problem is ever handed out first.
+* **Adaptive depth, bounded memory.** The depth starts at 1 and doubles with each successful result from
+  the second in a row on, up to ``max_depth``; it is capped so that the reads in flight hold about
+  ``max_bytes`` (by the sizes seen so far). A missing slot (the log end) drops it back to 1: a reader
+  that has caught up pays one request per call to learn that nothing is new, one that finds one or two
+  new entries pays at most one read more than reading them one by one, and one that is catching up
+  reaches full depth in a few round trips.
+* **A stop slot bounds the reading ahead.** A reader told where its range ends (``stop``: no slot at or
+  past it is needed) issues no read there ahead of need; a slot asked for is read wherever it is.
+* **Reads are not cancelled.** A read issued is left to finish when its result is discarded, so the
+  requests a scan makes depend only on what the log holds, not on thread timing.
+* **A read issued ahead may be stale.** Its "not found" may answer for a moment before the entry was
+  appended; where this process knows the slot lies below the tail (``PartitionLog.known_tail_slot``), the
+  slot is read again before a miss is raised (a caught-up reader, at the tail, pays nothing more).
+* **Segments are read in spans.** Slots a segment holds (PROTOCOL.md "Segments") are known to exist: one
+  read fetches as many of them as fit in :data:`CHUNK_BYTES` (a header scan takes them from the index),
+  and such reads are issued at full depth at once, within the same byte budget. A span whose segment
+  turns out shorter than planned (its end was not known yet) hands out what it holds; the reads behind it
+  are dropped and issued again from there.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Generic, TypeVar
+
+from txn_core.errors import ObjectNotFoundError
+from txn_core.format.entry import HEADER_SIZE, EntryHeader
+from txn_core.partition.partition import Entry, PartitionLog
+from txn_core.storage.parallel import submit
+
+T = TypeVar("T")
+
+#: Reads one reader keeps in flight at most (the shared pool bounds the process as a whole).
+MAX_DEPTH = 64
+#: Bytes the reads in flight of one reader may hold, by the entry sizes seen so far.
+MAX_BYTES = 32 << 20
+#: Bytes one read of a segment's entries fetches at most (beyond its first entry)...
+CHUNK_BYTES = 4 << 20
+#: ...and entries: a reader starts on the first entries of a span while the next spans are read and sliced.
+SPAN_ENTRIES = 2048
+#: While handing out a span's entries, look this often whether more reads can be issued.
+REISSUE_EVERY = 256
+
+
+class _Ahead(Generic[T]):
+    """Results of ``fetch(slot, count, max_bytes)`` (a list of one result per slot from ``slot`` on) in slot
+    order (see module doc); ``size`` weighs one result."""
+
+    def __init__(
+        self,
+        plog: PartitionLog,
+        slot: int,
+        fetch: Callable[[int, int, int], list[T]],
+        header: Callable[[T], EntryHeader],
+        size: Callable[[T], int],
+        max_depth: int,
+        max_bytes: int,
+        stop: int | None = None,
+    ) -> None:
+        self.plog = plog
+        self.stop = stop
+        self.max_depth = max(1, max_depth)
+        self.max_bytes = max_bytes
+        self._fetch, self._header, self._size = fetch, header, size
+        self._next = slot  # the slot the next call returns
+        self._issued = slot  # the first slot not yet asked for
+        self._ready: deque[T] = deque()  # results of the oldest read, not yet handed out
+        self._ready_rolled = False  # they come from a segment (its index knows where they are)
+        self._inflight: deque[tuple[int, int, Future[list[T]]]] = deque()  # (first slot, slots, read)
+        #: the first slot past a read in flight whose segment index is not known yet (None: no such read);
+        #: nothing is issued beyond it until that read returns, so the next reads are planned with the index
+        self._planning: int | None = None
+        self._depth = 1
+        self._streak = 0
+        self._avg_bytes = float(HEADER_SIZE)
+
+    @property
+    def slot(self) -> int:
+        """The slot the next :meth:`next` returns."""
+        return self._next
+
+    def seek(self, slot: int) -> None:
+        """Continue at ``slot`` (results of reads in flight for other slots are dropped)."""
+        if slot != self._next:
+            self._ready.clear()
+            self._inflight.clear()  # left to finish (see module doc); their results are dropped
+            self._next = self._issued = slot
+            self._depth, self._streak = 1, 0
+
+    def _issue(self) -> None:
+        """Issue reads up to the depth and byte budget: spans of segments at once, loose slots by depth."""
+        avg = max(self._avg_bytes, 1.0)
+        loose = min(self._depth, max(1, int(self.max_bytes // avg)))
+        if self._planning is not None and not any(s < self._planning and not f.done() for s, _n, f in self._inflight):
+            self._planning = None  # that read is done (the segment's index is known now) or was dropped
+        while len(self._inflight) < self.max_depth and self._planning is None:
+            pending = self._issued - self._next - len(self._ready)
+            if self._inflight and pending * avg >= self.max_bytes:
+                return
+            want = max(1, min(SPAN_ENTRIES, int(CHUNK_BYTES // avg)))
+            if self.stop is not None:
+                if self._issued > self._next and self._issued >= self.stop:
+                    return  # nothing below the stop is left to read ahead
+                want = max(1, min(want, self.stop - self._issued))
+            count, exact = self.plog.segments.plan(self._issued, want, CHUNK_BYTES)
+            if count == 0:
+                if len(self._inflight) >= loose:
+                    return
+                count = 1
+            self._inflight.append(
+                (self._issued, count, submit(self._fetch, self._issued, count, CHUNK_BYTES, leaf=True))
+            )
+            self._issued += count
+            if not exact:  # the segment is being opened: plan the next reads with its index
+                self._planning = self._issued
+
+    def _take(self) -> T:
+        if not self._ready:
+            self._issue()
+            slot, count, fut = self._inflight.popleft()
+            try:
+                try:
+                    items = fut.result()
+                except ObjectNotFoundError:
+                    known = self.plog.known_tail_slot()
+                    if known is None or slot >= known:
+                        raise
+                    # Issued ahead, it answered for an earlier moment: the slot exists now, as this process
+                    # knows. Read it again (reads in flight behind it may be as old: dropped).
+                    self._inflight.clear()
+                    self._issued = slot + count
+                    items = self._fetch(slot, count, CHUNK_BYTES)
+            except BaseException:
+                self._inflight.clear()
+                self._issued = self._next
+                self._depth, self._streak = 1, 0
+                raise
+            if len(items) < count:  # a segment ended before the span: read on from where it ended
+                self._inflight.clear()
+                self._issued = slot + len(items)
+            self._ready.extend(items)
+            self._ready_rolled = count > 1 or self.plog.segments.plan(slot, 1, 0)[0] > 0
+            self._streak += 1
+            if self._streak >= 2:
+                self._depth = min(self.max_depth, self._depth * 2)
+        item = self._ready.popleft()
+        if len(self._ready) % REISSUE_EVERY == 0 and self._ready:
+            self._issue()  # a segment opened meanwhile: read its spans while these entries are handed out
+        if not self._ready_rolled:  # a segment's slots are found through its index, and lie below the tail
+            self.plog.remember(self._next, self._header(item))
+        self._next += 1
+        self._avg_bytes += (self._size(item) - self._avg_bytes) / 8
+        return item
+
+
+class ReadAhead(_Ahead[Entry]):
+    """Whole entries of ``plog`` from slot ``slot`` on, in order (see module doc)."""
+
+    def __init__(
+        self,
+        plog: PartitionLog,
+        slot: int = 0,
+        *,
+        max_depth: int = MAX_DEPTH,
+        max_bytes: int = MAX_BYTES,
+        stop: int | None = None,
+    ) -> None:
+        super().__init__(
+            plog, slot, plog.fetch_entries, lambda e: e.header, lambda e: e.nbytes, max_depth, max_bytes, stop
+        )
+
+    def next(self) -> Entry:
+        """The entry at :attr:`slot`, then advance. Raises what reading that slot raised (the position
+        stays, so the next call retries it)."""
+        return self._take()
+
+
+class HeaderReadAhead(_Ahead[EntryHeader]):
+    """Entry headers of ``plog`` from ``slot`` on, in order, by ranged reads (the transaction buffer's
+    scans, the CLI's dump). A header is 128 bytes: the depth is bounded by ``max_depth`` only."""
+
+    def __init__(self, plog: PartitionLog, slot: int = 0, *, max_depth: int = MAX_DEPTH) -> None:
+        super().__init__(
+            plog,
+            slot,
+            lambda s, n, _b: plog.fetch_headers(s, n),
+            lambda h: h,
+            lambda h: HEADER_SIZE,
+            max_depth,
+            MAX_BYTES,
+        )
+
+    def next(self, slot: int) -> EntryHeader:
+        """The header at ``slot`` (read ahead of it when ``slot`` continues the previous call)."""
+        self.seek(slot)
+        return self._take()
