@@ -4,8 +4,9 @@ A coordinator partition is a slot log of **records**; a record is a timestamp an
 naming its transactional id, applied atomically in order (a producer's record carries its own actions; a
 group-committed record carries several producers'). Each action kind is a frozen dataclass whose fields are the
 JSON fields of PROTOCOL.md's action table (``tests/test_protocol_tables.py`` checks the two against each
-other); ``kind`` is the JSON discriminator (``"action"``). :func:`action_from_json` is the only parser and
-``to_json`` the only writer, so a misspelled field is a type error, never a silent ``None``.
+other), each declared once with its codec (:mod:`txn_core.format.declared`): its JSON form, its parsing and
+the dispatch on ``kind`` (the JSON discriminator ``"action"``) follow from the declaration, so a misspelled or
+missing field is an error naming it, never a silent ``None``.
 
 Example record (``Record.to_json``)::
 
@@ -25,33 +26,32 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from txn_core.errors import CorruptDataError
+from txn_core.format.declared import ANY, FLAG, INT, STR, STRS, TXN, Declared, checked_int, jfield, one_of
 from txn_core.format.ids import MAX_BEGINS_PER_RECORD, TxnId
 
 Outcome = Literal["COMMIT", "ABORT"]
 
 
+_INDEX = checked_int(lambda v: 0 < v < MAX_BEGINS_PER_RECORD, f"an int in [1, {MAX_BEGINS_PER_RECORD})")
+
+
+class _Action(Declared):
+    discriminator: ClassVar[str] = "action"
+
+
 @dataclass(frozen=True, slots=True)
-class Init:
+class Init(_Action):
     """A new producer id or epoch for the id (``init_transactions``): -> Empty."""
 
     kind: ClassVar[str] = "init"
-    tid: str
-    producer_id: int
-    epoch: int
-    timeout_ms: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "action": self.kind,
-            "tid": self.tid,
-            "producer_id": self.producer_id,
-            "epoch": self.epoch,
-            "timeout_ms": self.timeout_ms,
-        }
+    tid: str = jfield(STR)
+    producer_id: int = jfield(INT)
+    epoch: int = jfield(INT)
+    timeout_ms: int = jfield(INT)
 
 
 @dataclass(frozen=True, slots=True)
-class Begin:
+class Begin(_Action):
     """A transaction starts with its first participants: -> Ongoing. Its TxnId is (coordinator, slot, index):
     ``index`` is the begin's place among its record's begins, given by the writer that builds the record
     (absent for the first, which is index 0; records written before ids had an index carry none, and their begins
@@ -62,125 +62,69 @@ class Begin:
     timeout runs from its first write, so an idle producer's next transaction never times out unused."""
 
     kind: ClassVar[str] = "begin"
-    tid: str
-    producer_id: int
-    epoch: int
-    timeout_ms: int
-    participants: tuple[str, ...] = ()
-    ahead: bool | None = None
-    index: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "action": self.kind,
-            "tid": self.tid,
-            "producer_id": self.producer_id,
-            "epoch": self.epoch,
-            "timeout_ms": self.timeout_ms,
-            "participants": list(self.participants),
-        }
-        if self.ahead:
-            out["ahead"] = True
-        if self.index is not None:
-            out["index"] = self.index
-        return out
+    tid: str = jfield(STR)
+    producer_id: int = jfield(INT)
+    epoch: int = jfield(INT)
+    timeout_ms: int = jfield(INT)
+    participants: tuple[str, ...] = jfield(STRS, default=())
+    ahead: bool | None = jfield(FLAG, default=None)
+    index: int | None = jfield(_INDEX, default=None)
 
 
 @dataclass(frozen=True, slots=True)
-class Add:
+class Add(_Action):
     """Participants (log paths) added to the ongoing transaction ``txn``."""
 
     kind: ClassVar[str] = "add"
-    tid: str
-    producer_id: int
-    epoch: int
-    txn: TxnId
-    participants: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "action": self.kind,
-            "tid": self.tid,
-            "producer_id": self.producer_id,
-            "epoch": self.epoch,
-            "txn": str(self.txn),
-            "participants": list(self.participants),
-        }
+    tid: str = jfield(STR)
+    producer_id: int = jfield(INT)
+    epoch: int = jfield(INT)
+    txn: TxnId = jfield(TXN)
+    participants: tuple[str, ...] = jfield(STRS)
 
 
 @dataclass(frozen=True, slots=True)
-class Prepare:
+class Prepare(_Action):
     """The decision on ``txn``: -> PrepareCommit / PrepareAbort. ``new_epoch`` fences the producer
     (timeouts, operator aborts, a new instance); ``metadata`` of a commit becomes ``last_committed``.
     ``participants``, set only by the transaction's own producer: the registered participants it wrote to
     (or tried to); the others get no marker (a transaction begun ahead registers a guess)."""
 
     kind: ClassVar[str] = "prepare"
-    tid: str
-    producer_id: int
-    epoch: int
-    txn: TxnId
-    outcome: Outcome
-    metadata: dict[str, Any] | None = None
-    new_epoch: int | None = None
-    reason: str | None = None
-    participants: tuple[str, ...] | None = None
+    tid: str = jfield(STR)
+    producer_id: int = jfield(INT)
+    epoch: int = jfield(INT)
+    txn: TxnId = jfield(TXN)
+    outcome: Outcome = jfield(one_of("COMMIT", "ABORT"))
+    metadata: dict[str, Any] | None = jfield(ANY, default=None)
+    new_epoch: int | None = jfield(INT, default=None)
+    reason: str | None = jfield(STR, default=None)
+    participants: tuple[str, ...] | None = jfield(STRS, default=None)
 
     @property
     def commit(self) -> bool:
         return self.outcome == "COMMIT"
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "action": self.kind,
-            "tid": self.tid,
-            "producer_id": self.producer_id,
-            "epoch": self.epoch,
-            "txn": str(self.txn),
-            "outcome": self.outcome,
-        }
-        if self.metadata is not None:
-            out["metadata"] = self.metadata
-        if self.new_epoch is not None:
-            out["new_epoch"] = self.new_epoch
-        if self.reason is not None:
-            out["reason"] = self.reason
-        if self.participants is not None:
-            out["participants"] = list(self.participants)
-        return out
-
 
 @dataclass(frozen=True, slots=True)
-class Complete:
+class Complete(_Action):
     """Every participant of ``txn`` has its marker: -> CompleteCommit / CompleteAbort."""
 
     kind: ClassVar[str] = "complete"
-    tid: str
-    txn: TxnId
-
-    def to_json(self) -> dict[str, Any]:
-        return {"action": self.kind, "tid": self.tid, "txn": str(self.txn)}
+    tid: str = jfield(STR)
+    txn: TxnId = jfield(TXN)
 
 
 @dataclass(frozen=True, slots=True)
-class Withdraw:
+class Withdraw(_Action):
     """The transaction ``txn`` begun ahead is dropped unused (its producer wrote nothing under it: a closing
     producer); the id's state is its decided transaction's again, as if it had never been begun."""
 
     kind: ClassVar[str] = "withdraw"
-    tid: str
-    producer_id: int
-    epoch: int
-    txn: TxnId
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "action": self.kind,
-            "tid": self.tid,
-            "producer_id": self.producer_id,
-            "epoch": self.epoch,
-            "txn": str(self.txn),
-        }
+    tid: str = jfield(STR)
+    producer_id: int = jfield(INT)
+    epoch: int = jfield(INT)
+    txn: TxnId = jfield(TXN)
 
 
 Action = Init | Begin | Add | Prepare | Complete | Withdraw
@@ -189,71 +133,15 @@ ACTION_TYPES: dict[str, type[Action]] = {t.kind: t for t in (Init, Begin, Add, P
 
 
 def action_from_json(value: dict[str, Any], where: str = "") -> Action:
-    """The typed action of one JSON action object; :class:`CorruptDataError` (naming ``where``) if it is
-    not a valid one."""
+    """The typed action of one JSON action object (its kind's declared fields); :class:`CorruptDataError`
+    (naming ``where``) if it is not a valid one."""
     try:
-        kind = value["action"]
-        tid = str(value["tid"])
-        if kind == "init":
-            return Init(tid, int(value["producer_id"]), int(value["epoch"]), int(value["timeout_ms"]))
-        if kind == "begin":
-            return Begin(
-                tid,
-                int(value["producer_id"]),
-                int(value["epoch"]),
-                int(value["timeout_ms"]),
-                tuple(str(p) for p in value.get("participants", ())),
-                _flag(value.get("ahead")),
-                _begin_index(value.get("index")),
-            )
-        if kind == "add":
-            return Add(
-                tid,
-                int(value["producer_id"]),
-                int(value["epoch"]),
-                TxnId.parse(value["txn"]),
-                tuple(str(p) for p in value["participants"]),
-            )
-        if kind == "prepare":
-            outcome = value["outcome"]
-            if outcome not in ("COMMIT", "ABORT"):
-                raise ValueError(f"outcome {outcome!r}")
-            new_epoch = value.get("new_epoch")
-            written = value.get("participants")
-            return Prepare(
-                tid,
-                int(value["producer_id"]),
-                int(value["epoch"]),
-                TxnId.parse(value["txn"]),
-                outcome,
-                value.get("metadata"),
-                None if new_epoch is None else int(new_epoch),
-                value.get("reason"),
-                None if written is None else tuple(str(p) for p in written),
-            )
-        if kind == "complete":
-            return Complete(tid, TxnId.parse(value["txn"]))
-        if kind == "withdraw":
-            return Withdraw(tid, int(value["producer_id"]), int(value["epoch"]), TxnId.parse(value["txn"]))
+        cls = ACTION_TYPES.get(value["action"])
+        if cls is not None:
+            return cls.from_json(value)
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptDataError(f"{where}: transaction log action {value!r} is not valid: {exc!r}", where) from exc
     raise CorruptDataError(f"{where}: unknown transaction log action {value.get('action')!r}", where)
-
-
-def _begin_index(value: object) -> int | None:
-    """A begin's index among its record's begins: absent (0), or an int in ``[1, MAX_BEGINS_PER_RECORD)``."""
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < MAX_BEGINS_PER_RECORD:
-        raise ValueError(f"begin index {value!r} is not an int in [1, {MAX_BEGINS_PER_RECORD})")
-    return value
-
-
-def _flag(value: object) -> bool | None:
-    """An optional flag: true, or absent (None)."""
-    if value is not None and value is not True:
-        raise ValueError(f"expected true or nothing, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
