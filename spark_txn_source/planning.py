@@ -1,7 +1,7 @@
 """Driver-side planning: where reads start and end, and which offset ranges become Spark tasks.
 
 :class:`LogView` is the driver's long-lived view of the topics a query reads. It keeps one
-:class:`~txn_core.partition.reader.PartitionState` per topic-partition (so each micro-batch scans only new entry
+:class:`~txn_core.partition.state.PartitionState` per topic-partition (so each micro-batch scans only new entry
 headers) and answers three questions, all through ``txn_core``:
 
 * where a read starts (``startingOffsets`` / ``startingTimestamp`` / group offsets) and where data ends now
@@ -41,7 +41,7 @@ from txn_core.log import Log
 from txn_core.logs import get_logger
 from txn_core.partition.partition import PartitionLog
 from txn_core.partition.ranges import OffsetRange, available_end, plan_range, split_range
-from txn_core.partition.reader import PartitionState
+from txn_core.partition.state import PartitionState
 from txn_core.partition.timeindex import offset_for_timestamp
 from txn_core.storage import open_storage
 from txn_core.storage.parallel import parallel_map, submit

@@ -24,7 +24,7 @@ from txn_core.format.ids import TxnId
 from txn_core.partition import snapshots
 from txn_core.partition.aborted import AbortedIndex
 from txn_core.partition.buffer import TxnBuffer
-from txn_core.partition.reader import PartitionState
+from txn_core.partition.state import PartitionState
 
 pytestmark = pytest.mark.bench
 

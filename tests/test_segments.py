@@ -306,7 +306,7 @@ def test_buffer_rebuilds_time_lookups_and_dumps_are_the_same_over_segments(stora
     def facts() -> tuple[object, ...]:
         fresh = _log(storage, clock)
         plog = fresh.partition_log(PATH)
-        state = txn_core.partition.reader.PartitionState(plog, fresh.coordinator.resolve, write_snapshots=False)
+        state = txn_core.partition.state.PartitionState(plog, fresh.coordinator.resolve, write_snapshots=False)
         state._buffer = txn_core.partition.buffer.TxnBuffer(0, 0)
         state.scan_to_end()
         b = state.buffer

@@ -13,7 +13,7 @@ from txn_core.format import envelope, paths
 from txn_core.format.ids import TxnId
 from txn_core.partition import snapshots
 from txn_core.partition.buffer import TxnBuffer
-from txn_core.partition.reader import PartitionState
+from txn_core.partition.state import PartitionState
 from txn_core.storage import MemoryStorage
 
 SCHEMA = pa.schema([("id", pa.int64())])

@@ -33,7 +33,7 @@ from txn_core.ops.rolling import Roller, RollPolicy
 from txn_core.partition import partition, snapshots
 from txn_core.partition.buffer import TxnBuffer
 from txn_core.partition.partition import PartitionLog
-from txn_core.partition.reader import PartitionState
+from txn_core.partition.state import PartitionState
 from txn_core.storage import MemoryStorage
 
 SCHEMA = pa.schema([("id", pa.int64())])

@@ -24,8 +24,8 @@ from txn_core.format.ids import TxnId
 from txn_core.logs import get_logger
 from txn_core.partition.lost import list_lost
 from txn_core.partition.partition import PartitionLog
-from txn_core.partition.reader import PartitionState
 from txn_core.partition.skipping import skipped_lost
+from txn_core.partition.state import PartitionState
 from txn_core.storage import Storage, open_storage
 
 if TYPE_CHECKING:

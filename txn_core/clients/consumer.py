@@ -32,8 +32,9 @@ from txn_core.errors import (
 from txn_core.format import paths
 from txn_core.format.ids import TopicPartition, is_int, validate_name
 from txn_core.partition.ranges import available_end
-from txn_core.partition.reader import ISOLATION_LEVELS, PartitionReader, PartitionState
+from txn_core.partition.reader import ISOLATION_LEVELS, PartitionReader
 from txn_core.partition.records import with_metadata_schema
+from txn_core.partition.state import PartitionState
 from txn_core.partition.timeindex import offset_for_timestamp
 from txn_core.storage.parallel import parallel_map
 

@@ -31,7 +31,7 @@ def _load() -> Callable[..., int]:
         if spec is None or spec.loader is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
             from crc32c import crc32c as packaged
 
-            return packaged  # type: ignore[no-any-return]
+            return packaged
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[_EXTENSION] = module  # a later ``import crc32c`` finds it and does not load it again

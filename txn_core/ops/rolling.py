@@ -52,9 +52,9 @@ from txn_core.partition.buffer import Disposition
 from txn_core.partition.lost import COMMIT, ONGOING, LostEntry
 from txn_core.partition.partition import Entry, PartitionLog
 from txn_core.partition.readahead import HeaderReadAhead, ReadAhead
-from txn_core.partition.reader import PartitionState
 from txn_core.partition.records import StagedDataMissingError
 from txn_core.partition.segments import SEGMENT_MAX_ENTRIES
+from txn_core.partition.state import PartitionState
 from txn_core.storage.base import Storage, create_resolving
 from txn_core.storage.parallel import parallel_map
 

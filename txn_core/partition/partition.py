@@ -162,7 +162,7 @@ class PartitionLog:
         return {"storage": self.storage, "path": self.path}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["storage"], state["path"])  # type: ignore[misc, arg-type]
+        self.__init__(state["storage"], state["path"])  # type: ignore[misc]
 
     # --- log start (retention) ------------------------------------------------------------------
 

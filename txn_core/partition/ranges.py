@@ -56,9 +56,10 @@ from txn_core.logs import get_logger
 from txn_core.partition.aborted import SkipRanges, txn_key
 from txn_core.partition.partition import Entry, PartitionLog, entry_of_lost
 from txn_core.partition.readahead import ReadAhead
-from txn_core.partition.reader import ISOLATION_LEVELS, READ_COMMITTED, PartitionState
+from txn_core.partition.reader import ISOLATION_LEVELS, READ_COMMITTED
 from txn_core.partition.records import METADATA_FIELDS, MetadataColumns, StagedDataMissingError, entry_table
 from txn_core.partition.skipping import lost_records, skipped_lost, warn_skipped
+from txn_core.partition.state import PartitionState
 from txn_core.storage.parallel import inline_leaves
 
 logger = get_logger(__name__)
