@@ -106,7 +106,7 @@ def _aligned_type(given: pa.DataType, target: pa.DataType) -> pa.DataType:
             pa.types.is_list(target) or pa.types.is_large_list(target) or pa.types.is_fixed_size_list(target)
         ):
             value = given.value_field.with_type(_aligned_type(given.value_type, target.value_type))
-            return make(value)  # type: ignore[no-any-return]
+            return make(value)
     return given
 
 

@@ -84,7 +84,8 @@ def batches() -> list[pa.RecordBatch]:
 
 
 def _mb(batches: list[pa.RecordBatch]) -> float:
-    return sum(b.nbytes for b in batches) / 1e6
+    nbytes: int = sum(b.nbytes for b in batches)
+    return nbytes / 1e6
 
 
 def _write_ipc_files(directory: Path, batches: list[pa.RecordBatch]) -> float:

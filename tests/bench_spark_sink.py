@@ -239,7 +239,7 @@ def test_bench_exactly_once_txnlog_copy_vs_parquet_copy(spark: Any, tmp_path: Pa
 
     from pyspark import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
     spark.dataSource.register(BareArrowSink)
     t0 = time.perf_counter()
     log, parquet_dir, files = write_input(tmp_path)

@@ -131,7 +131,7 @@ class _BareStreamReader(DataSourceStreamReader):
         if start == end:
             return []
         with open(self.manifest) as f:
-            return [_BareTask([tuple(p) for p in task]) for task in json.load(f)]  # type: ignore[misc]
+            return [_BareTask([tuple(p) for p in task]) for task in json.load(f)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _BareTask)
@@ -234,7 +234,7 @@ COPIES = {
 def test_bench_txnlog_source_vs_bare_python_source_and_parquet(spark: Any, tmp_path: Path) -> None:
     from pyspark import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
     spark.dataSource.register(BareArrowSource)
     t0 = time.perf_counter()
     log, parquet_dir, files = write_input(tmp_path)

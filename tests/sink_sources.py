@@ -99,5 +99,5 @@ def register(spark: Any) -> None:
 
     from pyspark import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
     spark.dataSource.register(CounterSource)

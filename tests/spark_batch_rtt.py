@@ -211,8 +211,12 @@ def run(
                 (k, int(p)): o for k, parts in (end.get("start") or start["topics"]).items() for p, o in parts.items()
             }
             position = GroupPosition(ends, starts)
+
+            def group_offsets(_url: str, pos: GroupPosition = position) -> GroupPosition:
+                return pos
+
             with meter.phase(phases["commit"]):
-                commit_batch(sink_opts, ident, refs, lambda _url, pos=position: pos)
+                commit_batch(sink_opts, ident, refs, group_offsets)
             reader.commit(end)
             start = end
             results.append(phases)

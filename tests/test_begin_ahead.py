@@ -411,6 +411,12 @@ def test_a_prepare_names_only_registered_participants() -> None:
 # --- group commit ----------------------------------------------------------------------------------
 
 
+def _begin_and_send(p: txn_core.Producer, value: int, partition: int) -> None:
+    p.begin_transaction()
+    send(p, [value], partition=partition)
+    p.flush()
+
+
 def test_a_decision_that_cannot_take_the_record_s_begin_goes_without_a_reservation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -430,12 +436,12 @@ def test_a_decision_that_cannot_take_the_record_s_begin_goes_without_a_reservati
     c.flush()  # c's transaction is open: its commit below is only a prepare
     view = shared.coordinator.views.get(4)
     storage.hold.clear()
-    blocker = threading.Thread(target=lambda: (a.begin_transaction(), send(a, [1], partition=0), a.flush()))
+    blocker = threading.Thread(target=_begin_and_send, args=(a, 1, 0))
     blocker.start()
     assert storage.held.wait(10)  # a's begin record is in flight ...
     started = view.next_slot
     behind = [
-        threading.Thread(target=lambda: (b.begin_transaction(), send(b, [2], partition=1), b.flush())),
+        threading.Thread(target=_begin_and_send, args=(b, 2, 1)),
         threading.Thread(target=c.commit_transaction),
     ]
     deadline = time.monotonic() + 10
@@ -477,7 +483,11 @@ def test_a_group_committed_record_gives_each_begin_an_index() -> None:
     view.refresh()
     tids = ["a", "b", "c"]
     for t in tids:
-        view.append(t, lambda cur, t=t: [Init(t, 1, 0, 9_000)])
+
+        def init(cur: object, t: str = t) -> list[Init]:
+            return [Init(t, 1, 0, 9_000)]
+
+        view.append(t, init)
     actions = [Begin(t, 1, 0, 9_000, (P0,)) for t in tids]
     view.append("a", lambda cur: actions)  # one record, three begins
     ids_ = [view.state(t).txn for t in tids]  # type: ignore[union-attr]

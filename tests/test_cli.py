@@ -754,7 +754,12 @@ def test_demo_runs_the_spark_demo_when_it_is_importable(
     from txn_core.cli import demo
 
     calls: list[str | None] = []
-    monkeypatch.setattr(demo, "spark_demo", lambda: lambda d: calls.append(d) or 0)
+
+    def run_demo(d: str | None) -> int:
+        calls.append(d)
+        return 0
+
+    monkeypatch.setattr(demo, "spark_demo", lambda: run_demo)
     assert txnlog_inprocess(capsys, "demo", "--dir", tmp_path).code == 0
     assert calls == [str(tmp_path)]
 
@@ -1037,7 +1042,10 @@ def test_a_json_dump_produced_again_holds_the_same_values(tmp_path: Path, here: 
     def read(topic: str) -> list[dict[str, Any]]:
         c = txn_core.open_log(str(url)).consumer()
         c.assign([(topic, 0)])
-        return c.poll().drop_columns(["_topic", "_partition", "_offset", "_timestamp"]).to_pylist()
+        rows: list[dict[str, Any]] = (
+            c.poll().drop_columns(["_topic", "_partition", "_offset", "_timestamp"]).to_pylist()
+        )
+        return rows
 
     src, dst = read("src"), read("dst")
     assert str(dst) == str(src) and len(src) == 3  # as text: NaN equals NaN

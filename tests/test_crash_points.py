@@ -146,8 +146,8 @@ def _check_recovered(inner: Storage, clock: FakeClock, expect_commit: bool | Non
     assert got_txn in ([], TXN), f"partial transaction visible: {len(got_txn)} of {len(TXN)}"
     if expect_commit is not None:
         assert (got_txn == TXN) == expect_commit
-    for p in log.describe_topic("t").partitions:
-        assert p.last_stable_offset == p.log_end_offset, f"partition {p.partition} still held: {p}"
+    for d in log.describe_topic("t").partitions:
+        assert d.last_stable_offset == d.log_end_offset, f"partition {d.partition} still held: {d}"
     # Stable: a second reader sees the same.
     assert sorted(_read_all(txn_core.Log(inner, clock=clock))) == sorted(seen)
     committed = log.groups.committed("grp")
@@ -273,7 +273,7 @@ def test_every_commit_crash_point_recovers_on_a_real_s3_server(seaweed_s3: Any) 
 
 # --- the offsets fence (PROTOCOL.md "Offsets fence") ----------------------------------------------
 
-FENCE_START = {("t", 0): 0}
+FENCE_START: dict[tuple[str, int] | txn_core.TopicPartition, int] = {("t", 0): 0}
 
 
 def _fenced_commit_txn(log: txn_core.Log) -> None:

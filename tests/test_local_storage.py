@@ -191,7 +191,7 @@ def test_an_object_the_process_may_not_read_raises_a_permission_error_naming_it(
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(local.os, "open", refusing)
+    monkeypatch.setattr(os, "open", refusing)
     with pytest.raises(StoragePermissionError, match="cannot read topics/t/00000/log/00000000000000000006 under"):
         getattr(storage, how)("topics/t/00000/log/00000000000000000006")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def test_many_producers_and_readers_for_longer(shared_location: Any, tmp_path: P
     real S3 server); on moto's in-process server, five times slower, it is a soak."""
     start = time.time() + 5
     rows = 17  # ids per transaction
-    jobs = [
+    jobs: list[tuple[Callable[..., dict[str, list[int]]], tuple[Any, ...]]] = [
         (
             workers.transactional_copier,
             (shared_location.url, shared_location.storage_options, "t", f"tx-{w}", w, 40, rows, 4, start),

@@ -24,7 +24,7 @@ def execute(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     """Run a copy of ``notebooks/<name>`` in ``tmp_path``; returns its printed text and output mime types."""
     copy = tmp_path / name
     shutil.copy(NOTEBOOKS / name, copy)
-    nb = nbformat.read(copy, as_version=4)
+    nb = nbformat.read(copy, as_version=4)  # type: ignore[no-untyped-call]
     NotebookClient(
         nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
@@ -49,7 +49,7 @@ def execute(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     ],
 )
 def test_notebooks_are_committed_without_outputs(name: str) -> None:
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)  # type: ignore[no-untyped-call]
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and all(not c.outputs and c.execution_count is None for c in code)

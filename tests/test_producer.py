@@ -28,6 +28,7 @@ from txn_core.format import paths
 from txn_core.format.entry import EntryKind, crc32, encode_arrow
 from txn_core.partition import staging
 from txn_core.storage import MemoryStorage
+from txn_core.storage.base import Chunks
 
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
 
@@ -74,7 +75,9 @@ def test_send_accepts_batches_tables_and_dicts() -> None:
     ],
     ids=["float", "integral-float", "numpy-float", "decimal", "in-list", "in-struct", "in-map", "map-pairs", "time"],
 )
-def test_a_non_integer_in_a_dict_row_for_an_integer_value_is_refused_not_truncated(column: str, row: dict) -> None:
+def test_a_non_integer_in_a_dict_row_for_an_integer_value_is_refused_not_truncated(
+    column: str, row: dict[str, Any]
+) -> None:
     """pyarrow stored {"id": 1.5} as 1 without a word (at any depth, and from numpy floats and Decimals),
     where the same value sent as a table is refused; nothing of the send is buffered."""
     schema = pa.schema(
@@ -197,12 +200,12 @@ class _Down(MemoryStorage):
     def _cut(self, key: str) -> bool:
         return self.down and "/log/" in key and key.startswith(self.prefix)
 
-    def create(self, key: str, chunks: object) -> None:  # type: ignore[override]
+    def create(self, key: str, chunks: Chunks) -> None:
         if self._cut(key):
             if self.lands:
-                super().create(key, chunks)  # type: ignore[arg-type]
+                super().create(key, chunks)
             raise UnknownOutcomeError("timeout")
-        super().create(key, chunks)  # type: ignore[arg-type]
+        super().create(key, chunks)
 
     def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         if self._cut(key):
@@ -275,7 +278,7 @@ def test_producer_ids_are_unique_across_logs_and_blocks() -> None:
 def _headers(log: txn_core.Log, partition: int) -> list[tuple[int, int, int]]:
     """(epoch, base sequence, records) of every data entry in ``partition`` of topic t."""
     plog = log.partition_log(paths.partition_log_path("t", partition))
-    out = []
+    out: list[tuple[int, int, int]] = []
     for slot in itertools.count():
         try:
             h = plog.read_header(slot)

@@ -20,7 +20,7 @@ def test_every_public_name_resolves_to_what_its_module_defines() -> None:
 
 def test_an_unknown_name_is_an_attribute_error() -> None:
     try:
-        txn_core.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
+        txn_core.NoSuchThing  # noqa: B018
     except AttributeError as exc:
         assert "NoSuchThing" in str(exc)
     else:  # pragma: no cover

@@ -176,7 +176,9 @@ def test_a_record_of_several_actions_keeps_the_outcome_of_the_transaction_it_com
     p.begin_transaction()
     p.send("t", pa.table({"id": [1]}), partition=0)
     p.commit_transaction()
-    first = log.coordinator.state("folded").txn
+    folded = log.coordinator.state("folded")
+    assert folded is not None
+    first = folded.txn
     assert first is not None
     p.wait_for_markers()  # a begin carries the previous Complete once the markers have landed
     p.begin_transaction()
@@ -477,10 +479,10 @@ def test_concurrent_appends_to_one_coordinator_partition_share_records() -> None
             p.commit_transaction()
 
     threads = [threading.Thread(target=work, args=(p, i)) for i, p in enumerate(producers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     for p in producers:
         p.close()
     records = view.next_slot - before
@@ -519,10 +521,10 @@ def test_a_fenced_append_in_a_shared_record_fails_alone() -> None:
     blocker.start()  # its record is in flight while the others queue behind it
     time.sleep(0.01)
     others = [threading.Thread(target=begin, args=(t, 7 if t == tids[2] else 0)) for t in tids[1:]]
-    for t in others:
-        t.start()
-    for t in [blocker, *others]:
-        t.join()
+    for thread in others:
+        thread.start()
+    for thread in [blocker, *others]:
+        thread.join()
     assert isinstance(results[tids[2]], ProducerFencedError)
     for t in (tids[0], tids[1], tids[3]):
         assert results[t].state == CoordinatorState.ONGOING, results[t]

@@ -112,7 +112,9 @@ def _headers(storage: Storage) -> list[Any]:
     return [plog.read_header(s) for s in range(plog.log_start(refresh=True).slot, tail)]
 
 
-def _everything(storage: Storage, clock: FakeClock) -> tuple[object, ...]:
+def _everything(
+    storage: Storage, clock: FakeClock
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]], list[Any]]:
     return (_read(storage, clock), _read(storage, clock, "read_uncommitted"), _headers(storage))
 
 

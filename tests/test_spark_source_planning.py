@@ -348,7 +348,7 @@ def test_several_topics_read_as_one_schema_with_nulls_where_a_topic_lacks_a_colu
     reader = make_stream_reader(opts, schema)
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
-    rows = []
+    rows: list[tuple[str, int, str | None]] = []
     for part in reader.partitions(start, end):
         for b in reader.read(part):
             assert b.schema.equals(arrow_target(schema))  # large_string cast to string, as Spark requires

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,7 @@ def test_writes_to_a_table_are_refused_as_the_rows_may_carry_another_tables_opti
             f"CREATE TABLE {table} USING txnlog OPTIONS (path '{orders}', topic '{topic}', includeMetadata 'false')"
         )
     df = spark.createDataFrame([(10, "ten")], "id long, k string")
-    writes = {
+    writes: dict[str, Callable[[], object]] = {
         "INSERT INTO b SELECT * FROM a": lambda: spark.sql(f"INSERT INTO {b} SELECT * FROM {a}"),
         "insertInto(b) of a's rows": lambda: spark.table(a).write.insertInto(b),
         "insertInto": lambda: df.write.insertInto(b),

@@ -73,6 +73,7 @@ def rows() -> list[tuple[Any, ...]]:
     """Rows 0 and 1: a value at every depth; row 2: null at every depth; row 3: every container present,
     holding only nulls (a struct with a null field, an array of a null, a map to null)."""
     out = []
+    key: dict[Any, int | None] | None  # a map keyed by the leaf's value (rows 0, 1 and 3), or null
     for r in range(4):
         row: list[Any] = [r]
         for name, _, values in LEAVES:

@@ -46,7 +46,10 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
         storage = LocalStorage(str(tmp_path / "log"))
         storage._unnamed = False
         return storage
-    options = {**location.storage_options, "client": client} if client else location.storage_options
+    options = location.storage_options
+    if client:
+        assert options is not None  # an S3 server's endpoint and keys
+        options = {**options, "client": client}
     return open_storage(location.url, options)
 
 
@@ -318,6 +321,7 @@ def test_storage_options_win_over_the_environment(
     location = make_location("moto", request, tmp_path)
     for name, value in HOSTILE_S3_ENV.items():
         monkeypatch.setenv(name, value)
+    assert location.storage_options is not None
     storage = open_storage(location.url, {**location.storage_options, "client": client}, self_test=False)
     storage.create("env/one", [b"content"])
     assert storage.read("env/one") == b"content"

@@ -18,7 +18,7 @@ import pytest
 
 from txn_core.storage import local
 from txn_core.storage.local import LocalStorage
-from txn_core.storage.spares import SparePool
+from txn_core.storage.spares import SPARES, SparePool
 
 pytestmark = pytest.mark.skipif(not local._O_TMPFILE, reason="O_TMPFILE is Linux's")
 
@@ -229,7 +229,7 @@ def test_a_spare_of_another_filesystem_is_never_written(tmp_path: Path, pool: Sp
 
 
 def _child_creates(root: str, queue: Any, other: SparePool) -> None:
-    queue.put(len(local.SPARES) + len(other))
+    queue.put(len(SPARES) + len(other))
     storage = LocalStorage(root)
     storage.create("d/child", [b"child's"])
     queue.put(os.stat(os.path.join(root, "d", "child")).st_ino)
@@ -240,7 +240,7 @@ def test_a_forked_child_never_uses_its_parents_spares(tmp_path: Path) -> None:
     inherited."""
     storage = LocalStorage(str(tmp_path))
     storage.create("d/first", [b"x"])
-    spare = os.fstat(_spares_of(local.SPARES, tmp_path / "d")[-1]).st_ino
+    spare = os.fstat(_spares_of(SPARES, tmp_path / "d")[-1]).st_ino
     other = SparePool()  # any pool of the process, not only the one creates use
     other.want(str(tmp_path))
     _spares_of(other, tmp_path)
@@ -265,7 +265,7 @@ def test_a_forked_child_never_uses_its_parents_spares(tmp_path: Path) -> None:
 def _create_and_die(root: str, ready: Any) -> None:
     storage = LocalStorage(root)
     storage.create("d/k", [b"payload"])
-    _spares_of(local.SPARES, Path(root) / "d")
+    _spares_of(SPARES, Path(root) / "d")
     ready.set()
     time.sleep(60)
 

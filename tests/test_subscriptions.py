@@ -68,7 +68,8 @@ def _sub(log: txn_core.Log, **kw: Any) -> txn_core.SubscriptionConsumer:
 
 
 def _offsets(t: pa.Table) -> list[int]:
-    return t.column("_offset").to_pylist()
+    offsets: list[int] = t.column("_offset").to_pylist()
+    return offsets
 
 
 def _txn(log: txn_core.Log, tid: str) -> txn_core.Producer:

@@ -23,7 +23,7 @@ from txn_core.format.states import (
     check_client_transition,
     check_coordinator_transition,
 )
-from txn_core.storage import MemoryStorage, open_storage
+from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -50,6 +50,7 @@ def log(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> txn
 
 def make_log(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> txn_core.Log:
     """A log with topic ``t`` (3 partitions) on ``request.param``'s store (:data:`STORES`)."""
+    storage: Storage
     if request.param == "memory":
         storage = MemoryStorage(uuid.uuid4().hex)
     else:
@@ -410,6 +411,8 @@ def test_data_in_an_unregistered_partition_is_never_visible(log: txn_core.Log) -
     p.begin_transaction()
     send(p, [1], partition=0)
     p.flush()
+    txn = p.transaction_id
+    assert txn is not None
     append_data(
         log,
         "t",
@@ -418,16 +421,9 @@ def test_data_in_an_unregistered_partition_is_never_visible(log: txn_core.Log) -
         SCHEMA,
         producer_id=p.producer_id,
         epoch=p.epoch,
-        txn=p.transaction_id,
+        txn=txn,
     )
-    prepared = log.coordinator.end(
-        "tx",
-        p.producer_id,
-        p.epoch,
-        p.transaction_id,
-        True,  # type: ignore[arg-type]
-        complete=False,
-    )
+    prepared = log.coordinator.end("tx", p.producer_id, p.epoch, txn, True, complete=False)
     assert ids(txn_core.Log(log.storage, clock=log.clock)) == [1]
     log.coordinator.complete(prepared)
     assert ids(txn_core.Log(log.storage, clock=log.clock)) == [1]
