@@ -152,5 +152,19 @@ def spark() -> Iterator[Any]:
     )
     session.sparkContext.setLogLevel("ERROR")
     spark_txn_source.register(session)
+    _warm_up(session)
     yield session
     session.stop()
+
+
+def _warm_up(session: Any) -> None:
+    """A first write and read through the txnlog format, so that the session's one-time costs (its first
+    Python workers, the data source's first planning) are paid here, by the session, and every test's time
+    is its own."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="txnlog-warm-up-") as root:
+        url = f"file://{root}/log"
+        frame = session.createDataFrame([(1, "a")], "id long, k string")
+        frame.write.format("txnlog").option("topic", "w").option("partitions", "1").mode("append").save(url)
+        assert session.read.format("txnlog").option("topic", "w").load(url).count() == 1

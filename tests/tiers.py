@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 SEED_ENV = "TXNLOG_TEST_SEED"
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,6 +46,11 @@ def pytest_configure(config: pytest.Config) -> None:
         seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1, 1_000_000))
     config.stash[_SEED] = seed
     os.environ[SEED_ENV] = str(seed)  # workers started from here inherit it too
+    if "bench" not in (config.option.markexpr or ""):
+        # Every JVM the tests start (Spark sessions, drivers, executors, Spark Connect) lives for seconds to
+        # minutes: the quick compiler alone and the serial collector spend less CPU on them than the defaults
+        # (a CPU-bound CI run on two cores). Benchmarks keep the JVM's defaults, as users run it.
+        os.environ.setdefault("JAVA_TOOL_OPTIONS", QUICK_JVM)
 
 
 _SEED = pytest.StashKey[int]()
