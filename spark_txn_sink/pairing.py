@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from txn_core import ConfigurationError
-from txn_core.storage.factory import redact_url
+from txn_core.storage.urls import redact_url
 
 _ALIASES = {"s3a": "s3", "gcs": "gs", "abfss": "abfs"}
 

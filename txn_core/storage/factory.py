@@ -23,20 +23,10 @@ from txn_core.storage.local import LocalStorage
 from txn_core.storage.memory import MemoryStorage
 from txn_core.storage.objectstore import ObjectStoreStorage
 from txn_core.storage.obstore_s3 import ObstoreS3Storage, obstore_available, obstore_config
+from txn_core.storage.urls import redact_url
 
 SELFTEST_PREFIX = "_txnlog/selftest/"
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl"}
-
-
-def redact_url(url: str) -> str:
-    """``url`` without any user-info part (credentials are never logged)."""
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        return parts._replace(netloc=host).geturl()
-    return url
 
 
 def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, self_test: bool = True) -> Storage:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from txn_core.storage.urls import redact_url
+
 #: S3 error codes meaning the credentials themselves were refused (not a missing permission).
 _BAD_CREDENTIALS = ("SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken", "ExpiredToken")
 #: What the clients say when they found no credentials (botocore; object_store falls back to the cloud's
@@ -57,7 +59,6 @@ def hint(exc: BaseException, bucket: str, endpoint: str | None) -> str:
     """A sentence (ending in ": ") naming the likely cause of ``exc`` and its fix, or "" when none is known.
 
     ``bucket`` is the URL's bucket; ``endpoint`` the configured endpoint URL (None: the provider's)."""
-    from txn_core.storage.factory import redact_url  # here: the factory imports the stores, which import this
 
     text = _text(exc)
     where = f"at {redact_url(endpoint)}" if endpoint else "at the store"
