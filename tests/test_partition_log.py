@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import time
 import uuid
 from typing import Any
@@ -46,6 +47,19 @@ def test_a_second_log_object_discovers_the_tail_without_listing() -> None:
     assert b.tail() == a.tail() == (37, sum(range(1, 38)))
     assert _append(b, 4) == sum(range(1, 38))
     assert a.end_offset() == sum(range(1, 38)) + 4  # a follows b's append
+
+
+def test_a_partition_log_pickles_to_a_fresh_one_of_the_same_log(tmp_path: Any) -> None:
+    """What a closure shipped to another process carries: storage, path and clock, and nothing it learned
+    (a fresh object learns the tail again, and appends after it)."""
+    storage = txn_core.open_log(str(tmp_path)).storage
+    plog = PartitionLog(storage, "topics/t/00000", clock=system_clock)
+    _append(plog, 3)
+    copy = pickle.loads(pickle.dumps(plog))
+    assert (copy.path, copy.clock) == (plog.path, plog.clock) and copy is not plog
+    assert copy.tail() == plog.tail() == (1, 3)
+    assert _append(copy, 2) == 3
+    assert plog.tail(refresh=True) == (2, 5)
 
 
 def test_two_appenders_in_one_process_interleave_without_collisions() -> None:
