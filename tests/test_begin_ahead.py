@@ -22,7 +22,7 @@ from test_transactions import STORES, ids, make_log, send, tx
 
 import txn_core
 from txn_core.clock import system_clock
-from txn_core.coordinator import txnlog
+from txn_core.coordinator import groupcommit, txnlog
 from txn_core.coordinator.actions import Add, Begin, Complete, Init, Prepare, Withdraw
 from txn_core.coordinator.apply import apply
 from txn_core.coordinator.service import coordinator_for
@@ -423,7 +423,7 @@ def test_a_decision_that_cannot_take_the_record_s_begin_goes_without_a_reservati
     """A commit queued behind a record together with another producer's begin, where the record has room for
     one begin only: the begin takes it, the commit's decision goes in the same record without its
     reservation (not deferred)."""
-    monkeypatch.setattr(txnlog, "MAX_BEGINS_PER_RECORD", 1)
+    monkeypatch.setattr(groupcommit, "MAX_BEGINS_PER_RECORD", 1)
     storage = HeldRecords(uuid.uuid4().hex)
     shared = txn_core.Log(storage)
     shared.create_topic("t", 3, pa.schema([("id", pa.int64())]))
@@ -447,9 +447,9 @@ def test_a_decision_that_cannot_take_the_record_s_begin_goes_without_a_reservati
     deadline = time.monotonic() + 10
     for queued, t in enumerate(behind, 1):  # ... while b's begin, then c's commit, queue behind it
         t.start()
-        while len(view._queue) < queued and time.monotonic() < deadline:
+        while view.queued() < queued and time.monotonic() < deadline:
             time.sleep(0.001)
-    assert len(view._queue) == 2
+    assert view.queued() == 2
     storage.hold.set()
     for t in [blocker, *behind]:
         t.join()

@@ -575,9 +575,9 @@ def test_begins_waiting_together_get_transaction_ids_of_their_own() -> None:
     for t in waiting:
         t.start()
     deadline = time.monotonic() + 10
-    while len(view._queue) < 2 and time.monotonic() < deadline:  # ... while the other two queue behind it
+    while view.queued() < 2 and time.monotonic() < deadline:  # ... while the other two queue behind it
         time.sleep(0.001)
-    assert len(view._queue) == 2
+    assert view.queued() == 2
     storage.hold.set()
     for t in [first, *waiting]:
         t.join()

@@ -519,7 +519,7 @@ def test_resuming_from_a_group_waits_for_its_open_offset_transaction(log: txn_co
 def test_a_failing_coordinator_snapshot_never_fails_the_committed_append(monkeypatch: pytest.MonkeyPatch) -> None:
     """Snapshot maintenance runs after the record landed: a store that fails it (any error) costs the
     snapshot, never the append, and the next record tries the snapshot again."""
-    from txn_core.coordinator import txnlog
+    from txn_core.coordinator import snapshots
     from txn_core.storage.base import DelegatingStorage
 
     class NoSnapshots(DelegatingStorage):
@@ -531,7 +531,7 @@ def test_a_failing_coordinator_snapshot_never_fails_the_committed_append(monkeyp
                 raise (txn_core.StorageError if NoSnapshots.failures % 2 else RuntimeError)("injected")
             self.inner.create(key, chunks)
 
-    monkeypatch.setattr(txnlog, "SNAPSHOT_EVERY", 2)
+    monkeypatch.setattr(snapshots, "SNAPSHOT_EVERY", 2)
     inner = MemoryStorage(uuid.uuid4().hex)
     log = txn_core.Log(NoSnapshots(inner))
     log.create_topic("t", 1, SCHEMA)

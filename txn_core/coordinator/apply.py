@@ -29,6 +29,9 @@ from txn_core.format.states import CoordinatorState, check_coordinator_transitio
 
 _C = CoordinatorState
 
+#: One action's transition, as folding a record yields it: (transactional id, state before, state after).
+Step = tuple[str, TidState | None, TidState]
+
 
 def apply(current: TidState | None, action: Action, coordinator: int, slot: int, ts: int) -> TidState:
     """The state after ``action`` (in the record at ``slot``, written at ``ts``: a begin's transaction is
