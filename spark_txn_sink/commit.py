@@ -7,10 +7,11 @@ progress carries the sink's mark (:data:`SINK_MARK`). What is Spark's own:
 
 * step 0, with ``consumerGroup``: read ``<checkpoint>/offsets/N`` and compute the group offsets (fails,
   with nothing written, if they cannot be paired: :mod:`spark_txn_sink.pairing`);
-* the process-wide caches: Spark runs every commit of a query run in one long-lived Python worker, so the
-  sink keeps each log (:data:`_LOGS`) and the producer of its last committed batch per transactional id
-  (:data:`_PRODUCERS`); a commit that fails forgets them (:func:`_forget`), and the next one starts from
-  storage alone (PROTOCOL.md here, "State in memory is only a cache");
+* the process-wide cache: Spark runs every commit of a query run in one long-lived Python worker, so the
+  sink keeps each log with its :class:`~txn_core.clients.apptxn.AppCommitter` (:data:`_LOGS`), which keeps
+  the producer of the last committed batch per transactional id; a commit that fails forgets them
+  (:func:`_forget`), and the next one starts from storage alone (PROTOCOL.md here, "State in memory is
+  only a cache");
 * fault injection for tests (``testing.fault``), request counting (``testing.stats``), the log line;
 * after a committed batch, the worker's background roller is asked to roll the partitions the batch wrote
   into segments when the policy (``rollEntries``/``rollBytes``) is met (txn_core/PROTOCOL.md "Segments";
@@ -31,19 +32,18 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
 from spark_txn_sink.faults import CountingStorage, Faults
 from spark_txn_sink.options import SinkOptions
 from txn_core import (
-    Producer,
     ProducerFencedError,
     TransactionalIdTakenOverError,
     TransactionTimedOutError,
     TxnLogError,
     open_log,
 )
-from txn_core.clients.apptxn import CommitResult, GroupPosition, abort_staged, commit_staged
+from txn_core.clients.apptxn import AppCommitter, CommitResult, GroupPosition
 from txn_core.clients.appunit import AppVersion
 from txn_core.log import Log
 from txn_core.logs import get_logger
@@ -87,19 +87,31 @@ class BatchIdentity(AppVersion):
         return self.version
 
 
+class _Session(NamedTuple):
+    """A log of this process with what its commits share: the storage every step uses (counting requests
+    with ``testing.stats``), the counter, and the committer that keeps each transactional id's producer."""
+
+    log: Log
+    storage: Storage
+    counting: CountingStorage | None
+    #: A kept producer skips ``init_transactions`` and the progress read: as long as no other committer
+    #: initialised the id, nothing else was committed for it, so its progress is the one kept; if one did,
+    #: the kept producer is fenced, its first coordinator request (the PrepareCommit of the transaction the
+    #: previous batch began ahead, or a begin or add) fails before anything of the batch is decided, and the
+    #: commit starts again from storage alone.
+    committer: AppCommitter[Log]
+
+
 #: Logs of this process, reused by later commits: Spark runs every commit of a query run in one long-lived
 #: Python worker, and a reused log skips replaying the transaction log from its snapshot and re-discovering
 #: partition tails (hundreds of GETs per commit on a busy log). Only a cost: a fresh log is as correct.
-_LOGS: dict[tuple[str, str, bool], tuple[Log, Storage, CountingStorage | None]] = {}
+_LOGS: dict[tuple[str, str, bool], _Session] = {}
 _LOGS_LOCK = threading.Lock()
 
 
-def _open(opts: SinkOptions) -> tuple[Log, Storage, CountingStorage | None]:
-    """The log, the storage every step uses (counting requests with ``testing.stats``), the counter.
-
-    Reused across the commits of this process (see :data:`_LOGS`); a commit that fails calls :func:`_forget`
-    so that the next one starts from storage alone.
-    """
+def _open(opts: SinkOptions) -> _Session:
+    """The session of the sink's log, reused across the commits of this process (see :data:`_LOGS`); a
+    commit that fails calls :func:`_forget` so that the next one starts from storage alone."""
     key = _log_key(opts)
     with _LOGS_LOCK:
         cached = _LOGS.get(key)
@@ -108,36 +120,15 @@ def _open(opts: SinkOptions) -> tuple[Log, Storage, CountingStorage | None]:
             counting = CountingStorage(storage) if opts.stats_dir else None
             if counting is not None:
                 storage = counting
-            cached = _LOGS[key] = (Log(storage), storage, counting)
-    if cached[2] is not None:
-        cached[2].counts.clear()  # counts are per commit
+            log = Log(storage)
+            cached = _LOGS[key] = _Session(log, storage, counting, AppCommitter(log))
+    if cached.counting is not None:
+        cached.counting.counts.clear()  # counts are per commit
     return cached
 
 
 def _log_key(opts: SinkOptions) -> tuple[str, str, bool]:
     return opts.url, json.dumps(opts.storage_options, sort_keys=True, default=str), bool(opts.stats_dir)
-
-
-#: Producers of this process's last committed batch per (log, transactional id), with the progress that
-#: batch committed. A kept producer skips ``init_transactions`` and the progress read: as long as no other
-#: committer initialised the id, nothing else was committed for it, so its progress is the one kept; if
-#: one did, the kept producer is fenced, its first coordinator request (the PrepareCommit of the transaction
-#: the previous batch's began ahead, or a begin or add) fails before anything of the batch is decided, and
-#: the commit starts again from storage alone.
-_PRODUCERS: dict[tuple[tuple[str, str, bool], str], tuple[Producer, dict[str, Any]]] = {}
-
-
-def _take_producer(opts: SinkOptions, tid: str) -> tuple[Producer, dict[str, Any]] | None:
-    with _LOGS_LOCK:
-        return _PRODUCERS.pop((_log_key(opts), tid), None)
-
-
-def _keep_producer(opts: SinkOptions, tid: str, producer: Producer, progress: dict[str, Any]) -> None:
-    with _LOGS_LOCK:
-        old = _PRODUCERS.pop((_log_key(opts), tid), None)
-        _PRODUCERS[(_log_key(opts), tid)] = (producer, progress)
-    if old is not None:
-        old[0].close()
 
 
 #: The background roller of each log of this process (see the module doc).
@@ -162,14 +153,11 @@ def _request_roll(opts: SinkOptions, refs: list[StagedRef]) -> None:
 
 
 def _forget(opts: SinkOptions) -> None:
-    key = _log_key(opts)
     with _LOGS_LOCK:
-        _LOGS.pop(key, None)
-        dropped = [k for k in _PRODUCERS if k[0] == key]
-        producers = [_PRODUCERS.pop(k)[0] for k in dropped]
-    for producer in producers:
+        dropped = _LOGS.pop(_log_key(opts), None)
+    if dropped is not None:
         with contextlib.suppress(TxnLogError):
-            producer.close()
+            dropped.committer.close()
 
 
 def commit_batch(
@@ -186,25 +174,22 @@ def commit_batch(
     planned topic)."""
     faults = Faults(opts.fault, ident.batch_id)
     started = time.perf_counter()
-    log, storage, counting = _open(opts)
+    session = _open(opts)
+    counting = session.counting
     try:
-        offsets = group_offsets(log.url) if group_offsets is not None and opts.consumer_group else None
+        offsets = group_offsets(session.log.url) if group_offsets is not None and opts.consumer_group else None
         faults.hit("before_init")
-        result, keep = commit_staged(
-            log,
+        result = session.committer.commit(
             ident,
             refs,
             topic=opts.topic,
             group=opts.consumer_group,
             offsets=offsets,
-            storage=storage,
-            kept=_take_producer(opts, ident.transactional_id),
+            storage=session.storage,
             transaction_timeout_ms=opts.transaction_timeout_ms,
             before_begin=before_begin,
             hit=faults.hit,
         )
-        if keep is not None:
-            _keep_producer(opts, ident.transactional_id, *keep)
         if result.outcome == "committed":
             _request_roll(opts, refs)
         logger.info(
@@ -264,16 +249,12 @@ def abort_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef]) 
     """Spark aborted the batch: settle the transaction state, then delete this run's staged objects unless
     the batch turned out committed (a commit that raised after its commit point). Returns objects deleted."""
     Faults(opts.fault, ident.batch_id).hit("abort")
-    log, storage, _ = _open(opts)
+    session = _open(opts)
     try:
-        kept = _take_producer(opts, ident.transactional_id)
-        if kept is not None:
-            kept[0].close()
-        return abort_staged(
-            log,
+        return session.committer.abort(
             ident,
             refs,
-            storage=storage,
+            storage=session.storage,
             transaction_timeout_ms=opts.transaction_timeout_ms,
             group_fenced=opts.consumer_group is not None,
         )

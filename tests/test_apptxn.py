@@ -401,7 +401,7 @@ def test_a_committer_still_using_the_bare_application_id_is_fenced_by_the_first_
     with AppCommitter(txn_core.Log(log.storage)) as committer:
         assert committer.write_once(AppVersion("legacy", run_id="r", version=5), "t", rows).outcome == "committed"
     with pytest.raises(txn_core.ProducerFencedError):
-        zombie.commit_transaction(metadata=old_unit.progress("t", [], None))
+        zombie.commit_transaction(metadata=old_unit.progress("t", [], None).to_json())
     assert _topic_ids(txn_core.Log(log.storage), "t") == [4, 5]
 
 

@@ -175,7 +175,7 @@ def test_a_participant_expiry_cannot_read_stops_nothing(
     def unreadable(path: str, **_: Any) -> Any:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(operator, "partition_state", unreadable)
+    monkeypatch.setattr(operator.context.partition_states, "get", unreadable)
     assert operator.expire_transactions() == 0
     assert "not read for expiry" in caplog.text
     monkeypatch.undo()

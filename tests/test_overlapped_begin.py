@@ -1,6 +1,6 @@
 """On a store that stages creates (local disk), a transaction's first data entries are written while its
 begin record is created, and linked only once the begin is durable under the transaction id they carry
-(``Producer._write_with_begin``). Whatever happens to the begin, no entry is ever visible before it."""
+(``Sender._write_with_begin``). Whatever happens to the begin, no entry is ever visible before it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 import txn_core
 from txn_core.clients.producer import client, completion
+from txn_core.clients.producer.sender import Sender
 from txn_core.errors import CommitFailedError, CompletionFailedError, StorageError
 from txn_core.format.ids import TxnId
 from txn_core.storage import open_storage
@@ -47,13 +48,13 @@ def _ids(log: txn_core.Log, isolation: str = "read_committed") -> list[int]:
 def _record_overlaps(monkeypatch: pytest.MonkeyPatch) -> list[TxnId]:
     """The transaction ids under which producers write their first entries while the begin is created."""
     overlapped: list[TxnId] = []
-    original = txn_core.Producer._write_with_begin
+    original = Sender._write_with_begin
 
-    def spy(self: txn_core.Producer, todo: Any, predicted: TxnId) -> None:
+    def spy(self: Sender, todo: Any, predicted: TxnId) -> None:
         overlapped.append(predicted)
         original(self, todo, predicted)
 
-    monkeypatch.setattr(txn_core.Producer, "_write_with_begin", spy)
+    monkeypatch.setattr(Sender, "_write_with_begin", spy)
     return overlapped
 
 

@@ -15,7 +15,8 @@ from test_spark_sink_protocol import SCHEMA, ident, options, stage
 import txn_core
 from spark_txn_sink import commit as commit_module
 from spark_txn_sink.commit import commit_batch
-from txn_core.partition import partition
+from txn_core.clients.apptxn import AppCommitter
+from txn_core.partition import partition, snapshots
 
 PARTITIONS = 4
 
@@ -24,9 +25,12 @@ PARTITIONS = 4
 def batches(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, int]]:
     # A reader re-reads a partition's log start once it is older than LOG_START_RECHECK_S (5 s): a batch
     # that crosses that mark pays one request more. Counts must not depend on how fast the machine runs
-    # the batches (a loaded CI machine once counted 18, 19, 18), so the interval is longer than the run.
+    # the batches (a loaded CI machine once counted 18, 19, 18), so the interval is longer than the run. A
+    # reader likewise leaves a buffer snapshot of a changed buffer once a minute (SNAPSHOT_EVERY_MS): a
+    # loaded machine that took longer than that counted its create (18, 18, 19).
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(partition, "LOG_START_RECHECK_S", 3600.0)
+        patch.setattr(snapshots, "SNAPSHOT_EVERY_MS", 3_600_000)
         phases = run(batches=4, rows=8000, partitions=PARTITIONS, root=str(tmp_path_factory.mktemp("rtt")))
     return [{name: p.total for name, p in b.items()} for b in phases]
 
@@ -61,15 +65,13 @@ def test_a_kept_producer_fenced_by_another_committer_turns_the_batch_into_a_repl
     log.create_topic("out", 3, SCHEMA)
     opts = options(log)
     assert commit_batch(opts, ident(0), stage(log, ident(0), 0, 10)).outcome == "committed"
-    first_process = (dict(commit_module._PRODUCERS), dict(commit_module._LOGS))
-    assert first_process[0], "the committed batch's producer is kept"
-    commit_module._PRODUCERS.clear()  # another driver process commits batch 1 of the same query
-    commit_module._LOGS.clear()
+    first_process = dict(commit_module._LOGS)
+    kept = first_process[commit_module._log_key(opts)].committer._kept
+    assert ident(0).transactional_id in kept, "the committed batch's producer is kept"
+    commit_module._LOGS.clear()  # another driver process commits batch 1 of the same query
     assert commit_batch(opts, ident(1), stage(log, ident(1), 10, 20)).outcome == "committed"
-    commit_module._PRODUCERS.clear()
     commit_module._LOGS.clear()
-    commit_module._PRODUCERS.update(first_process[0])  # back in the first process, its producer kept
-    commit_module._LOGS.update(first_process[1])
+    commit_module._LOGS.update(first_process)  # back in the first process, its producer kept
     replay = commit_batch(opts, ident(1), stage(log, ident(1), 10, 20, attempt=1))
     assert replay.outcome == "replayed"
     assert ids(read_topic(log, "out")) == list(range(20))
@@ -98,7 +100,7 @@ def test_a_batch_whose_transaction_timed_out_says_so_not_that_another_query_took
     def late(*args: object, **kwargs: object) -> None:
         raise timed_out
 
-    monkeypatch.setattr(commit_module, "commit_staged", late)
+    monkeypatch.setattr(AppCommitter, "commit", late)
     with pytest.raises(txn_core.TransactionTimedOutError) as raised:
         commit_batch(opts, ident(0), stage(log, ident(0), 0, 10))
     assert raised.value is timed_out and "taken over" not in str(raised.value)

@@ -68,15 +68,14 @@ if TYPE_CHECKING:
     )
     from txn_core.format.ids import TopicPartition, TxnId
     from txn_core.format.states import ClientState, CoordinatorState
-    from txn_core.log import (
+    from txn_core.log import Log, open_log
+    from txn_core.ops.admin import HangingTransaction, TransactionDescription, TransactionListing
+    from txn_core.ops.describe import (
         DamagedEntryDescription,
-        Log,
         OngoingTransaction,
         PartitionDescription,
         TopicDescription,
-        open_log,
     )
-    from txn_core.ops.admin import HangingTransaction, TransactionDescription, TransactionListing
     from txn_core.partition.reader import READ_COMMITTED, READ_UNCOMMITTED
     from txn_core.partition.records import METADATA_FIELDS
 
@@ -96,7 +95,7 @@ _EXPORTS: dict[str, str] = {
     "Consumer": "txn_core.clients.consumer",
     "CoordinatorState": "txn_core.format.states",
     "CorruptDataError": "txn_core.errors",
-    "DamagedEntryDescription": "txn_core.log",
+    "DamagedEntryDescription": "txn_core.ops.describe",
     "DamagedEntryError": "txn_core.errors",
     "DataLossError": "txn_core.errors",
     "GroupFencedError": "txn_core.errors",
@@ -111,10 +110,10 @@ _EXPORTS: dict[str, str] = {
     "ObjectExistsError": "txn_core.errors",
     "ObjectNotFoundError": "txn_core.errors",
     "OffsetOutOfRangeError": "txn_core.errors",
-    "OngoingTransaction": "txn_core.log",
+    "OngoingTransaction": "txn_core.ops.describe",
     "OutOfOrderSequenceError": "txn_core.errors",
     "TransactionTooLargeError": "txn_core.errors",
-    "PartitionDescription": "txn_core.log",
+    "PartitionDescription": "txn_core.ops.describe",
     "Producer": "txn_core.clients.producer",
     "ProducerClosedError": "txn_core.errors",
     "ProducerFencedError": "txn_core.errors",
@@ -129,7 +128,7 @@ _EXPORTS: dict[str, str] = {
     "SubscriptionConsumer": "txn_core.clients.subscriptions",
     "SubscriptionNotFoundError": "txn_core.clients.subscriptions",
     "SubscriptionState": "txn_core.clients.subscriptions",
-    "TopicDescription": "txn_core.log",
+    "TopicDescription": "txn_core.ops.describe",
     "TopicExistsError": "txn_core.errors",
     "TopicNotFoundError": "txn_core.errors",
     "TopicPartition": "txn_core.format.ids",

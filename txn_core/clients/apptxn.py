@@ -45,9 +45,11 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from txn_core.clients.appunit import AppVersion
+from txn_core.clients.producer import DEFAULT_BATCH_BYTES, Producer
+from txn_core.clients.progress import Progress
 from txn_core.errors import (
     AppScopeError,
     ConfigurationError,
@@ -65,8 +67,10 @@ from txn_core.storage.base import Storage, create_resolving
 from txn_core.storage.parallel import parallel_map, submit
 
 if TYPE_CHECKING:
-    from txn_core.clients.producer import Producer
-    from txn_core.log import Log
+    from txn_core.clients.context import LogContext, SupportsContext
+
+#: what :func:`commit_staged` is given (a ``Log`` or its context), handed back to its ``before_begin``
+Given = TypeVar("Given", bound="SupportsContext")
 
 logger = get_logger("txnlog.apptxn")
 
@@ -95,7 +99,7 @@ class CommitResult:
 
 
 #: A producer kept from the application's previous committed unit, with the progress it committed.
-Kept = tuple["Producer", dict[str, Any]]
+Kept = tuple["Producer", Progress]
 
 
 def _no_fault(point: str) -> None:
@@ -103,7 +107,7 @@ def _no_fault(point: str) -> None:
 
 
 def commit_staged(
-    log: Log,
+    log: Given,
     unit: AppVersion,
     refs: list[StagedRef],
     *,
@@ -113,7 +117,7 @@ def commit_staged(
     storage: Storage | None = None,
     kept: Kept | None = None,
     transaction_timeout_ms: int = 60_000,
-    before_begin: Callable[[Log], None] | None = None,
+    before_begin: Callable[[Given], None] | None = None,
     hit: Callable[[str], None] = _no_fault,
 ) -> tuple[CommitResult, Kept | None]:
     """Commit ``refs`` (objects staged for ``topic``) as ``unit``, exactly once (module doc, steps 1-5).
@@ -124,38 +128,46 @@ def commit_staged(
     runs right before a new transaction begins; ``hit`` names the protocol's steps for fault injection
     (``before_commit``, ``after_prepare``, ``after_commit``). Returns the result and the producer to keep
     for the next unit (None: nothing to keep)."""
-    storage = storage or log.storage
+    ctx = log.context
+    storage = storage or ctx.storage
     unit = unit.for_topic(topic)
+    begin_hook = (lambda: before_begin(log)) if before_begin is not None else None
     if kept is not None:
         try:
-            return _commit(log, storage, unit, refs, topic, group, offsets, before_begin, hit, *kept)
+            return _commit(ctx, storage, unit, refs, topic, group, offsets, begin_hook, hit, *kept)
         except ProducerFencedError:  # another committer of the id ran since: start from storage alone
             pass
-    refused = _refusal(unit, offsets, *_progress(log, unit))
+    refused = _refusal(unit, offsets, *_progress(ctx, unit))
     if refused is not None:
         raise refused  # before fencing the run that owns the id now
-    producer = log.producer(unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
+    producer = _producer(ctx, unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
     try:
         producer.init_transactions()
-        previous, source = _progress(log, unit, fence_timeout_ms=transaction_timeout_ms)
+        previous, source = _progress(ctx, unit, fence_timeout_ms=transaction_timeout_ms)
     except BaseException:
         producer.close()
         raise
-    return _commit(log, storage, unit, refs, topic, group, offsets, before_begin, hit, producer, previous, source)
+    return _commit(ctx, storage, unit, refs, topic, group, offsets, begin_hook, hit, producer, previous, source)
+
+
+def _producer(ctx: LogContext, transactional_id: str, *, transaction_timeout_ms: int) -> Producer:
+    return Producer(
+        ctx, transactional_id, transaction_timeout_ms=transaction_timeout_ms, batch_bytes=DEFAULT_BATCH_BYTES
+    )
 
 
 def _commit(
-    log: Log,
+    ctx: LogContext,
     storage: Storage,
     unit: AppVersion,
     refs: list[StagedRef],
     topic: str,
     group: str | None,
     offsets: GroupPosition | dict[tuple[str, int], int] | None,
-    before_begin: Callable[[Log], None] | None,
+    before_begin: Callable[[], None] | None,
     hit: Callable[[str], None],
     producer: Producer,
-    previous: dict[str, Any] | None,
+    previous: Progress | None,
     source: str | None = None,
 ) -> tuple[CommitResult, Kept | None]:
     """Steps 2-5 with ``producer`` (initialised, or kept) and ``previous``, the id's progress (``source``: the
@@ -170,18 +182,18 @@ def _commit(
         if unit.committed_by(previous):
             return CommitResult("replayed", 0, 0, _cleanup_replay(storage, unit, previous, refs)), None
         if before_begin is not None:
-            before_begin(log)
+            before_begin()
         manifest_key = _manifest_key(unit) if unit.write_id is None else None
         # the manifest's create overlaps the transaction's first requests; it is durable before the commit point
         written = submit(_write_manifest, storage, unit, refs, manifest_key) if manifest_key else None
         try:
-            if refs and max(r.partition for r in refs) >= log.topics.get(topic, refresh=False).partitions:
-                log.topics.get(topic)  # the writers saw partitions added since this process last looked
+            if refs and max(r.partition for r in refs) >= ctx.topics.get(topic, refresh=False).partitions:
+                ctx.topics.get(topic)  # the writers saw partitions added since this process last looked
             producer.begin_transaction()
             if offsets is not None and group is not None:
                 # One begin record registers every partition and the group's log; the references, the
                 # offsets and the offsets fence's claim are then written at once.
-                end, start = _offsets_to_send(log, group, offsets)
+                end, start = _offsets_to_send(ctx, group, offsets)
                 producer.send_staged(refs, offsets=end, group_id=group, start_offsets=start)
             else:
                 producer.send_staged(refs)
@@ -190,7 +202,7 @@ def _commit(
                 written.result()
         hit("before_commit")
         progress = unit.progress(topic, refs, manifest_key, previous)
-        producer.commit_transaction(metadata=progress)
+        producer.commit_transaction(metadata=progress.to_json())
         hit("after_prepare")
         listing = submit(storage.list, unit.prefix)  # for the cleanup, overlapping the markers
         # Markers in every partition before the unit returns (readers need not ask the transaction log);
@@ -209,7 +221,7 @@ def _commit(
 def _refusal(
     unit: AppVersion,
     offsets: GroupPosition | dict[tuple[str, int], int] | None,
-    progress: dict[str, Any] | None,
+    progress: Progress | None,
     source: str | None = None,
 ) -> AppScopeError | TransactionalIdTakenOverError | None:
     """Why ``unit`` may not commit after ``progress`` (of transactional id ``source``):
@@ -222,7 +234,7 @@ def _refusal(
     return unit.taken_over(progress)
 
 
-def _progress(log: Log, unit: AppVersion, *, fence_timeout_ms: int | None = None) -> tuple[dict[str, Any] | None, str]:
+def _progress(ctx: LogContext, unit: AppVersion, *, fence_timeout_ms: int | None = None) -> tuple[Progress | None, str]:
     """The progress of ``unit``'s transactional id, and the id it is of.
 
     A scoped id with none yet takes that of the application id it was scoped from (PROTOCOL.md "Application
@@ -234,26 +246,26 @@ def _progress(log: Log, unit: AppVersion, *, fence_timeout_ms: int | None = None
     its progress is read: a committer of the older kind still in the middle of a unit under it (a zombie)
     could otherwise commit that unit after this one did."""
     tid = unit.transactional_id
-    progress = log.transaction_metadata(tid)
-    if progress is not None or unit.scoped_from is None:
-        return progress, tid
-    state = log.coordinator.state(unit.scoped_from)
+    metadata = ctx.transaction_metadata(tid)
+    if metadata is not None or unit.scoped_from is None:
+        return unit.read_progress(metadata), tid
+    state = ctx.coordinator.state(unit.scoped_from)
     if state is None or (state.last_committed is not None and state.last_committed.get("sink") != unit.app):
         return None, tid
     if fence_timeout_ms is not None:
-        producer = log.producer(unit.scoped_from, transaction_timeout_ms=fence_timeout_ms)
+        producer = _producer(ctx, unit.scoped_from, transaction_timeout_ms=fence_timeout_ms)
         try:
             producer.init_transactions()
         finally:
             producer.close()
-    earlier = log.transaction_metadata(unit.scoped_from)
-    if earlier is None or earlier.get("sink") != unit.app:
+    earlier = unit.read_progress(ctx.transaction_metadata(unit.scoped_from), unit.scoped_from)
+    if earlier is None:
         return None, tid
     return earlier, unit.scoped_from
 
 
 def abort_staged(
-    log: Log,
+    log: SupportsContext,
     unit: AppVersion,
     refs: list[StagedRef],
     *,
@@ -274,7 +286,8 @@ def abort_staged(
     ``group_fenced`` (its commits sent fenced group offsets, so the offsets fence refused it, possibly with
     its transaction open: that one is settled as always). ``topic``: the topic the unit wrote, for a unit
     not bound to one (default: that of ``refs``)."""
-    storage = storage or log.storage
+    ctx = log.context
+    storage = storage or ctx.storage
     bound = topic or unit.topic or next((r.topic for r in refs), None)
     if bound is None:
         raise ConfigurationError(
@@ -282,16 +295,16 @@ def abort_staged(
             "topic and has no staged objects to tell it: pass topic=, the topic the unit was committing to"
         )
     unit = unit.for_topic(bound)
-    if not group_fenced and unit.taken_over(_progress(log, unit)[0]) is not None:
+    if not group_fenced and unit.taken_over(_progress(ctx, unit)[0]) is not None:
         # Another run owns the id: it fenced this run (settling what it left) before committing, and fencing
         # it back would abort its open transaction. Whether this attempt got past its commit point before
         # the other run committed is no longer known, so nothing is deleted: the staged-data sweep removes
         # what no committed transaction references.
         return 0
-    producer = log.producer(unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
+    producer = _producer(ctx, unit.transactional_id, transaction_timeout_ms=transaction_timeout_ms)
     try:
         producer.init_transactions()
-        progress, source = _progress(log, unit, fence_timeout_ms=transaction_timeout_ms)
+        progress, source = _progress(ctx, unit, fence_timeout_ms=transaction_timeout_ms)
         if unit.committed_by(progress) or unit.out_of_scope(progress, source) is not None:
             return 0  # committed, or not known to be uncommitted: its objects may be data
     finally:
@@ -300,7 +313,7 @@ def abort_staged(
 
 
 def _offsets_to_send(
-    log: Log, group: str, position: GroupPosition | dict[tuple[str, int], int]
+    ctx: LogContext, group: str, position: GroupPosition | dict[tuple[str, int], int]
 ) -> tuple[Offsets, Offsets | None]:
     """The unit's group offsets and the start that fences them (PROTOCOL.md "Offsets fence"), or no start
     for plain offsets. A first unit that did not start from the group may commit only to a group that has
@@ -309,7 +322,7 @@ def _offsets_to_send(
         return dict(position.items()), None
     start = position.start
     if start is None:
-        committed = log.groups.committed(group, require_stable=True)
+        committed = ctx.groups.committed(group, require_stable=True)
         held = sorted(str(tp) for tp in committed if (tp.topic, tp.partition) in position.end)
         if held:
             raise GroupFencedError(
@@ -396,11 +409,11 @@ def _cleanup_committed(
         return 0
 
 
-def _cleanup_replay(storage: Storage, unit: AppVersion, progress: dict[str, Any] | None, refs: list[StagedRef]) -> int:
+def _cleanup_replay(storage: Storage, unit: AppVersion, progress: Progress | None, refs: list[StagedRef]) -> int:
     """A replayed unit that is already committed: delete this attempt's objects (never committed); if the
     committed attempt's cleanup was interrupted (its manifest still exists), finish it from the manifest."""
     own = [r.key for r in refs]
-    manifest = progress.get("manifest") if progress and progress.get("batch_id") == unit.version else None
+    manifest = progress.manifest if progress is not None and progress.version == unit.version else None
     if isinstance(manifest, str) and manifest.startswith(unit.prefix):
         try:
             committed = _read_manifest(storage, manifest)
@@ -425,13 +438,15 @@ def _quiet_delete(storage: Storage, keys: list[str]) -> int:
 # --- a committer that keeps its producers ---------------------------------------------------------
 
 
-class AppCommitter:
+class AppCommitter(Generic[Given]):
     """Commits units of one or more applications to one log exactly once, keeping each application's
     producer between units (its steady state skips ``init_transactions`` and the progress read). One per
-    process and log; thread-safe across applications, one unit at a time per application."""
+    process and log; thread-safe across applications, one unit at a time per application. ``log``: a
+    :class:`txn_core.Log` (or its context), handed to the ``before_begin`` of :meth:`commit`."""
 
-    def __init__(self, log: Log, *, transaction_timeout_ms: int = 60_000) -> None:
+    def __init__(self, log: Given, *, transaction_timeout_ms: int = 60_000) -> None:
         self.log = log
+        self.ctx = log.context
         self.transaction_timeout_ms = transaction_timeout_ms
         self._kept: dict[str, Kept] = {}
         self._lock = threading.Lock()
@@ -444,25 +459,30 @@ class AppCommitter:
         topic: str,
         group: str | None = None,
         offsets: GroupPosition | dict[tuple[str, int], int] | None = None,
+        storage: Storage | None = None,
+        transaction_timeout_ms: int | None = None,
+        before_begin: Callable[[Given], None] | None = None,
+        hit: Callable[[str], None] = _no_fault,
     ) -> CommitResult:
-        """:func:`commit_staged` with this committer's kept producer for ``unit``'s transactional id."""
+        """:func:`commit_staged` with this committer's kept producer for ``unit``'s transactional id (the
+        arguments are :func:`commit_staged`'s; ``transaction_timeout_ms`` defaults to the committer's). A
+        commit that raises keeps no producer: the next unit starts from storage alone."""
         unit = unit.for_topic(topic)
         with self._lock:
             kept = self._kept.pop(unit.transactional_id, None)
-        try:
-            result, keep = commit_staged(
-                self.log,
-                unit,
-                refs,
-                topic=topic,
-                group=group,
-                offsets=offsets,
-                kept=kept,
-                transaction_timeout_ms=self.transaction_timeout_ms,
-            )
-        except BaseException:
-            self._drop(unit.transactional_id)
-            raise
+        result, keep = commit_staged(
+            self.log,
+            unit,
+            refs,
+            topic=topic,
+            group=group,
+            offsets=offsets,
+            storage=storage,
+            kept=kept,
+            transaction_timeout_ms=transaction_timeout_ms or self.transaction_timeout_ms,
+            before_begin=before_begin,
+            hit=hit,
+        )
         if keep is not None:
             with self._lock:
                 old = self._kept.pop(unit.transactional_id, None)
@@ -471,13 +491,38 @@ class AppCommitter:
                 old[0].close()
         return result
 
+    def abort(
+        self,
+        unit: AppVersion,
+        refs: list[StagedRef],
+        *,
+        storage: Storage | None = None,
+        topic: str | None = None,
+        transaction_timeout_ms: int | None = None,
+        group_fenced: bool = False,
+    ) -> int:
+        """:func:`abort_staged`, after closing the producer kept for ``unit``'s transactional id (the abort
+        fences it); returns the staged objects deleted."""
+        bound = topic or unit.topic or next((r.topic for r in refs), None)
+        if bound is not None:
+            self._drop(unit.for_topic(bound).transactional_id)
+        return abort_staged(
+            self.log,
+            unit,
+            refs,
+            storage=storage,
+            topic=topic,
+            transaction_timeout_ms=transaction_timeout_ms or self.transaction_timeout_ms,
+            group_fenced=group_fenced,
+        )
+
     def write_once(
         self, unit: AppVersion, topic: str, data: object, *, partition: int | None = None, key_column: str | None = None
     ) -> CommitResult:
         """Stage ``data`` (anything ``Producer.send`` takes) for ``topic`` and commit it as ``unit``: a
         replay of the same unit commits nothing and leaves nothing staged."""
         return self.commit(
-            unit, stage_table(self.log, unit, topic, data, partition=partition, key_column=key_column), topic=topic
+            unit, stage_table(self.ctx, unit, topic, data, partition=partition, key_column=key_column), topic=topic
         )
 
     def _drop(self, tid: str) -> None:
@@ -496,7 +541,7 @@ class AppCommitter:
         for producer, _ in kept:
             producer.close()
 
-    def __enter__(self) -> AppCommitter:
+    def __enter__(self) -> AppCommitter[Given]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -504,7 +549,7 @@ class AppCommitter:
 
 
 def stage_table(
-    log: Log,
+    log: SupportsContext,
     unit: AppVersion,
     topic: str,
     data: object,
@@ -518,9 +563,10 @@ def stage_table(
     from txn_core.format.schema import conform
     from txn_core.partition.staging import write_staged
 
+    ctx = log.context
     unit = unit.for_topic(topic)
     validate_name("transactional id", unit.transactional_id)
-    meta = log.topics.get(topic)
+    meta = ctx.topics.get(topic)
     if partition is not None and not (isinstance(partition, int) and 0 <= partition < meta.partitions):
         raise ConfigurationError(
             f"partition {partition!r} does not exist in topic {topic!r} (partitions 0..{meta.partitions - 1})"
@@ -530,7 +576,7 @@ def stage_table(
     refs = []
     for p, part in sorted(parts.items()):
         ref = write_staged(
-            log.storage, unit.prefix, topic, p, part.to_batches(), meta.schema, tag=unit.staging_batch, clock=log.clock
+            ctx.storage, unit.prefix, topic, p, part.to_batches(), meta.schema, tag=unit.staging_batch, clock=ctx.clock
         )
         if ref is not None:
             refs.append(ref)

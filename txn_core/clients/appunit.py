@@ -7,15 +7,15 @@ and what the progress of its transactional id says of it: committed (a replay), 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from txn_core.clients.progress import PROGRESS_VERSION, Progress
 from txn_core.errors import AppScopeError, ConfigurationError, TransactionalIdTakenOverError
 from txn_core.partition.staging import StagedRef, staging_prefix
 
 #: The progress mark of applications that use the core API directly.
 APP_MARK = "txnlog-app"
-PROGRESS_VERSION = 1
 #: Runs a transactional id's progress remembers (:meth:`AppVersion.taken_over`): an earlier run beyond them
 #: counts as a new one again.
 RUN_HISTORY = 16
@@ -104,31 +104,36 @@ class AppVersion:
             )
         return staging_prefix(self.transactional_id, self.staging_batch)
 
-    def committed_by(self, progress: dict[str, Any] | None) -> bool:
-        """Whether ``progress`` (the transactional id's last committed metadata) shows this unit committed.
+    def read_progress(self, metadata: dict[str, Any] | None, transactional_id: str | None = None) -> Progress | None:
+        """This application's progress in ``metadata``, the last committed metadata of ``transactional_id``
+        (default: the unit's); None when it is another application's or none (:meth:`Progress.of`)."""
+        return Progress.of(metadata, self.app, transactional_id=transactional_id or self.transactional_id)
+
+    def committed_by(self, progress: Progress | None) -> bool:
+        """Whether ``progress`` (this application's, of the unit's transactional id) shows this unit committed.
         Progress of another topic never does (:meth:`out_of_scope` refuses the cases it cannot tell)."""
-        if not progress or progress.get("sink") != self.app:
+        if progress is None or progress.app != self.app:
             return False
-        if self.topic is not None and progress.get("topic") != self.topic:
+        if self.topic is not None and progress.topic != self.topic:
             return False
         if self.write_id is not None:
-            return progress.get("write_id") == self.write_id
-        if progress.get("query_id") != self.run_id:
+            return progress.write_id == self.write_id
+        if progress.run != self.run_id:
             return False  # another run used this transactional id last: its versions are not ours
-        return int(progress.get("batch_id", -1)) >= int(self.version or 0)
+        return progress.last_run_version() >= int(self.version or 0)
 
-    def out_of_scope(self, progress: dict[str, Any] | None, source: str | None = None) -> AppScopeError | None:
+    def out_of_scope(self, progress: Progress | None, source: str | None = None) -> AppScopeError | None:
         """The error for a unit whose fate ``progress`` cannot tell: the same run's version at or above this
         one committed to *another* topic. Whether this unit was committed to its own topic before that
         commit is unknown (the progress keeps the last commit only), so committing might commit it twice and
         skipping it might lose it. None when the unit is new or a replay. ``source``: the transactional id
         the progress is of, when not this unit's (the application id a scoped id fell back to)."""
-        if self.topic is None or self.write_id is not None or not progress or progress.get("sink") != self.app:
+        if self.topic is None or self.write_id is not None or progress is None or progress.app != self.app:
             return None
-        other = progress.get("topic")
-        if other == self.topic or progress.get("query_id") != self.run_id:
+        other = progress.topic
+        if other == self.topic or progress.run != self.run_id:
             return None
-        last = int(progress.get("batch_id", -1))
+        last = progress.last_run_version()
         if last < int(self.version or 0):
             return None  # a version the run has not reached: new, whatever topic it writes
         if source is not None and source != self.transactional_id:
@@ -158,19 +163,19 @@ class AppVersion:
             version=last,
         )
 
-    def taken_over(self, progress: dict[str, Any] | None) -> TransactionalIdTakenOverError | None:
+    def taken_over(self, progress: Progress | None) -> TransactionalIdTakenOverError | None:
         """The error for a unit that may not commit under its transactional id: ``progress`` (the id's last
         committed metadata, this application's) is not this run's, and this run committed under the id
         before (the ``runs`` history names it). Another run, or a one-shot write, then took the id over
         since this run's last commit, and this run's replays could no longer be told from new units (the
         replay check reads the last commit only): committing might commit a unit twice. A run the history
         does not name may take an id over (sequential reuse)."""
-        if self.write_id is not None or not progress or progress.get("sink") != self.app:
+        if self.write_id is not None or progress is None or progress.app != self.app:
             return None
-        other = progress.get("query_id")
-        if other == self.run_id or str(self.run_id) not in dict(runs_of(progress)):
+        other = progress.run
+        if other == self.run_id or str(self.run_id) not in dict(progress.runs):
             return None
-        last = f"run {other!r}'s version {progress.get('batch_id')}" if other is not None else "a one-shot write"
+        last = f"run {other!r}'s version {progress.version}" if other is not None else "a one-shot write"
         return TransactionalIdTakenOverError(
             f"transactional id {self.transactional_id!r}: run {self.run_id!r} may not commit its version "
             f"{self.version}: the id's last commit is {last}. The id was taken over since this run's last "
@@ -179,35 +184,20 @@ class AppVersion:
             "(whether the version was committed before cannot be told).",
             transactional_id=self.transactional_id,
             other_run=str(other) if other is not None else "a one-shot write",
-            other_version=int(progress.get("batch_id", -1)),
+            other_version=progress.last_run_version(),
         )
 
     def progress(
-        self, topic: str, refs: list[StagedRef], manifest: str | None, previous: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self, topic: str, refs: list[StagedRef], manifest: str | None, previous: Progress | None = None
+    ) -> Progress:
         """The progress committed with this unit (PROTOCOL.md "Application transactions", progress table);
         ``previous``, the id's progress before it, hands on the history of runs (a one-shot write hands it
         on unchanged)."""
-        value: dict[str, Any] = {
-            "sink": self.app,
-            "version": PROGRESS_VERSION,
-            "topic": topic,
-            "rows": sum(r.rows for r in refs),
-            "objects": len(refs),
-        }
-        history = runs_of(previous) if previous and previous.get("sink") == self.app else []
+        history = previous.runs if previous is not None and previous.app == self.app else ()
+        unit = Progress(self.app, PROGRESS_VERSION, topic, rows=sum(r.rows for r in refs), objects=len(refs))
         if self.write_id is not None:
-            value["write_id"] = self.write_id
-            value["ephemeral"] = True  # a one-shot write is never replayed: its id may expire
-            value["runs"] = [list(pair) for pair in history]
-        else:
-            earlier = [[r, v] for r, v in history if r != str(self.run_id)]
-            runs = [*earlier[-(RUN_HISTORY - 1) :], [str(self.run_id), self.version]]
-            value.update(query_id=self.run_id, batch_id=self.version, manifest=manifest, runs=runs)
-        return value
-
-
-def runs_of(progress: dict[str, Any] | None) -> list[tuple[str, Any]]:
-    """The ``runs`` history of a progress, oldest first: ``[[run, version], ...]`` (a list, since stored JSON
-    sorts the keys of objects). Progress written before the history existed has none."""
-    return [(str(pair[0]), pair[1]) for pair in ((progress or {}).get("runs") or [])]
+            # a one-shot write is never replayed: its id may expire
+            return replace(unit, write_id=self.write_id, ephemeral=True, runs=history)
+        earlier = [(r, v) for r, v in history if r != str(self.run_id)]
+        runs = (*earlier[-(RUN_HISTORY - 1) :], (str(self.run_id), self.version))
+        return replace(unit, run=self.run_id, version=self.version, manifest=manifest, runs=runs)

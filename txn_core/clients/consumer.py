@@ -39,8 +39,8 @@ from txn_core.partition.timeindex import offset_for_timestamp
 from txn_core.storage.parallel import parallel_map
 
 if TYPE_CHECKING:
+    from txn_core.clients.context import SupportsContext
     from txn_core.clients.topics import TopicMeta
-    from txn_core.log import Log
 
 OFFSET_RESETS = ("earliest", "latest")
 
@@ -60,7 +60,7 @@ class Consumer:
 
     def __init__(
         self,
-        log: Log,
+        log: SupportsContext,
         group_id: str | None = None,
         *,
         isolation_level: str = "read_committed",
@@ -68,13 +68,14 @@ class Consumer:
         window_bytes: int = 64 << 20,
         skip_damaged: bool = False,
     ) -> None:
+        ctx = log.context
         if isolation_level not in ISOLATION_LEVELS:
             raise ConfigurationError(f"isolation_level must be one of {ISOLATION_LEVELS}, got {isolation_level!r}")
         if auto_offset_reset not in OFFSET_RESETS:
             raise ConfigurationError(f"auto_offset_reset must be one of {OFFSET_RESETS}, got {auto_offset_reset!r}")
         if group_id is not None:
             validate_name("group", group_id)
-        self.log = log
+        self.ctx = ctx
         self.group_id = group_id
         self.isolation_level = isolation_level
         self.auto_offset_reset = auto_offset_reset
@@ -113,10 +114,10 @@ class Consumer:
                 raise ConfigurationError(
                     f"the assigned topics have incompatible schemas ({exc}); use one consumer per schema"
                 ) from exc
-            committed = self.log.groups.committed(self.group_id, require_stable=True) if self.group_id else {}
+            committed = self.ctx.groups.committed(self.group_id, require_stable=True) if self.group_id else {}
 
             def open_reader(tp: TopicPartition) -> PartitionReader:
-                state = self.log.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
+                state = self.ctx.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
                 state.skip_damaged = self.skip_damaged
                 reader = PartitionReader(state, tp.topic, tp.partition, self.isolation_level, self.window_bytes)
                 c = committed.get(tp)
@@ -187,7 +188,7 @@ class Consumer:
         self._topic_metas(list(asked))
         found = parallel_map(
             lambda item: offset_for_timestamp(
-                self.log.partition_log(paths.partition_log_path(item[0].topic, item[0].partition)), item[1]
+                self.ctx.partition_log(paths.partition_log_path(item[0].topic, item[0].partition)), item[1]
             ),
             list(asked.items()),
         )
@@ -285,7 +286,7 @@ class Consumer:
         """The group's committed offset for ``tp`` (None if none), as read_committed readers see it."""
         if self.group_id is None:
             raise ConfigurationError("committed() needs a consumer with a group_id")
-        c = self.log.groups.committed(self.group_id).get(_tp(tp))
+        c = self.ctx.groups.committed(self.group_id).get(_tp(tp))
         return c.offset if c else None
 
     def commit(
@@ -302,7 +303,7 @@ class Consumer:
                 offsets = {tp: r.position for tp, r in self._readers.items()}
             else:
                 self._topic_metas([_tp(t) for t in offsets])  # every partition named exists
-            self.log.groups.commit(self.group_id, offsets, metadata)
+            self.ctx.groups.commit(self.group_id, offsets, metadata)
 
     def _topic_metas(self, tps: list[TopicPartition]) -> dict[str, TopicMeta]:
         """The metadata of the topics of ``tps`` (one refresh per topic, not per partition), once every
@@ -310,7 +311,7 @@ class Consumer:
         raises its own error)."""
         metas: dict[str, TopicMeta] = {}
         for tp in tps:
-            meta = metas.get(tp.topic) or metas.setdefault(tp.topic, self.log.topics.get(tp.topic))
+            meta = metas.get(tp.topic) or metas.setdefault(tp.topic, self.ctx.topics.get(tp.topic))
             if not 0 <= tp.partition < meta.partitions:
                 raise ConfigurationError(
                     f"partition {tp.partition} does not exist in topic {tp.topic!r} "
@@ -328,11 +329,11 @@ class Consumer:
             readers = dict(self._readers)
             states = {
                 tp: self._lag_states.get(tp)
-                or self.log.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
+                or self.ctx.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
                 for tp in readers
             }
             self._lag_states = states  # this consumer's own: never the log's shared state, which is not thread-safe
-            reach = parallel_map(lambda tp: self.log.stable_offsets(tp.topic, tp.partition, states[tp]), list(readers))
+            reach = parallel_map(lambda tp: self.ctx.stable_offsets(tp.topic, tp.partition, states[tp]), list(readers))
             committed = self.isolation_level == "read_committed"
             return {
                 tp: max(0, (bound if committed else end) - r.position)

@@ -15,12 +15,11 @@ replay the whole history.
 
 from __future__ import annotations
 
-import builtins
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -29,7 +28,6 @@ from txn_core.errors import (
     CorruptDataError,
     InvalidOffsetError,
     ObjectNotFoundError,
-    TxnLogError,
     UnstableOffsetsError,
 )
 from txn_core.format import envelope, paths
@@ -39,7 +37,10 @@ from txn_core.partition.reader import READ_COMMITTED, PartitionReader
 from txn_core.storage.guarded import opportunistic
 
 if TYPE_CHECKING:
-    from txn_core.log import Log
+    from txn_core.clock import Clock
+    from txn_core.coordinator.txnlog import CoordinatorViews
+    from txn_core.partition.registry import PartitionStates
+    from txn_core.storage import Storage
 
 OFFSETS_SCHEMA = pa.schema(
     [
@@ -70,8 +71,9 @@ class GroupOffset:
 class GroupView:
     """The committed offsets of one group, kept current by reading its offsets log."""
 
-    def __init__(self, log: Log, group: str) -> None:
-        self.log = log
+    def __init__(self, store: GroupStore, group: str) -> None:
+        self.store = store
+        self.storage = store.storage
         self.group = group
         self.path = paths.group_log_path(group)
         self.offsets: dict[TopicPartition, GroupOffset] = {}
@@ -80,18 +82,18 @@ class GroupView:
         self._lock = threading.Lock()
 
     def _open(self) -> PartitionReader:
-        state = self.log.partition_state(self.path, shared=False)
+        state = self.store.states.get(self.path, shared=False)
         reader = PartitionReader(state, f"__group:{self.group}", 0, READ_COMMITTED)
         position = self._load_snapshot()
-        reader.seek(max(position, self.log.partition_log(self.path).log_start().offset))
+        reader.seek(max(position, state.log.log_start().offset))
         return reader
 
     def _load_snapshot(self) -> int:
         prefix = group_snapshots(self.group)
-        names = sorted(n for n in self.log.storage.list(prefix) if not n.endswith("/"))
+        names = sorted(n for n in self.storage.list(prefix) if not n.endswith("/"))
         for name in reversed(names):
             try:
-                value = envelope.read_json(self.log.storage, prefix + name, envelope.ObjectKind.GROUP_SNAPSHOT)
+                value = envelope.read_json(self.storage, prefix + name, envelope.ObjectKind.GROUP_SNAPSHOT)
             except (ObjectNotFoundError, CorruptDataError):
                 continue
             self.offsets = {
@@ -123,7 +125,7 @@ class GroupView:
                     self._since_snapshot += batch.num_rows
             if self._since_snapshot >= GROUP_SNAPSHOT_EVERY:
                 position = self._reader.position
-                opportunistic(self.log.storage, "group snapshot", lambda: self._write_snapshot(position))
+                opportunistic(self.storage, "group snapshot", lambda: self._write_snapshot(position))
             return dict(self.offsets)
 
     def pending(self) -> tuple[TxnId, str | None] | None:
@@ -138,7 +140,7 @@ class GroupView:
                 return None
             for first, ongoing in state.buffer.ongoing.items():
                 if first == bound:
-                    status = self.log.coordinator.views.get(ongoing.txn.coordinator).status(ongoing.txn)
+                    status = self.store.views.get(ongoing.txn.coordinator).status(ongoing.txn)
                     return ongoing.txn, status.tid if status else None
             return None
 
@@ -153,19 +155,23 @@ class GroupView:
             ],
         }
         envelope.create_json(
-            self.log.storage, prefix + paths.slot_name(position), envelope.ObjectKind.GROUP_SNAPSHOT, value
+            self.storage, prefix + paths.slot_name(position), envelope.ObjectKind.GROUP_SNAPSHOT, value
         )
         self._since_snapshot = 0
-        names = sorted(n for n in self.log.storage.list(prefix) if not n.endswith("/"))
+        names = sorted(n for n in self.storage.list(prefix) if not n.endswith("/"))
         for name in names[:-GROUP_SNAPSHOTS_KEPT]:
-            self.log.storage.delete(prefix + name)
+            self.storage.delete(prefix + name)
 
 
 class GroupStore:
-    """Commits and reads group offsets for one log."""
+    """Commits and reads group offsets for one log: groups' offsets logs are partition logs of ``states``,
+    whose transactions ``views`` name (the transactional id holding a group's offsets back)."""
 
-    def __init__(self, log: Log) -> None:
-        self.log = log
+    def __init__(self, storage: Storage, *, clock: Clock, states: PartitionStates, views: CoordinatorViews) -> None:
+        self.storage = storage
+        self.clock = clock
+        self.states = states
+        self.views = views
         self._views: dict[str, GroupView] = {}
         self._lock = threading.Lock()
 
@@ -174,7 +180,7 @@ class GroupStore:
         with self._lock:
             v = self._views.get(group)
             if v is None:
-                v = GroupView(self.log, group)
+                v = GroupView(self, group)
                 self._views[group] = v
             return v
 
@@ -192,7 +198,7 @@ class GroupStore:
             topics.append(str(topic))
             parts.append(partition)
             offs.append(off)
-        now = self.log.clock()
+        now = self.clock()
         return pa.table(
             {
                 "topic": topics,
@@ -212,7 +218,7 @@ class GroupStore:
         table = self.offsets_table(offsets, metadata)
         if table.num_rows == 0:
             return
-        self.log.partition_log(paths.group_log_path(group)).append_payload(
+        self.states.logs.get(paths.group_log_path(group)).append_payload(
             EntryKind.DATA, Payload.of_arrow(table.to_batches(), OFFSETS_SCHEMA), table.num_rows
         )
 
@@ -246,26 +252,4 @@ class GroupStore:
             time.sleep(0.1)
 
     def list(self) -> list[str]:
-        return [n.rstrip("/") for n in self.log.storage.list(paths.GROUPS) if n.endswith("/")]
-
-    def describe(self, group: str) -> builtins.list[dict[str, Any]]:
-        """Per topic-partition: committed offset, last stable offset, log end and lag."""
-        rows = []
-        for tp, off in sorted(self.committed(group).items()):
-            try:
-                desc = self.log.describe_partition(tp.topic, tp.partition)
-                lso, end = desc.last_stable_offset, desc.log_end_offset
-            except TxnLogError:  # the topic was deleted or shrank: no lag to report
-                lso = end = -1
-            rows.append(
-                {
-                    "topic": tp.topic,
-                    "partition": tp.partition,
-                    "committed": off.offset,
-                    "last_stable_offset": lso,
-                    "log_end_offset": end,
-                    "lag": max(0, lso - off.offset) if lso >= 0 else None,
-                    "metadata": off.metadata,
-                }
-            )
-        return rows
+        return [n.rstrip("/") for n in self.storage.list(paths.GROUPS) if n.endswith("/")]

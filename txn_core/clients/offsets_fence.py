@@ -28,7 +28,7 @@ from txn_core.format.ids import TopicPartition, TxnId
 from txn_core.format.states import CoordinatorState
 
 if TYPE_CHECKING:
-    from txn_core.log import Log
+    from txn_core.clients.context import SupportsContext
 
 Position = Mapping[tuple[str, int] | TopicPartition, int]
 
@@ -55,7 +55,15 @@ def _describe(start: Position, limit: int = 4) -> str:
 
 
 def claim(
-    log: Log, group: str, start: Position, end: Position, *, tid: str, producer_id: int, epoch: int, txn: TxnId
+    log: SupportsContext,
+    group: str,
+    start: Position,
+    end: Position,
+    *,
+    tid: str,
+    producer_id: int,
+    epoch: int,
+    txn: TxnId,
 ) -> int:
     """Claim ``start`` for transaction ``txn`` of ``tid``; returns the generation won (-1: nothing to
     claim, the transaction consumed no input: ``end`` equals ``start``).
@@ -63,6 +71,7 @@ def claim(
     Raises :class:`GroupFencedError` if another transaction from ``start`` committed, is still open, or
     may have committed (its outcome is no longer kept). Costs one create when uncontended.
     """
+    ctx = log.context
     if _rows(start) == _rows(end):
         return -1  # no input: committing offsets equal to the start commits nothing twice (no claim)
     prefix = claims_prefix(group, start)
@@ -74,22 +83,22 @@ def claim(
         "producer_id": producer_id,
         "epoch": epoch,
         "txn": str(txn),
-        "ts": log.clock(),
+        "ts": ctx.clock(),
     }
     gen = 0
     while True:
         key = prefix + paths.slot_name(gen)
-        if envelope.create_json(log.storage, key, envelope.ObjectKind.OFFSETS_CLAIM, value):
+        if envelope.create_json(ctx.storage, key, envelope.ObjectKind.OFFSETS_CLAIM, value):
             return gen
         try:
-            held = envelope.read_json(log.storage, key, envelope.ObjectKind.OFFSETS_CLAIM)
+            held = envelope.read_json(ctx.storage, key, envelope.ObjectKind.OFFSETS_CLAIM)
         except ObjectNotFoundError:  # pragma: no cover - claims are never deleted
             continue
         if held.get("txn") == str(txn) and held.get("tid") == tid:
             return gen  # this transaction's own claim (a retried call)
         other = TxnId.parse(str(held.get("txn")))
         written = held.get("ts")  # after its transaction's first write: where a begun-ahead one's timeout runs from
-        status = log.coordinator.resolve(other, functools.partial(int, written) if isinstance(written, int) else None)
+        status = ctx.coordinator.resolve(other, functools.partial(int, written) if isinstance(written, int) else None)
         if status.state in (CoordinatorState.PREPARE_ABORT, CoordinatorState.COMPLETE_ABORT):
             gen += 1  # released: its transaction aborted
             continue

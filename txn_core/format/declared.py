@@ -76,9 +76,14 @@ def checked_int(check: Callable[[int], bool], what: str) -> Codec:
     return Codec(_omit_none(int), load)
 
 
-def jfield(codec: Codec, default: Any = dataclasses.MISSING) -> Any:
-    """A declared field: its codec, and its default when it may be absent."""
-    return dataclasses.field(default=default, metadata={"codec": codec})
+def jfield(codec: Codec, default: Any = dataclasses.MISSING, *, key: str | None = None) -> Any:
+    """A declared field: its codec, its default when it may be absent, and ``key``, its name in the JSON
+    form when that is not the field's (a stored name kept for compatibility under a clearer one)."""
+    return dataclasses.field(default=default, metadata={"codec": codec, "key": key})
+
+
+def _key(f: dataclasses.Field[Any]) -> str:
+    return f.metadata["key"] or f.name
 
 
 class Declared:
@@ -93,7 +98,7 @@ class Declared:
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = f.metadata["codec"].dump(getattr(self, f.name))
             if value is not OMIT:
-                out[f.name] = value
+                out[_key(f)] = value
         return out
 
     @classmethod
@@ -101,11 +106,12 @@ class Declared:
         """The record of ``value``; KeyError, TypeError or ValueError (naming the field) when invalid."""
         args: dict[str, Any] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if f.name in value:
+            key = _key(f)
+            if key in value:
                 try:
-                    args[f.name] = f.metadata["codec"].load(value[f.name])
+                    args[f.name] = f.metadata["codec"].load(value[key])
                 except (TypeError, ValueError) as exc:
-                    raise type(exc)(f"field {f.name!r}: {exc}") from exc
+                    raise type(exc)(f"field {key!r}: {exc}") from exc
             elif f.default is dataclasses.MISSING:
-                raise KeyError(f.name)
+                raise KeyError(key)
         return cls(**args)

@@ -17,9 +17,13 @@ from txn_core.errors import ConfigurationError
 from txn_core.format import paths
 from txn_core.format.ids import TopicPartition, TxnId
 from txn_core.format.states import CoordinatorState
+from txn_core.logs import get_logger
+from txn_core.partition.state import PartitionState
 
 if TYPE_CHECKING:
-    from txn_core.log import Log
+    from txn_core.clients.context import LogContext, SupportsContext
+
+expiry_logger = get_logger("txnlog.expiry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +68,9 @@ class HangingTransaction:
     reason: str
 
 
-def _describe(log: Log, st: TidState) -> TransactionDescription:
+def _describe(ctx: LogContext, st: TidState) -> TransactionDescription:
     age = (
-        log.clock() - st.start_ms
+        ctx.clock() - st.start_ms
         if st.start_ms is not None
         and st.state in (CoordinatorState.ONGOING, CoordinatorState.PREPARE_COMMIT, CoordinatorState.PREPARE_ABORT)
         else None
@@ -87,10 +91,11 @@ def _describe(log: Log, st: TidState) -> TransactionDescription:
     )
 
 
-def list_transactions(log: Log, *, include_complete: bool = False) -> list[TransactionListing]:
+def list_transactions(log: SupportsContext, *, include_complete: bool = False) -> list[TransactionListing]:
+    ctx = log.context
     out: list[TransactionListing] = []
-    for c in range(log.coordinator_partitions):
-        view = log.views.get(c)
+    for c in range(ctx.coordinator_partitions):
+        view = ctx.views.get(c)
         view.refresh()
         states = list(view.tids.values()) if include_complete else view.open_states()
         out.extend(
@@ -99,38 +104,41 @@ def list_transactions(log: Log, *, include_complete: bool = False) -> list[Trans
     return sorted(out, key=lambda t: t.transactional_id)
 
 
-def describe_transaction(log: Log, transactional_id: str) -> TransactionDescription:
-    st = log.coordinator.state(transactional_id)
+def describe_transaction(log: SupportsContext, transactional_id: str) -> TransactionDescription:
+    ctx = log.context
+    st = ctx.coordinator.state(transactional_id)
     if st is None:
         raise ConfigurationError(f"unknown transactional id {transactional_id!r}: no producer ever used it")
-    return _describe(log, st)
+    return _describe(ctx, st)
 
 
-def abort_transaction(log: Log, transactional_id: str) -> TransactionDescription:
-    st = log.coordinator.state(transactional_id)
+def abort_transaction(log: SupportsContext, transactional_id: str) -> TransactionDescription:
+    ctx = log.context
+    st = ctx.coordinator.state(transactional_id)
     if st is None:
         raise ConfigurationError(f"unknown transactional id {transactional_id!r}: no producer ever used it")
-    result = log.coordinator.abort_transaction(transactional_id)
-    return _describe(log, result or st)
+    result = ctx.coordinator.abort_transaction(transactional_id)
+    return _describe(ctx, result or st)
 
 
 def find_hanging_transactions(
-    log: Log, topic: str | None = None, *, max_age_ms: int | None = None
+    log: SupportsContext, topic: str | None = None, *, max_age_ms: int | None = None
 ) -> list[HangingTransaction]:
     """Open transactions holding a partition's read bound too long (see module doc).
 
     ``max_age_ms`` flags anything open for longer than that, whatever its timeout.
     """
-    topics = [topic] if topic else log.list_topics()
-    now = log.clock()
+    ctx = log.context
+    topics = [topic] if topic else ctx.topics.list()
+    now = ctx.clock()
     out = []
     for t in topics:
-        meta = log.topics.get(t)
+        meta = ctx.topics.get(t)
         for p in range(meta.partitions):
-            state = log.partition_state(paths.partition_log_path(t, p))
+            state = ctx.partition_state(paths.partition_log_path(t, p))
             state.scan_to_end()
             for o in list(state.buffer.ongoing.values()):
-                view = log.views.get(o.txn.coordinator)
+                view = ctx.views.get(o.txn.coordinator)
                 view.refresh()
                 status = view.status(o.txn)
                 start = state.start_ms(o.txn, status)
@@ -151,20 +159,21 @@ def find_hanging_transactions(
     return out
 
 
-def abort_hanging(log: Log, topic: str, partition: int, txn: TxnId) -> int:
+def abort_hanging(log: SupportsContext, topic: str, partition: int, txn: TxnId) -> int:
     """Write an ABORT marker for ``txn`` into one partition whose data it holds without a marker
     (KIP-664's ``--topic --partition --start-offset`` abort). Returns the marker's offset.
 
     Refused while the transaction log says ``txn`` is ongoing (abort it by its transactional id) or
     committed with this partition as a participant (its marker is being written).
     """
+    ctx = log.context
     from txn_core.format.entry import EntryKind, Payload
 
-    meta = log.topics.get(topic)
+    meta = ctx.topics.get(topic)
     if not 0 <= partition < meta.partitions:
         raise ConfigurationError(f"topic {topic!r} has no partition {partition} (0..{meta.partitions - 1})")
     path = paths.partition_log_path(topic, partition)
-    state = log.partition_state(path)
+    state = ctx.partition_state(path)
     state.scan_to_end()
     ongoing = state.buffer.by_txn.get(txn)
     if ongoing is None:
@@ -172,7 +181,7 @@ def abort_hanging(log: Log, topic: str, partition: int, txn: TxnId) -> int:
             f"transaction {txn} holds no data without a marker in {topic}-{partition}; "
             "nothing to abort (see find_hanging_transactions)"
         )
-    view = log.views.get(txn.coordinator)
+    view = ctx.views.get(txn.coordinator)
     view.refresh()
     status = view.status(txn)
     if status is not None and status.state == CoordinatorState.ONGOING:
@@ -193,7 +202,7 @@ def abort_hanging(log: Log, topic: str, partition: int, txn: TxnId) -> int:
             "reason": "aborted as hanging by an operator",
         }
     )
-    result = log.partition_log(path).append_payload(
+    result = ctx.partition_log(path).append_payload(
         EntryKind.ABORT,
         payload,
         1,
@@ -203,3 +212,51 @@ def abort_hanging(log: Log, topic: str, partition: int, txn: TxnId) -> int:
     )
     state.scan_to_end()
     return result.base_offset
+
+
+def expire_transactions(log: SupportsContext) -> int:
+    """Abort every transaction past its timeout, in every coordinator partition; returns how many.
+
+    A transaction begun ahead has no start in the transaction log: its timeout runs from its first write
+    (PROTOCOL.md "Timeouts"), which this finds in the logs it guessed as participants once it has been
+    reserved for longer than its timeout (:func:`_first_write_ms`)."""
+    ctx = log.context
+    n = 0
+    scanned: dict[str, PartitionState | None] = {}  # each participant's buffer brought up to date once
+    for c in range(ctx.coordinator_partitions):
+        view = ctx.views.get(c)
+        view.refresh()
+        n += len(ctx.coordinator.expire(view, first_write=lambda txn, where: _first_write_ms(ctx, txn, where, scanned)))
+    return n
+
+
+def _first_write_ms(
+    ctx: LogContext, txn: TxnId, participants: tuple[str, ...], scanned: dict[str, PartitionState | None]
+) -> int | None:
+    """The earliest first entry of ``txn`` among ``participants`` that are partition logs (topic
+    partitions, group offsets), as their readers see it (the entry header's timestamp); None if none of
+    them holds it ongoing. ``scanned``: the states this expiry run has brought to the log end (None: could
+    not be read), so a path is scanned once per run. A participant that cannot be read now is skipped
+    (logged): the next run tries again."""
+    found: list[int] = []
+    for path in participants:
+        if paths.topic_partition_of(path) is None and not (path.startswith(paths.GROUPS) and path.endswith("/offsets")):
+            continue  # an acknowledgement log: its readers time the transaction out
+        if path not in scanned:
+            try:
+                fresh = ctx.partition_state(path)
+                fresh.scan_to_end()
+                scanned[path] = fresh
+            except Exception as exc:  # one unreadable log must not stop the expiry of everything else
+                expiry_logger.warning("%s: not read for expiry (%s); the next run tries again", path, exc)
+                scanned[path] = None
+        known = scanned[path]
+        first = None
+        if known is not None:
+            try:
+                first = known.first_write_ms(txn)
+            except Exception as exc:
+                expiry_logger.warning("%s: first write of %s not known (%s)", path, txn, exc)
+        if first is not None:
+            found.append(first)
+    return min(found, default=None)

@@ -57,8 +57,8 @@ from txn_core.partition.records import entry_table
 from txn_core.storage.base import create_resolving
 
 if TYPE_CHECKING:
+    from txn_core.clients.context import LogContext, SupportsContext
     from txn_core.format.ids import TxnId
-    from txn_core.log import Log
 
 logger = get_logger(__name__)
 
@@ -93,19 +93,20 @@ class DamagedEntry:
         return self.next_offset is None and not self.header_intact
 
 
-def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False) -> list[DamagedEntry]:
+def find_damaged(log: SupportsContext, topic: str, partition: int, *, payloads: bool = False) -> list[DamagedEntry]:
     """Every damaged entry of one partition, marked lost or not, in slot order.
 
     Reads every header (one ranged read each, read ahead), and with ``payloads`` every whole entry and
     staged object (checksums and record counts; a control entry's payload checksum too, though readers act
     on its header alone): a task for quiet hours on a large partition.
     """
+    ctx = log.context
     from txn_core.partition.readahead import HeaderReadAhead, ReadAhead
 
-    plog = _partition_log(log, topic, partition)
+    plog = _partition_log(ctx, topic, partition)
     start, _, end = plog.scan_bounds()
     found: dict[int, DamagedEntry] = {}
-    for lost in list_lost(log.storage, plog.path):
+    for lost in list_lost(ctx.storage, plog.path):
         if lost.slot >= start.slot:
             found[lost.slot] = _inspect(plog, topic, partition, lost.slot, lost.check, None, lost)
     headers = HeaderReadAhead(plog, start.slot)
@@ -140,15 +141,16 @@ def find_damaged(log: Log, topic: str, partition: int, *, payloads: bool = False
                 if entry.header.is_control:
                     entry.payload()  # readers act on a marker's header alone; its payload is checked here
                 else:
-                    entry_table(log.storage, entry)
+                    entry_table(ctx.storage, entry)
             except CorruptDataError as exc:  # the payload or the staged object it names
                 found[slot] = _inspect(plog, topic, partition, slot, exc.check or str(exc), entry.header, None)
     return [found[s] for s in sorted(found)]
 
 
-def inspect(log: Log, topic: str, partition: int, slot: int) -> DamagedEntry | None:
+def inspect(log: SupportsContext, topic: str, partition: int, slot: int) -> DamagedEntry | None:
     """The entry at ``slot`` if it is damaged (its header or length; or marked lost), else None."""
-    plog = _partition_log(log, topic, partition)
+    ctx = log.context
+    plog = _partition_log(ctx, topic, partition)
     lost = plog.lost_entry(slot)
     if lost is not None:
         return _inspect(plog, topic, partition, slot, lost.check, None, lost)
@@ -249,20 +251,20 @@ def operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def _partition_log(log: Log, topic: str, partition: int) -> PartitionLog:
+def _partition_log(ctx: LogContext, topic: str, partition: int) -> PartitionLog:
     """The log of an existing partition (a partition the topic does not have is an error, not a clean one)."""
-    count = log.topics.get(topic, refresh=False).partitions  # the caller's own read of it, if it made one
+    count = ctx.topics.get(topic, refresh=False).partitions  # the caller's own read of it, if it made one
     if not 0 <= partition < count:
-        count = log.topics.get(topic).partitions  # partitions may have been added since
+        count = ctx.topics.get(topic).partitions  # partitions may have been added since
     if not 0 <= partition < count:
         raise ConfigurationError(
             f"topic {topic!r} has {count} partition(s), 0 to {count - 1}: partition {partition} does not exist"
         )
-    return log.partition_log(paths.partition_log_path(topic, partition))
+    return ctx.partition_log(paths.partition_log_path(topic, partition))
 
 
 def mark_lost(
-    log: Log,
+    log: SupportsContext,
     topic: str,
     partition: int,
     slot: int,
@@ -277,11 +279,12 @@ def mark_lost(
 
     Refuses an entry that reads fine, and an entry after a damaged one not marked lost yet (mark them in
     slot order: each one's offsets begin where the previous one's end)."""
+    ctx = log.context
     if not reason.strip():
         raise ConfigurationError("marking an entry lost needs a reason (it is recorded in the log)")
     if records is not None and records <= 0:
         raise ConfigurationError(f"records must be at least 1, got {records}")
-    plog = _partition_log(log, topic, partition)
+    plog = _partition_log(ctx, topic, partition)
     path = plog.path
     start, _, end = plog.scan_bounds()
     plog.readable_tail(refresh=True)  # known, it tells a missing slot inside the log (a hole) from the end
@@ -291,7 +294,7 @@ def mark_lost(
     existing = plog.lost_entry(slot)
     if existing is not None:
         return existing
-    header, check = _damage_of(log, plog, slot, where)
+    header, check = _damage_of(ctx, plog, slot, where)
     if header is not None:
         first, nxt, timestamp = header.base_offset, header.next_offset, header.timestamp_ms
         if records is not None and records != header.record_count:
@@ -308,8 +311,8 @@ def mark_lost(
                 f"slot {exc.slot} of {where}, before slot {slot}, is damaged too and not marked lost: mark the "
                 f"damaged entries in slot order (slot {exc.slot} first)"
             ) from exc
-        outcomes = _open_outcomes(log, path, slot, first, where)  # refuses before the seal writes anything
-        nxt, sealed = _end_of(log, plog, slot, first, records, where)
+        outcomes = _open_outcomes(ctx, path, slot, first, where)  # refuses before the seal writes anything
+        nxt, sealed = _end_of(ctx, plog, slot, first, records, where)
     lost = LostEntry(
         path,
         slot,
@@ -321,11 +324,11 @@ def mark_lost(
         outcomes=outcomes,
         reason=reason.strip(),
         by=by or operator(),
-        marked_ms=log.clock(),
+        marked_ms=ctx.clock(),
         size=_size(plog, slot),
         sealed=sealed,
     )
-    if not envelope.create_json(log.storage, record_key(path, slot), envelope.ObjectKind.LOST_ENTRY, lost.to_json()):
+    if not envelope.create_json(ctx.storage, record_key(path, slot), envelope.ObjectKind.LOST_ENTRY, lost.to_json()):
         winner = plog.lost_entry(slot)  # another operator marked it at the same time: theirs stands
         if winner is None:  # pragma: no cover - a record, once created, is never deleted but by retention
             raise CorruptDataError(f"{record_key(path, slot)} vanished while marking", record_key(path, slot))
@@ -334,7 +337,7 @@ def mark_lost(
     return plog.lost_entry(slot) or lost
 
 
-def _damage_of(log: Log, plog: PartitionLog, slot: int, where: str) -> tuple[EntryHeader | None, str]:
+def _damage_of(ctx: LogContext, plog: PartitionLog, slot: int, where: str) -> tuple[EntryHeader | None, str]:
     """``(intact header or None, the check that fails)`` of a damaged entry; refuses one that reads fine."""
     try:
         entry = plog.fetch_entry(slot)
@@ -346,7 +349,7 @@ def _damage_of(log: Log, plog: PartitionLog, slot: int, where: str) -> tuple[Ent
         return None, MISSING_CHECK
     if not entry.header.is_control:  # a control entry's payload is never needed to read the log
         try:
-            entry_table(log.storage, entry)
+            entry_table(ctx.storage, entry)
         except CorruptDataError as exc:
             return entry.header, exc.check or str(exc)
     raise ConfigurationError(
@@ -355,7 +358,9 @@ def _damage_of(log: Log, plog: PartitionLog, slot: int, where: str) -> tuple[Ent
     )
 
 
-def _end_of(log: Log, plog: PartitionLog, slot: int, first: int, records: int | None, where: str) -> tuple[int, bool]:
+def _end_of(
+    ctx: LogContext, plog: PartitionLog, slot: int, first: int, records: int | None, where: str
+) -> tuple[int, bool]:
     """Where the damaged entry at ``slot`` ends, and whether this call sealed it."""
     try:
         following = plog.read_header(slot + 1).base_offset
@@ -373,7 +378,7 @@ def _end_of(log: Log, plog: PartitionLog, slot: int, first: int, records: int | 
                 "at least its record count (a larger K is safe: offsets are skipped, never reused; see "
                 "'txnlog maintenance damaged URL' for what its bytes still tell)"
             ) from None
-        return _seal(log, plog, slot, first + records), True
+        return _seal(ctx, plog, slot, first + records), True
     if records is not None and records != following - first:
         raise ConfigurationError(
             f"slot {slot} of {where} holds offsets [{first}, {following}) by its neighbours: {following - first} "
@@ -387,25 +392,25 @@ def _end_of(log: Log, plog: PartitionLog, slot: int, first: int, records: int | 
     return following, False
 
 
-def _seal(log: Log, plog: PartitionLog, slot: int, end: int) -> int:
+def _seal(ctx: LogContext, plog: PartitionLog, slot: int, end: int) -> int:
     """Create the SEAL entry at ``slot + 1`` starting at ``end``; returns where the damaged entry ends (the
     base offset of whatever entry won slot ``slot + 1``)."""
     payload = Payload.of_json({"lost_slot": slot, "reason": "seals the damaged last entry before it"})
     header = EntryHeader(
-        EntryKind.SEAL, end, 1, -1, 0, -1, None, log.clock(), payload.length, payload.crc, uuid.uuid4().bytes
+        EntryKind.SEAL, end, 1, -1, 0, -1, None, ctx.clock(), payload.length, payload.crc, uuid.uuid4().bytes
     ).encode()
     try:
-        create_resolving(log.storage, plog.entries.key(slot + 1), [header, *payload.chunks], header)
+        create_resolving(ctx.storage, plog.entries.key(slot + 1), [header, *payload.chunks], header)
     except ObjectExistsError:
         return plog.read_header(slot + 1).base_offset  # a writer appended after it first: its offset stands
     return end
 
 
-def _open_outcomes(log: Log, path: str, slot: int, first: int, where: str) -> tuple[tuple[TxnId, str], ...]:
+def _open_outcomes(ctx: LogContext, path: str, slot: int, first: int, where: str) -> tuple[tuple[TxnId, str], ...]:
     """The transactions open just before ``slot`` (whose entry begins at offset ``first``), with their outcome
     in the transaction log now. Scanned from a snapshot at or before ``first``: a newer one, taken before
     the entry was damaged, holds the buffer as it stood after it."""
-    state = log.partition_state(path, shared=False)
+    state = ctx.partition_state(path, shared=False)
     state.write_snapshots = False
     state.reload(at_most=first)
     state.scan_to_end()

@@ -37,7 +37,7 @@ from txn_core.partition.snapshots import SnapshotStore
 from txn_core.partition.staging import name_prefix
 
 if TYPE_CHECKING:
-    from txn_core.log import Log
+    from txn_core.clients.context import LogContext, SupportsContext
 
 logger = get_logger(__name__)
 
@@ -68,7 +68,7 @@ class RetentionResult:
 
 
 def apply_retention(
-    log: Log,
+    log: SupportsContext,
     topic: str,
     *,
     retention_ms: int | None = None,
@@ -79,9 +79,10 @@ def apply_retention(
 ) -> list[RetentionResult]:
     """Delete what the topic's retention (or the arguments) no longer keeps, for every partition.
     ``min_age_ms`` below :data:`SAFE_ENTRY_AGE_MS` is refused unless ``check_min_age`` is false."""
+    ctx = log.context
     if check_min_age:
         check_min_age_of("retention", min_age_ms, SAFE_ENTRY_AGE_MS)
-    meta = log.topics.get(topic)
+    meta = ctx.topics.get(topic)
     retention_ms = meta.config.retention_ms if retention_ms is None else retention_ms
     retention_bytes = meta.config.retention_bytes if retention_bytes is None else retention_bytes
     if retention_ms is None and retention_bytes is None:
@@ -89,12 +90,12 @@ def apply_retention(
             f"topic {topic!r} keeps everything (no retention_ms or retention_bytes set); set one with "
             "Log.set_retention() or pass it explicitly"
         )
-    now_ms = log.clock() if now_ms is None else now_ms
-    return [_retain(log, topic, p, retention_ms, retention_bytes, min_age_ms, now_ms) for p in range(meta.partitions)]
+    now_ms = ctx.clock() if now_ms is None else now_ms
+    return [_retain(ctx, topic, p, retention_ms, retention_bytes, min_age_ms, now_ms) for p in range(meta.partitions)]
 
 
 def _retain(
-    log: Log,
+    ctx: LogContext,
     topic: str,
     partition: int,
     retention_ms: int | None,
@@ -103,8 +104,8 @@ def _retain(
     now_ms: int,
 ) -> RetentionResult:
     path = paths.partition_log_path(topic, partition)
-    plog = log.partition_log(path)
-    state = log.partition_state(path)
+    plog = ctx.partition_log(path)
+    state = ctx.partition_state(path)
     state.scan_to_end()
     start = plog.log_start(refresh=True)
     tail_slot, _end = plog.readable_tail(refresh=True)
@@ -129,7 +130,7 @@ def _retain(
         return RetentionResult(topic, partition, start.offset, start.offset, 0, 0)
     # 2. publish the new start before deleting anything
     envelope.create_json(
-        log.storage,
+        ctx.storage,
         paths.log_start(path) + paths.slot_name(slot),
         envelope.ObjectKind.LOG_START,
         {"slot": slot, "offset": offset, "time_ms": now_ms, "bytes_before": start.bytes_before + freed},
@@ -137,7 +138,7 @@ def _retain(
     plog.log_start(refresh=True)
     # 3. a snapshot at or after the new start, so no reader rebuilds from the start (readers prune what
     #    a snapshot still says about deleted offsets when they load it)
-    store = SnapshotStore(log.storage, path, clock=log.clock)
+    store = SnapshotStore(ctx.storage, path, clock=ctx.clock)
     finals = store.finals()
     if not finals or finals[-1] < offset:
         store.write(state.buffer.copy(), log_start=offset)
@@ -150,27 +151,27 @@ def _retain(
         key = plog.entries.key(s)
         if header.kind == EntryKind.DATA_REF:
             try:
-                data = log.storage.read(key)
+                data = ctx.storage.read(key)
                 ref = json.loads(bytes(verify_payload(header, data, key)))
-                log.storage.delete(str(ref["key"]))
+                ctx.storage.delete(str(ref["key"]))
             except (ObjectNotFoundError, CorruptDataError):
                 pass  # a damaged reference names nothing for sure: its staged object is left to the sweep
-        log.storage.delete(key)
+        ctx.storage.delete(key)
     for first in plog.segments.refresh():
         if first < slot and plog.segments.end_of(first) <= slot:
-            log.storage.delete(plog.segments.key(first))
+            ctx.storage.delete(plog.segments.key(first))
     plog.segments.refresh()
-    for name in log.storage.list(paths.lost_entries(path)):  # a lost-entry mark goes with its entry
+    for name in ctx.storage.list(paths.lost_entries(path)):  # a lost-entry mark goes with its entry
         if name.isdigit() and int(name) < slot:
-            log.storage.delete(paths.lost_entries(path) + name)
-    markers = sorted(n for n in log.storage.list(paths.log_start(path)) if not n.endswith("/"))
+            ctx.storage.delete(paths.lost_entries(path) + name)
+    markers = sorted(n for n in ctx.storage.list(paths.log_start(path)) if not n.endswith("/"))
     for name in markers[:-START_MARKERS_KEPT]:
-        log.storage.delete(paths.log_start(path) + name)
+        ctx.storage.delete(paths.log_start(path) + name)
     return RetentionResult(topic, partition, start.offset, offset, len(headers), freed)
 
 
 def roll_segments(
-    log: Log,
+    log: SupportsContext,
     topic: str,
     *,
     policy: RollPolicy | None = None,
@@ -184,41 +185,44 @@ def roll_segments(
     by itself after its commits). Each partition gets a fresh :class:`~txn_core.ops.rolling.Roller`: it starts
     from the newest buffer snapshot, so a call costs the entries since that snapshot plus what it rolls.
     ``min_age_ms`` below :data:`SAFE_ENTRY_AGE_MS` is refused unless ``check_min_age`` is false."""
+    ctx = log.context
     if check_min_age:
         check_min_age_of("rolling", min_age_ms, SAFE_ENTRY_AGE_MS)
-    meta = log.topics.get(topic)
+    meta = ctx.topics.get(topic)
     return [
-        Roller(log, paths.partition_log_path(topic, p), policy).roll(min_age_ms=min_age_ms, now_ms=now_ms)
+        Roller(ctx, paths.partition_log_path(topic, p), policy).roll(min_age_ms=min_age_ms, now_ms=now_ms)
         for p in range(meta.partitions)
     ]
 
 
-def take_snapshots(log: Log, topic: str) -> list[int]:
+def take_snapshots(log: SupportsContext, topic: str) -> list[int]:
     """Write a transaction-buffer snapshot of every partition now; returns their positions."""
-    meta = log.topics.get(topic)
+    ctx = log.context
+    meta = ctx.topics.get(topic)
     out = []
     for p in range(meta.partitions):
         path = paths.partition_log_path(topic, p)
-        state = log.partition_state(path)
+        state = ctx.partition_state(path)
         state.scan_to_end()
-        start = log.partition_log(path).log_start(refresh=True)
-        out.append(SnapshotStore(log.storage, path, clock=log.clock).write(state.buffer.copy(), log_start=start.offset))
+        start = ctx.partition_log(path).log_start(refresh=True)
+        out.append(SnapshotStore(ctx.storage, path, clock=ctx.clock).write(state.buffer.copy(), log_start=start.offset))
     return out
 
 
-def compact_transaction_log(log: Log, *, min_age_ms: int | None = None, check_min_age: bool = True) -> int:
+def compact_transaction_log(log: SupportsContext, *, min_age_ms: int | None = None, check_min_age: bool = True) -> int:
     """Snapshot every coordinator partition and delete transaction-log records below the snapshots that
     are older than ``min_age_ms`` (default and least: one hour, as writers trust a slot they saw free for
     half of it; PROTOCOL.md "Appending without a read"; below it only with ``check_min_age`` false).
     Returns records deleted."""
+    ctx = log.context
     from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
 
     age = COMPACTION_MIN_AGE_MS if min_age_ms is None else min_age_ms
     if check_min_age:
         check_min_age_of("transaction-log compaction", age, COMPACTION_MIN_AGE_MS)
     deleted = 0
-    for c in range(log.coordinator_partitions):
-        view = log.views.get(c)
+    for c in range(ctx.coordinator_partitions):
+        view = ctx.views.get(c)
         view.snapshot_now()
         deleted += view.compact(age)
     return deleted
@@ -229,15 +233,17 @@ def compact_transaction_log(log: Log, *, min_age_ms: int | None = None, check_mi
 SWEEP_BOUND_CHECKS = 4
 
 
-def _collect_references(log: Log, topic: str, p: int, slots: range, referenced: set[str], unknown: set[str]) -> None:
+def _collect_references(
+    ctx: LogContext, topic: str, p: int, slots: range, referenced: set[str], unknown: set[str]
+) -> None:
     """Add the staged objects the loose DATA_REF entries of partition ``p`` of ``topic`` in ``slots`` reference
     to ``referenced``; a hole or a damaged entry there adds the partition's staged-object prefix to ``unknown``."""
-    plog = log.partition_log(paths.partition_log_path(topic, p))
+    plog = ctx.partition_log(paths.partition_log_path(topic, p))
     prefix = name_prefix(topic, p)
     for slot in slots:
         key = plog.entries.key(slot)
         try:
-            data = log.storage.read(key)
+            data = ctx.storage.read(key)
             header = decode_header(data, key)
             if header.kind == EntryKind.DATA_REF:
                 referenced.add(str(json.loads(bytes(verify_payload(header, data, key)))["key"]))
@@ -258,7 +264,11 @@ def _collect_references(log: Log, topic: str, p: int, slots: range, referenced: 
 
 
 def sweep_staging(
-    log: Log, *, older_than_ms: int = 24 * 3600 * 1000, now_ms: int | None = None, check_min_age: bool = True
+    log: SupportsContext,
+    *,
+    older_than_ms: int = 24 * 3600 * 1000,
+    now_ms: int | None = None,
+    check_min_age: bool = True,
 ) -> int:
     """Delete staged objects older than ``older_than_ms`` that no DATA_REF entry references.
 
@@ -269,22 +279,23 @@ def sweep_staging(
     each reference), so this is a maintenance task for quiet hours, not a hot path. A damaged entry (marked
     lost or not) may be a reference nobody can read: every staged object of its partition is kept.
     """
+    ctx = log.context
     if check_min_age:
         check_min_age_of(
             "sweeping staged objects", older_than_ms, SAFE_STAGED_AGE_MS, risk=STAGED_RISK, when="no batch is written"
         )
-    now_ms = log.clock() if now_ms is None else now_ms
+    now_ms = ctx.clock() if now_ms is None else now_ms
     referenced: set[str] = set()
     #: staged-object name prefixes (``<topic>-<05d p>-``) of partitions holding an entry whose reference
     #: cannot be read: any of their staged objects may be the one it names, so all of them are kept
     unknown: set[str] = set()
-    for topic in log.topics.list(include_internal=True):
-        meta = log.topics.get(topic)
+    for topic in ctx.topics.list(include_internal=True):
+        meta = ctx.topics.get(topic)
         for p in range(meta.partitions):
-            plog = log.partition_log(paths.partition_log_path(topic, p))
+            plog = ctx.partition_log(paths.partition_log_path(topic, p))
             prefix = name_prefix(topic, p)
             start, floor, end = plog.scan_bounds()
-            if any(lost.slot >= start.slot for lost in list_lost(log.storage, plog.path)):
+            if any(lost.slot >= start.slot for lost in list_lost(ctx.storage, plog.path)):
                 unknown.add(prefix)  # a lost entry may have been a reference nobody can read now
                 continue
             # Rolled entries hold their references' rows inlined (PROTOCOL.md "Segments"): only loose entries
@@ -293,7 +304,7 @@ def sweep_staging(
             # reading it and probing past it, a deleted slot passed for the end of the log, and the floor has
             # since moved past that end. Entries appended after the scan name young staged objects (kept by age).
             for _ in range(SWEEP_BOUND_CHECKS):
-                _collect_references(log, topic, p, range(floor, end), referenced, unknown)
+                _collect_references(ctx, topic, p, range(floor, end), referenced, unknown)
                 _, fresh_floor, fresh_end = plog.scan_bounds()
                 if fresh_floor <= end:
                     break
@@ -301,16 +312,16 @@ def sweep_staging(
             else:
                 unknown.add(prefix)  # its history kept moving under the scan: keep all its staged objects
     deleted = 0
-    for owner in log.storage.list(paths.STAGING):
-        for batch in log.storage.list(paths.STAGING + owner):
+    for owner in ctx.storage.list(paths.STAGING):
+        for batch in ctx.storage.list(paths.STAGING + owner):
             prefix = paths.STAGING + owner + batch
-            for name in log.storage.list(prefix):
+            for name in ctx.storage.list(prefix):
                 key = prefix + name
                 if key in referenced or name.endswith("/") or name.startswith(tuple(unknown)):
                     continue
-                mtime = log.storage.mtime_ms(key)
+                mtime = ctx.storage.mtime_ms(key)
                 if mtime is not None and now_ms - mtime < older_than_ms:
                     continue
-                log.storage.delete(key)
+                ctx.storage.delete(key)
                 deleted += 1
     return deleted

@@ -59,7 +59,7 @@ from txn_core.storage.base import Storage, create_resolving
 from txn_core.storage.parallel import parallel_map
 
 if TYPE_CHECKING:
-    from txn_core.log import Log
+    from txn_core.clients.context import SupportsContext
 
 logger = get_logger(__name__)
 
@@ -110,8 +110,9 @@ class RollResult:
 class _SizedState(PartitionState):
     """The roller's buffer: also remembers the size of every entry it applies (the bytes policy)."""
 
-    def __init__(self, plog: PartitionLog, log: Log) -> None:
-        super().__init__(plog, log.coordinator.resolve)
+    def __init__(self, plog: PartitionLog, log: SupportsContext) -> None:
+        ctx = log.context
+        super().__init__(plog, ctx.coordinator.resolve)
         self.sizes: dict[int, int] = {}
 
     def apply(self, slot: int, header: EntryHeader, size: int, lost: LostEntry | None = None) -> Disposition:
@@ -127,13 +128,13 @@ class Roller:
     """Rolls the partition log at ``path`` (see module doc). Keep one per partition in a long-lived process
     so that each call costs only what was appended since; not thread-safe (one thread rolls)."""
 
-    def __init__(self, log: Log, path: str, policy: RollPolicy | None = None) -> None:
-        self.log = log
+    def __init__(self, log: SupportsContext, path: str, policy: RollPolicy | None = None) -> None:
+        self.ctx = ctx = log.context
         self.path = path
         self.policy = policy or RollPolicy()
         # An instance of its own: a roller runs on a thread of its own next to producers and readers.
-        self.plog = PartitionLog(log.storage, path, clock=log.clock)
-        self.state = _SizedState(self.plog, log)
+        self.plog = PartitionLog(ctx.storage, path, clock=ctx.clock)
+        self.state = _SizedState(self.plog, ctx)
         #: loose entries below this slot are known deleted (by this roller); None: not known yet
         self.cleaned_through: int | None = None
         self._created: dict[int, tuple[int, int]] = {}  # segment first slot -> (end slot, created_ms)
@@ -158,11 +159,11 @@ class Roller:
             if not rows:  # an entry marked lost: it stays a loose object; the next segment starts after it
                 slot += 1
                 continue
-            chunks = encode_segment(slot, rows, self.log.clock(), uuid.uuid4().bytes)
+            chunks = encode_segment(slot, rows, self.ctx.clock(), uuid.uuid4().bytes)
             key = catalog.key(slot)
             end = slot + len(rows)
             try:
-                create_resolving(self.log.storage, key, chunks, chunks[0])
+                create_resolving(self.ctx.storage, key, chunks, chunks[0])
             except ObjectExistsError:
                 lost += 1
                 end = catalog.end_of(slot)  # another roller's segment: go on after it
@@ -178,7 +179,7 @@ class Roller:
             catalog.refresh()
         deleted = staged = 0
         if cleanup:
-            deleted, staged = self._cleanup(min_age_ms, self.log.clock() if now_ms is None else now_ms)
+            deleted, staged = self._cleanup(min_age_ms, self.ctx.clock() if now_ms is None else now_ms)
         return RollResult(self.path, made, rolled, written, lost, slot, stable_slot, deleted, staged)
 
     # --- policy ---------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ class Roller:
         info = self._created.get(first)
         if info is None:
             key = self.plog.segments.key(first)
-            header = decode_segment_header(self.log.storage.read(key, 0, SEGMENT_HEADER_SIZE), key)
+            header = decode_segment_header(self.ctx.storage.read(key, 0, SEGMENT_HEADER_SIZE), key)
             info = self._created[first] = (header.end_slot, header.created_ms)
         return info
 
@@ -290,8 +291,8 @@ class Roller:
             forms = seg.forms()
             inlined = [s for s in old if forms[s - first] == Form.INLINED]
             keys = [k for k in parallel_map(self._staged_key, inlined, leaf=True) if k is not None]
-            parallel_map(self.log.storage.delete, keys, leaf=True)
-            parallel_map(self.log.storage.delete, [self.plog.entries.key(s) for s in old], leaf=True)
+            parallel_map(self.ctx.storage.delete, keys, leaf=True)
+            parallel_map(self.ctx.storage.delete, [self.plog.entries.key(s) for s in old], leaf=True)
             deleted, staged = deleted + len(old), staged + len(keys)
         if clean:
             self.cleaned_through = max(self.cleaned_through or 0, aged[-1][1])
@@ -301,7 +302,7 @@ class Roller:
         """The staged object a loose DATA_REF names (None: the entry is gone already)."""
         key = self.plog.entries.key(slot)
         try:
-            data = self.log.storage.read(key)
+            data = self.ctx.storage.read(key)
         except ObjectNotFoundError:
             return None
         header = decode_header(data, key)
@@ -312,7 +313,7 @@ class Roller:
         object is gone (rows readers deliver MUST be there: :class:`StagedDataMissingError`)."""
         _at, entry, ref = item
         try:
-            return staged_payload(self.log.storage, entry, ref)
+            return staged_payload(self.ctx.storage, entry, ref)
         except StagedDataMissingError:
             if self._delivered(entry.header):
                 raise
@@ -365,13 +366,19 @@ class BackgroundRoller:
     Errors are logged, never raised: rolling is an optimisation, a later look tries again."""
 
     def __init__(
-        self, log: Log, policy: RollPolicy | None = None, min_age_ms: int = MIN_AGE_MS, *, check_min_age: bool = True
+        self,
+        log: SupportsContext,
+        policy: RollPolicy | None = None,
+        min_age_ms: int = MIN_AGE_MS,
+        *,
+        check_min_age: bool = True,
     ) -> None:
+        ctx = log.context
         if check_min_age:
             from txn_core.partition.ages import SAFE_ENTRY_AGE_MS, check_min_age_of
 
             check_min_age_of("background rolling", min_age_ms, SAFE_ENTRY_AGE_MS)
-        self.log = log
+        self.ctx = ctx
         self.policy = policy or RollPolicy()
         self.min_age_ms = min_age_ms
         self._rollers: dict[str, Roller] = {}
@@ -385,7 +392,7 @@ class BackgroundRoller:
     def appended(self, topic: str, entries: dict[int, int]) -> None:
         """``entries[p]`` entries were appended to partition ``p``: roll the partitions that are due soon
         (now, or after the run in progress)."""
-        now = monotonic(self.log.clock)()
+        now = monotonic(self.ctx.clock)()
         with self._lock:
             for partition, n in entries.items():
                 path = paths.partition_log_path(topic, partition)
@@ -413,10 +420,10 @@ class BackgroundRoller:
                     return
             for path in wanted:
                 with self._lock:
-                    self._since[path], self._looked[path] = 0, monotonic(self.log.clock)()
+                    self._since[path], self._looked[path] = 0, monotonic(self.ctx.clock)()
                 roller = self._rollers.get(path)
                 if roller is None:
-                    roller = self._rollers[path] = Roller(self.log, path, self.policy)
+                    roller = self._rollers[path] = Roller(self.ctx, path, self.policy)
                 started = time.perf_counter()
                 try:
                     result = roller.roll(min_age_ms=self.min_age_ms)

@@ -331,6 +331,26 @@ class PartitionState:
                 return int(first)
         return buffer.position
 
+    def scanned_bound(self) -> int:
+        """Scanned to a fresh log end: the read bound (last stable offset) as of now.
+
+        A fresh tail first, so the scan tells a hole from the log end; then scans until deciding adds
+        nothing (deciding may abort a transaction past its timeout, writing markers the next scan reads)."""
+        self.log.readable_tail(refresh=True)
+        for _ in range(3):
+            self.scan_to_end()
+            before = self.buffer.position
+            self.read_bound()
+            self.scan_to_end()
+            if self.buffer.position == before:
+                break
+        return self.read_bound()
+
+    def end_offset(self) -> int:
+        """The log end as this state knows it: its buffer's position, or the readable end when a scan
+        stopped at damage (what a ``read_uncommitted`` reader can reach)."""
+        return self.buffer.position if self.damage is None else self.log.readable_end()
+
     def visible(self, txn: TxnId) -> bool | None:
         """Whether data of ``txn`` at an offset below the read bound is committed."""
         buffer = self.buffer

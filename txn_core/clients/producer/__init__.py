@@ -1,7 +1,9 @@
 """The producer (PROTOCOL.md "Transactions"), by concept:
 
-* :mod:`~txn_core.clients.producer.client`: the :class:`Producer` API and its client state machine;
-* :mod:`~txn_core.clients.producer.accumulator`: buffering and batching per partition log, appends in flight;
+* :mod:`~txn_core.clients.producer.client`: the :class:`Producer` API, which only composes the others;
+* :mod:`~txn_core.clients.producer.transactions`: the client state machine and every coordinator request;
+* :mod:`~txn_core.clients.producer.accumulator`: routing, buffering and batching per partition log, appends in flight;
+* :mod:`~txn_core.clients.producer.sender`: writing entries to partition logs (data, staged references, offsets);
 * :mod:`~txn_core.clients.producer.completion`: the second phase of decided transactions (markers, Complete).
 """
 

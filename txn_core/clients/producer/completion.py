@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 COMPLETE_LINGER_S = 0.2
 
 #: A producer whose decision records take less than this (a moving average of their wall time) writes its
-#: markers on the committing thread, and its begin before its first entries (``Producer._write_buffers``):
+#: markers on the committing thread, and its begin before its first entries (``Sender.write_buffers``):
 #: markers and begins are records of the same size, so they cost it about as long, while handing them to
 #: another thread costs the committing thread 0.1-0.3 ms of interpreter contention per transaction
 #: (measured on tmpfs, 2 cores, 2 MB per transaction: transactional produce went from about 0.65x to about

@@ -35,7 +35,7 @@ from txn_core.format.entry import EntryKind, Payload
 from txn_core.partition.partition import AppendResult
 
 if TYPE_CHECKING:
-    from txn_core.log import Log
+    from txn_core.clients.context import SupportsContext
 
 #: Verdicts kept for writers that have not looked theirs up yet.
 VERDICTS_KEPT = 4096
@@ -50,14 +50,14 @@ RESOLVE_EVERY_S = 1.0
 class AckLog:
     """One replica of a subscription's state over its ack log (see module doc). Thread-safe."""
 
-    def __init__(self, log: Log, meta: SubscriptionMeta) -> None:
-        self.log = log
+    def __init__(self, log: SupportsContext, meta: SubscriptionMeta) -> None:
+        self.ctx = ctx = log.context
         self.meta = meta
         self.ref = meta.ref
         self.path = meta.ref.ack_log_path
-        self.plog = log.partition_log(self.path)
-        self.snapshots = SnapshotStore(log.storage, meta.ref)
-        self._monotonic = monotonic(log.clock)
+        self.plog = ctx.partition_log(self.path)
+        self.snapshots = SnapshotStore(ctx.storage, meta.ref)
+        self._monotonic = monotonic(ctx.clock)
         self._state: SubscriptionState | None = None
         self.verdicts: OrderedDict[int, Verdict] = OrderedDict()
         self.last_snapshot = SnapshotRef(-1, 0)
@@ -85,9 +85,9 @@ class AckLog:
                     self.ref.snapshots,
                 )
             state = SubscriptionState(self.meta.initial_offset, slot=start.slot, position=start.offset)
-            self.last_snapshot = SnapshotRef(-1, self.log.clock())
+            self.last_snapshot = SnapshotRef(-1, self.ctx.clock())
         else:
-            self.last_snapshot = SnapshotRef(state.slot, self.log.clock())
+            self.last_snapshot = SnapshotRef(state.slot, self.ctx.clock())
         return state
 
     def refresh(self, *, until_slot: int | None = None, resolve: bool = False) -> SubscriptionState:
@@ -140,7 +140,7 @@ class AckLog:
             self._last_resolve = self._monotonic()
             held = {t: pt.first_slot for t, pt in self.state.txns.items()}
             statuses = {
-                t: self.log.coordinator.resolve(t, functools.partial(self._written_at, slot))
+                t: self.ctx.coordinator.resolve(t, functools.partial(self._written_at, slot))
                 for t, slot in held.items()
             }
             state = self._replay(None)
@@ -176,7 +176,7 @@ class AckLog:
         lost): to the log start, and on over what was acknowledged right above it. The log start only
         grows, so the record never gives up an offset that can still be read."""
         state = self.refresh(resolve=True)
-        topic = self.log.partition_log(paths.partition_log_path(self.ref.topic, self.ref.partition))
+        topic = self.ctx.partition_log(paths.partition_log_path(self.ref.topic, self.ref.partition))
         upto = topic.log_start(refresh=True).offset
         behind = state.mark_delete
         if upto <= behind:

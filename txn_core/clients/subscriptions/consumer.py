@@ -59,8 +59,8 @@ from txn_core.partition.ranges import available_end
 from txn_core.partition.reader import READ_COMMITTED
 
 if TYPE_CHECKING:
+    from txn_core.clients.context import SupportsContext
     from txn_core.clients.producer import Producer
-    from txn_core.log import Log
 
 INITIAL_POSITIONS = ("earliest", "latest")
 #: How often a consumer considers trimming (log clock).
@@ -68,11 +68,19 @@ TRIM_EVERY_MS = 30_000
 
 
 def open_meta(
-    log: Log, topic: str, partition: int, name: str, *, create: bool, initial_position: str, range_size: int | None
+    log: SupportsContext,
+    topic: str,
+    partition: int,
+    name: str,
+    *,
+    create: bool,
+    initial_position: str,
+    range_size: int | None,
 ) -> SubscriptionMeta:
     """The subscription's metadata, creating it if asked (checks the topic partition exists)."""
+    ctx = log.context
     ref = validate_ref(topic, partition, name)
-    meta = log.topics.get(topic)
+    meta = ctx.topics.get(topic)
     if not 0 <= partition < meta.partitions:
         raise ConfigurationError(f"topic {topic!r} has no partition {partition} (partitions 0..{meta.partitions - 1})")
     if initial_position not in INITIAL_POSITIONS:
@@ -80,14 +88,14 @@ def open_meta(
     if range_size is not None and (not isinstance(range_size, int) or not 1 <= range_size <= 1 << 20):
         raise ConfigurationError(f"range_size must be an int in [1, {1 << 20}], got {range_size!r}")
     if not create:
-        stored = read_meta(log.storage, ref)
+        stored = read_meta(ctx.storage, ref)
     else:
         path = paths.partition_log_path(topic, partition)
         if initial_position == "earliest":
-            initial = log.partition_log(path).log_start(refresh=True).offset
+            initial = ctx.partition_log(path).log_start(refresh=True).offset
         else:  # the last stable offset: a transaction open at the log end is delivered once it commits
-            initial = available_end(log.partition_state(path, shared=False), READ_COMMITTED)  # its own: not thread-safe
-        stored = create_meta(log.storage, SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, log.clock()))
+            initial = available_end(ctx.partition_state(path, shared=False), READ_COMMITTED)  # its own: not thread-safe
+        stored = create_meta(ctx.storage, SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, ctx.clock()))
     if range_size is not None and stored.range_size != range_size:
         raise ConfigurationError(
             f"{ref} was created with range_size {stored.range_size}; it cannot be opened with {range_size}"
@@ -100,7 +108,7 @@ class SubscriptionConsumer:
 
     def __init__(
         self,
-        log: Log,
+        log: SupportsContext,
         topic: str,
         partition: int,
         subscription: str,
@@ -114,6 +122,7 @@ class SubscriptionConsumer:
         max_unacked: int = 1000,
         trim_min_age_ms: int = trimming.MIN_ENTRY_AGE_MS,
     ) -> None:
+        ctx = log.context
         if consumer_name is not None:
             validate_name("consumer", consumer_name)
         for what, value, low in (
@@ -125,16 +134,16 @@ class SubscriptionConsumer:
             if not is_int(value) or value < low:
                 raise ConfigurationError(f"{what} must be an int >= {low}, got {value!r}")
         check_min_age_of("trim_min_age_ms: trimming the ack log", trim_min_age_ms, SAFE_ENTRY_AGE_MS, flag=None)
-        self.log = log
+        self.ctx = ctx
         self.meta = open_meta(
-            log, topic, partition, subscription, create=create, initial_position=initial_position, range_size=range_size
+            ctx, topic, partition, subscription, create=create, initial_position=initial_position, range_size=range_size
         )
         self.ref: SubscriptionRef = self.meta.ref
         self.consumer_id = f"{consumer_name or 'consumer'}-{uuid.uuid4().hex[:12]}"
         self.trim_min_age_ms = trim_min_age_ms
-        self.acklog = AckLog(log, self.meta)
+        self.acklog = AckLog(ctx, self.meta)
         self._dispatch = Dispatcher(
-            log,
+            ctx,
             self.meta,
             self.acklog,
             self.consumer_id,
@@ -143,7 +152,7 @@ class SubscriptionConsumer:
             max_unacked=max_unacked,
             max_ranges=8,
         )
-        self._last_trim = log.clock()
+        self._last_trim = ctx.clock()
         self._closed = False
         self._lock = threading.RLock()
 
@@ -170,7 +179,7 @@ class SubscriptionConsumer:
         while True:
             with self._lock:
                 self._check_open()
-                now = self.log.clock()
+                now = self.ctx.clock()
                 try:
                     table = self._dispatch.receive(max_records, now)
                 except DataLossError as exc:
@@ -192,7 +201,7 @@ class SubscriptionConsumer:
             self.acklog.write_snapshot(now)
         if now - self._last_trim >= TRIM_EVERY_MS:
             self._last_trim = now
-            trimming.trim(self.log, self.acklog, self._dispatch.leases, min_age_ms=self.trim_min_age_ms, now_ms=now)
+            trimming.trim(self.ctx, self.acklog, self._dispatch.leases, min_age_ms=self.trim_min_age_ms, now_ms=now)
 
     def unacknowledged(self) -> list[int]:
         """Offsets delivered to this consumer and not yet acknowledged or negatively acknowledged."""
@@ -261,12 +270,12 @@ class SubscriptionConsumer:
         offs = _offsets(offsets)
         with self._lock:
             self._check_open()
-            self._dispatch.nack(self._dispatch.check_delivered(offs), self.log.clock())
+            self._dispatch.nack(self._dispatch.check_delivered(offs), self.ctx.clock())
 
     def redeliver_unacknowledged(self) -> None:
         """Deliver every record in flight again on the next receive (e.g. after aborting a transaction)."""
         with self._lock:
-            self._dispatch.redeliver_all(self.log.clock())
+            self._dispatch.redeliver_all(self.ctx.clock())
 
     def skip_lost(self) -> int:
         """Give up the records retention removed before they were acknowledged: the subscription goes on
@@ -294,7 +303,7 @@ class SubscriptionConsumer:
             if self._closed:
                 return
             self._closed = True
-            now = self.log.clock()
+            now = self.ctx.clock()
             skips = self._dispatch.take_skips()
             if skips:
                 self.acklog.append(AckRecord(AckOp.SKIP, skips=skips, consumer=self.consumer_id))

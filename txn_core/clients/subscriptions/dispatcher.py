@@ -40,7 +40,7 @@ from txn_core.partition.reader import READ_COMMITTED, PartitionReader
 from txn_core.partition.records import with_metadata_schema
 
 if TYPE_CHECKING:
-    from txn_core.log import Log
+    from txn_core.clients.context import SupportsContext
 
 #: Skip ranges remembered for the next ack record (older ones are rediscovered if dropped).
 MAX_SKIPS = 1024
@@ -62,7 +62,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        log: Log,
+        log: SupportsContext,
         meta: SubscriptionMeta,
         acklog: AckLog,
         owner: str,
@@ -72,7 +72,7 @@ class Dispatcher:
         max_unacked: int,
         max_ranges: int,
     ) -> None:
-        self.log = log
+        self.ctx = ctx = log.context
         self.meta = meta
         self.acklog = acklog
         self.owner = owner
@@ -81,14 +81,14 @@ class Dispatcher:
         self.max_unacked = max_unacked
         self.max_ranges = max_ranges
         self.size = meta.range_size
-        self.leases = LeaseStore(log.storage, meta.ref, meta.range_size)
+        self.leases = LeaseStore(ctx.storage, meta.ref, meta.range_size)
         path = paths.partition_log_path(meta.ref.topic, meta.ref.partition)
-        self.topic_log = log.partition_log(path)
+        self.topic_log = ctx.partition_log(path)
         self.reader = PartitionReader(
-            log.partition_state(path, shared=False), meta.ref.topic, meta.ref.partition, READ_COMMITTED
+            ctx.partition_state(path, shared=False), meta.ref.topic, meta.ref.partition, READ_COMMITTED
         )
         self._positioned = False
-        self.schema = with_metadata_schema(log.topics.get(meta.ref.topic).schema)
+        self.schema = with_metadata_schema(ctx.topics.get(meta.ref.topic).schema)
         self.owned: dict[int, Lease] = {}
         self.others: dict[int, Lease] = {}  # ranges known to be leased by someone else
         self.inflight: dict[int, Delivery] = {}  # offset -> delivery

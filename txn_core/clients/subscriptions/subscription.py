@@ -15,7 +15,7 @@ from txn_core.format.ids import TxnId
 from txn_core.partition.ages import SAFE_ENTRY_AGE_MS, check_min_age_of
 
 if TYPE_CHECKING:
-    from txn_core.log import Log
+    from txn_core.clients.context import SupportsContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +37,12 @@ class SubscriptionDescription:
 class Subscription:
     """An existing subscription (:class:`SubscriptionNotFoundError` otherwise)."""
 
-    def __init__(self, log: Log, topic: str, partition: int, name: str) -> None:
-        self.log = log
-        self.meta: SubscriptionMeta = read_meta(log.storage, validate_ref(topic, partition, name))
+    def __init__(self, log: SupportsContext, topic: str, partition: int, name: str) -> None:
+        self.ctx = ctx = log.context
+        self.meta: SubscriptionMeta = read_meta(ctx.storage, validate_ref(topic, partition, name))
         self.ref = self.meta.ref
-        self.acklog = AckLog(log, self.meta)
-        self.leases = LeaseStore(log.storage, self.ref, self.meta.range_size)
+        self.acklog = AckLog(ctx, self.meta)
+        self.leases = LeaseStore(ctx.storage, self.ref, self.meta.range_size)
 
     def state(self) -> SubscriptionState:
         """The state, caught up; open transactions past their timeout are aborted on the way."""
@@ -54,7 +54,7 @@ class Subscription:
     def describe(self) -> SubscriptionDescription:
         st = self.state()
         topic_path = paths.partition_log_path(self.ref.topic, self.ref.partition)
-        pstate = self.log.partition_state(topic_path)
+        pstate = self.ctx.partition_state(topic_path)
         pstate.scan_to_end()
         lso = pstate.read_bound()
         start = self.acklog.plog.log_start(refresh=True)
@@ -88,21 +88,26 @@ class Subscription:
         acknowledging producer in another process could write its marker at a slot just trimmed."""
         if check_min_age:
             check_min_age_of("trimming the ack log", min_age_ms, SAFE_ENTRY_AGE_MS)
-        return trimming.trim(self.log, self.acklog, self.leases, min_age_ms=min_age_ms, now_ms=now_ms)
+        return trimming.trim(self.ctx, self.acklog, self.leases, min_age_ms=min_age_ms, now_ms=now_ms)
 
 
 def trim_all(
-    log: Log, *, min_age_ms: int = trimming.MIN_ENTRY_AGE_MS, now_ms: int | None = None, check_min_age: bool = True
+    log: SupportsContext,
+    *,
+    min_age_ms: int = trimming.MIN_ENTRY_AGE_MS,
+    now_ms: int | None = None,
+    check_min_age: bool = True,
 ) -> dict[str, trimming.TrimResult]:
     """Trim every subscription of every topic; returns results by ``topic/partition/name``
     (``check_min_age`` as in :meth:`Subscription.trim`)."""
+    ctx = log.context
     if check_min_age:
         check_min_age_of("trimming ack logs", min_age_ms, SAFE_ENTRY_AGE_MS)
     out = {}
-    for topic in log.topics.list(include_internal=True):
-        for p in range(log.topics.get(topic).partitions):
-            for name in list_subscriptions(log.storage, topic, p):
-                out[f"{topic}/{p}/{name}"] = Subscription(log, topic, p, name).trim(
+    for topic in ctx.topics.list(include_internal=True):
+        for p in range(ctx.topics.get(topic).partitions):
+            for name in list_subscriptions(ctx.storage, topic, p):
+                out[f"{topic}/{p}/{name}"] = Subscription(ctx, topic, p, name).trim(
                     min_age_ms=min_age_ms, now_ms=now_ms, check_min_age=False
                 )
     return out

@@ -35,7 +35,7 @@ from txn_core.errors import CorruptDataError, ObjectNotFoundError
 from txn_core.format import envelope, paths
 
 if TYPE_CHECKING:
-    from txn_core.log import Log
+    from txn_core.clients.context import SupportsContext
 
 #: Entries younger than this are never trimmed (same guard as topic retention).
 MIN_ENTRY_AGE_MS = 10 * 60 * 1000
@@ -55,10 +55,16 @@ class TrimResult:
 
 
 def trim(
-    log: Log, acklog: AckLog, leases: LeaseStore, *, min_age_ms: int = MIN_ENTRY_AGE_MS, now_ms: int | None = None
+    log: SupportsContext,
+    acklog: AckLog,
+    leases: LeaseStore,
+    *,
+    min_age_ms: int = MIN_ENTRY_AGE_MS,
+    now_ms: int | None = None,
 ) -> TrimResult:
     """Snapshot, then trim the ack log and lease objects as far as is safe (see module doc)."""
-    now = log.clock() if now_ms is None else now_ms
+    ctx = log.context
+    now = ctx.clock() if now_ms is None else now_ms
     state = acklog.refresh()
     written = False
     if state.slot > acklog.last_snapshot.slot:
@@ -77,18 +83,18 @@ def trim(
             # Another trimmer deleted it (it keeps newer ones), or it is damaged: not this round.
             return TrimResult(start.slot, start.slot, 0, 0, 0, written)
         envelope.create_json(
-            log.storage,
+            ctx.storage,
             paths.log_start(acklog.path) + paths.slot_name(anchor.slot),
             envelope.ObjectKind.LOG_START,
             {"slot": anchor.slot, "offset": anchor_state.position, "time_ms": now},
         )
         plog.log_start(refresh=True)
         for slot in range(start.slot, anchor.slot):
-            log.storage.delete(plog.entries.key(slot))
+            ctx.storage.delete(plog.entries.key(slot))
             deleted += 1
-        markers = sorted(n for n in log.storage.list(paths.log_start(acklog.path)) if not n.endswith("/"))
+        markers = sorted(n for n in ctx.storage.list(paths.log_start(acklog.path)) if not n.endswith("/"))
         for name in markers[:-START_MARKERS_KEPT]:
-            log.storage.delete(paths.log_start(acklog.path) + name)
+            ctx.storage.delete(paths.log_start(acklog.path) + name)
     snaps_deleted = 0
     if anchor is not None:
         keep = {anchor, *snaps[-SNAPSHOTS_KEPT:]}
