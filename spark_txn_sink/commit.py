@@ -162,7 +162,7 @@ def _forget(opts: SinkOptions) -> None:
 
 def commit_batch(
     opts: SinkOptions,
-    ident: BatchIdentity,
+    unit: BatchIdentity,
     refs: list[StagedRef],
     group_offsets: Callable[[str], GroupPosition | dict[tuple[str, int], int]] | None = None,
     *,
@@ -172,7 +172,7 @@ def commit_batch(
     step 0: a :class:`GroupPosition` (fenced), or bare end offsets (committed unfenced, for callers that own
     the group alone); ``before_begin(log)`` runs right before a new transaction begins (the sink creates a
     planned topic)."""
-    faults = Faults(opts.fault, ident.batch_id)
+    faults = Faults(opts.fault, unit.batch_id)
     started = time.perf_counter()
     session = _open(opts)
     counting = session.counting
@@ -180,7 +180,7 @@ def commit_batch(
         offsets = group_offsets(session.log.url) if group_offsets is not None and opts.consumer_group else None
         faults.hit("before_init")
         result = session.committer.commit(
-            ident,
+            unit,
             refs,
             topic=opts.topic,
             group=opts.consumer_group,
@@ -194,8 +194,8 @@ def commit_batch(
             _request_roll(opts, refs)
         logger.info(
             "batch %s of %s %s: %d rows in %d objects to %s (%.0f ms)",
-            ident.staging_batch,
-            ident.transactional_id,
+            unit.staging_batch,
+            unit.transactional_id,
             result.outcome,
             result.rows,
             result.objects,
@@ -205,7 +205,7 @@ def commit_batch(
         if counting is not None and opts.stats_dir:
             counting.write_stats(
                 opts.stats_dir,
-                ident.staging_batch,
+                unit.staging_batch,
                 {
                     "outcome": result.outcome,
                     "objects": result.objects,
@@ -217,12 +217,12 @@ def commit_batch(
     except TransactionalIdTakenOverError as exc:
         _forget(opts)
         raise TransactionalIdTakenOverError(
-            f"batch {ident.batch_id} of {ident.query_id}: this attempt committed nothing: its transactionalId "
-            f"{ident.transactional_id!r} was taken over by {exc.other_run} (batch {exc.other_version} is the "
+            f"batch {unit.batch_id} of {unit.query_id}: this attempt committed nothing: its transactionalId "
+            f"{unit.transactional_id!r} was taken over by {exc.other_run} (batch {exc.other_version} is the "
             "id's last commit), so a replay could no longer be recognised. A transactionalId belongs to one "
             "query at a time: stop the other query, or give each query its own transactionalId (without the "
             "option, each query derives its own).",
-            transactional_id=ident.transactional_id,
+            transactional_id=unit.transactional_id,
             other_run=exc.other_run,
             other_version=exc.other_version,
         ) from exc
@@ -234,25 +234,25 @@ def commit_batch(
         if opts.consumer_group is None:
             raise
         raise ProducerFencedError(
-            f"consumer group {opts.consumer_group!r}: batch {ident.batch_id} was not committed: {exc}. Its "
-            f"transactional id {ident.transactional_id!r} was taken over by another committer (a second "
+            f"consumer group {opts.consumer_group!r}: batch {unit.batch_id} was not committed: {exc}. Its "
+            f"transactional id {unit.transactional_id!r} was taken over by another committer (a second "
             "query on this group, or a newer run of this one); one query may commit to a group at a time. "
             "Stop the other query, or give each query its own consumerGroup.",
-            transactional_id=ident.transactional_id,
+            transactional_id=unit.transactional_id,
         ) from exc
     except BaseException:
         _forget(opts)
         raise
 
 
-def abort_batch(opts: SinkOptions, ident: BatchIdentity, refs: list[StagedRef]) -> int:
+def abort_batch(opts: SinkOptions, unit: BatchIdentity, refs: list[StagedRef]) -> int:
     """Spark aborted the batch: settle the transaction state, then delete this run's staged objects unless
     the batch turned out committed (a commit that raised after its commit point). Returns objects deleted."""
-    Faults(opts.fault, ident.batch_id).hit("abort")
+    Faults(opts.fault, unit.batch_id).hit("abort")
     session = _open(opts)
     try:
         return session.committer.abort(
-            ident,
+            unit,
             refs,
             storage=session.storage,
             transaction_timeout_ms=opts.transaction_timeout_ms,

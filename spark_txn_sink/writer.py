@@ -107,14 +107,14 @@ def make_batch_writer(options: Mapping[str, str], schema: Any, overwrite: bool) 
         app, scoped_from = f"spark-app-{opts.app_id}", None
         if opts.transactional_id is None:
             app, scoped_from = scoped_transactional_id(app, opts.topic), app
-        ident = BatchIdentity(
+        unit = BatchIdentity(
             opts.transactional_id or app,
             query_id=opts.app_id,
             batch_id=opts.app_version,
             topic=opts.topic,
             scoped_from=scoped_from,
         )
-        return TxnLogBatchWriter(opts, target, ident, planned)
+        return TxnLogBatchWriter(opts, target, unit, planned)
     write_id = uuid.uuid4().hex
     tid = opts.transactional_id or f"spark-write-{write_id}"
     return TxnLogBatchWriter(opts, target, BatchIdentity(tid, write_id=write_id, topic=opts.topic), planned)
@@ -130,18 +130,18 @@ def _task_context() -> Any:
 
 
 def _stage(
-    opts: SinkOptions, target: TopicTarget, ident: BatchIdentity, iterator: Iterator[pa.RecordBatch]
+    opts: SinkOptions, target: TopicTarget, unit: BatchIdentity, iterator: Iterator[pa.RecordBatch]
 ) -> SinkCommitMessage:
     """Stage one task's rows; return the references (shared by stream and batch writers)."""
     tc = _task_context()
     partition_id, attempt = tc.partitionId(), tc.attemptNumber()
     stager = PartitionStager(
-        target, target.open_storage(), ident.prefix, f"t{partition_id}a{attempt}", start=partition_id
+        target, target.open_storage(), unit.prefix, f"t{partition_id}a{attempt}", start=partition_id
     )
     refs = stager.stage_all(iterator)
     if partition_id == 0 and attempt == 0:
-        Faults(opts.fault, ident.batch_id).hit("write")
-    return SinkCommitMessage(ident.staging_batch, partition_id, attempt, tc.taskAttemptId(), tuple(refs))
+        Faults(opts.fault, unit.batch_id).hit("write")
+    return SinkCommitMessage(unit.staging_batch, partition_id, attempt, tc.taskAttemptId(), tuple(refs))
 
 
 class TxnLogStreamWriter(DataSourceStreamArrowWriter):
@@ -156,7 +156,7 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
         self.query_id = query_id
         self.planned = planned
 
-    def _ident(self, batch_id: int) -> BatchIdentity:
+    def _unit(self, batch_id: int) -> BatchIdentity:
         return BatchIdentity(
             self.transactional_id, query_id=self.query_id, batch_id=int(batch_id), topic=self.opts.topic
         )
@@ -169,11 +169,11 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
             raise RuntimeError("streaming write task without a batch id (continuous mode is not supported)")
         if task_query is not None and task_query != self.query_id:
             raise RuntimeError(f"task of query {task_query} planned for query {self.query_id}: the checkpoint changed")
-        return _stage(self.opts, self.target, self._ident(int(batch)), iterator)
+        return _stage(self.opts, self.target, self._unit(int(batch)), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        ident = self._ident(batchId)
-        refs = staged_refs(messages, ident.staging_batch, strict=True)
+        unit = self._unit(batchId)
+        refs = staged_refs(messages, unit.staging_batch, strict=True)
         opts = self.opts
 
         def offsets(log_url: str) -> GroupPosition:
@@ -188,38 +188,38 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
 
         commit_batch(
             opts,
-            ident,
+            unit,
             refs,
             offsets if opts.consumer_group else None,
             before_begin=lambda log: create_planned_topic(log, self.planned),
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        ident = self._ident(batchId)
-        abort_batch(self.opts, ident, staged_refs(messages, ident.staging_batch, strict=False))
+        unit = self._unit(batchId)
+        abort_batch(self.opts, unit, staged_refs(messages, unit.staging_batch, strict=False))
 
 
 class TxnLogBatchWriter(DataSourceArrowWriter):
     """A batch ``df.write``: every task stages, the driver commits everything as one transaction."""
 
-    def __init__(self, opts: SinkOptions, target: TopicTarget, ident: BatchIdentity, planned: PlannedTopic) -> None:
+    def __init__(self, opts: SinkOptions, target: TopicTarget, unit: BatchIdentity, planned: PlannedTopic) -> None:
         self.opts = opts
         self.target = target
-        self.ident = ident
+        self.unit = unit
         self.planned = planned
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         if catalog.creates_table(_task_context().getLocalProperty):  # before anything is staged
             raise ConfigurationError(catalog.TABLE_CREATION_REFUSED)
-        return _stage(self.opts, self.target, self.ident, iterator)
+        return _stage(self.opts, self.target, self.unit, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         commit_batch(
             self.opts,
-            self.ident,
-            staged_refs(messages, self.ident.staging_batch, strict=True),
+            self.unit,
+            staged_refs(messages, self.unit.staging_batch, strict=True),
             before_begin=lambda log: create_planned_topic(log, self.planned),
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        abort_batch(self.opts, self.ident, staged_refs(messages, self.ident.staging_batch, strict=False))
+        abort_batch(self.opts, self.unit, staged_refs(messages, self.unit.staging_batch, strict=False))
