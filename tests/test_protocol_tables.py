@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from txn_core.clients.routing import partition_for
 from txn_core.coordinator.actions import (
     ACTION_TYPES,
     Add,
@@ -22,6 +23,7 @@ from txn_core.coordinator.actions import (
     Withdraw,
     action_from_json,
 )
+from txn_core.coordinator.service import coordinator_for
 from txn_core.errors import CorruptDataError
 from txn_core.format.ids import TxnId
 from txn_core.format.states import COORDINATOR_TRANSITIONS, CoordinatorState
@@ -100,3 +102,31 @@ def test_every_action_round_trips_through_json_with_only_its_fields(action: Any)
 def test_a_malformed_action_is_corruption_naming_the_record(bad: dict[str, Any]) -> None:
     with pytest.raises(CorruptDataError, match="slot-9"):
         action_from_json(bad, "slot-9")
+
+
+def test_the_layout_example_puts_its_transactional_id_in_its_own_coordinator_partition() -> None:
+    """The Layout example's coordinator directory and the transaction ids printed for the same id are the
+    ones the code computes (CRC-32 of ``copier`` mod 16 is 10: the text once said 11)."""
+    tid = re.search(r"transactional id `(\w+)`\):", PROTOCOL)
+    assert tid is not None
+    c = coordinator_for(tid.group(1), 16)
+    dirs = set(re.findall(r"_txnlog/coordinators/(\d{5})/log/", PROTOCOL))
+    assert dirs == {f"{c:05d}"}
+    markers = re.findall(r'"tid":"' + tid.group(1) + r'","txn":"(\d+):', PROTOCOL)
+    assert markers and {int(m) for m in markers} == {c}
+
+
+def test_the_routing_examples_are_where_the_code_routes_those_keys() -> None:
+    line = next(t for t in PROTOCOL.splitlines() if t.startswith("Examples with 8 partitions:"))
+    spelled = {
+        '"user-7"': "user-7",
+        "42": 42,
+        "-1": -1,
+        "true": True,
+        "null": None,
+        "00 01": b"\x00\x01",
+    }
+    got = dict(re.findall(r"`?([^`,:]+?)`? → (\d+)", line.split(":", 1)[1]))
+    assert {k.strip() for k in got} == set(spelled)
+    for text, partition in got.items():
+        assert partition_for(spelled[text.strip()], 8) == int(partition), text

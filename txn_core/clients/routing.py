@@ -1,10 +1,10 @@
 """Routing rows to partitions (PROTOCOL.md "Routing").
 
 By key: ``crc32(key bytes) % partitions`` where key bytes are the UTF-8 of a string, the raw bytes of a
-binary, the 8-byte little-endian two's complement of an integer, ``repr`` of other scalars, and
-``b"\\x00"`` for null. Stable across processes, machines and versions, so a second writer (the Spark sink,
-another language) routes the same key to the same partition. Hashing runs once per distinct key value
-(after dictionary encoding), not once per row.
+binary, ``0x01``/``0x02`` for true/false, the 8-byte little-endian two's complement of an integer, ``repr``
+of other scalars, and ``b"\\x00"`` for null. Stable across processes, machines and versions, so a second
+writer (the Spark sink, another language) routes the same key to the same partition. Hashing runs once per
+distinct key value (after dictionary encoding), not once per row.
 """
 
 from __future__ import annotations
