@@ -18,6 +18,7 @@ from fakeclock import FakeClock
 import txn_core
 from conftest import make_location
 from txn_core.clock import system_clock
+from txn_core.coordinator.service import coordinator_for
 from txn_core.errors import ConfigurationError, DataLossError
 from txn_core.format import paths
 from txn_core.format.entry import EntryKind
@@ -381,3 +382,51 @@ def test_the_cli_refuses_a_minimum_age_below_the_bound_before_opening_anything(
         err = capsys.readouterr().err
         assert f"below the safe {floor} ms" in err and "--no-age-check" in err and "no txnlog" not in err, err
         assert cli.main(["maintenance", verb, str(tmp_path / "log"), option, age, "--no-age-check"]) == 0
+
+
+#: What a slot directory may hold besides slots: a store's temporary file, an operator's note, a name int()
+#: would take for a slot, one that sorts after every slot.
+FOREIGN = (".tmp-3f2a", "+0000000000000000001", "zz-notes.txt")
+
+
+def test_names_that_are_not_slots_are_neither_read_nor_deleted(storage: Storage) -> None:
+    """Log starts, snapshots (buffer, coordinator, group) and lost-entry records are found by listing: a
+    name there that is not 20 digits is not the log's. Readers ignore it (a note sorting after the newest
+    log start was read as the log start: every reader failed), and maintenance never deletes it (it kept
+    the note as the newest marker and deleted the real ones)."""
+    clock = FakeClock(2_000_000_000_000)
+    log = txn_core.Log(storage, clock=clock)
+    log.create_topic("t", 1, SCHEMA)
+    p = log.producer("c1")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [-1]}), partition=0)
+    p.commit_transaction(metadata={"n": 1})
+    p.close()
+    _entries(log, clock, 6)  # offsets 2-7, after the transaction's entry and marker
+    log.groups.commit("g", {("t", 0): 3})
+    maintenance.take_snapshots(log, "t")
+    coordinator = coordinator_for("c1", log.coordinator_partitions)
+    log.coordinator.views.get(coordinator).snapshot_now()
+    path = paths.partition_log_path("t", 0)
+    dirs = [
+        paths.log_start(path),
+        paths.lost_entries(path),
+        f"{path}/snapshots/",
+        f"{paths.coordinator_root(0)}snapshots/",
+        f"{paths.GROUPS}g/snapshots/",
+    ]
+    for d in dirs:
+        for name in FOREIGN:
+            storage.create(d + name, [b"not txnlog's"])
+    for _ in range(2):  # twice: markers beyond the kept ones are deleted, never a foreign name
+        clock.now += 10_000
+        maintenance.apply_retention(log, "t", retention_ms=1, min_age_ms=0, check_min_age=False)
+    _entries(log, clock, 2, start=6)
+    fresh = txn_core.Log(storage, clock=clock)
+    assert _read(fresh) == [6, 7]
+    assert fresh.describe_partition("t", 0).log_start_offset == 8
+    assert fresh.groups.committed("g")[txn_core.TopicPartition("t", 0)].offset == 3
+    assert fresh.transaction_metadata("c1") == {"n": 1}
+    for d in dirs:
+        assert set(FOREIGN) <= set(storage.list(d)), d

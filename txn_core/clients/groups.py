@@ -90,7 +90,7 @@ class GroupView:
 
     def _load_snapshot(self) -> int:
         prefix = group_snapshots(self.group)
-        names = sorted(n for n in self.storage.list(prefix) if not n.endswith("/"))
+        names = paths.slot_names(self.storage.list(prefix))
         for name in reversed(names):
             try:
                 value = envelope.read_json(self.storage, prefix + name, envelope.ObjectKind.GROUP_SNAPSHOT)
@@ -158,7 +158,7 @@ class GroupView:
             self.storage, prefix + paths.slot_name(position), envelope.ObjectKind.GROUP_SNAPSHOT, value
         )
         self._since_snapshot = 0
-        names = sorted(n for n in self.storage.list(prefix) if not n.endswith("/"))
+        names = paths.slot_names(self.storage.list(prefix))
         for name in names[:-GROUP_SNAPSHOTS_KEPT]:
             self.storage.delete(prefix + name)
 

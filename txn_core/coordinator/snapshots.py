@@ -129,7 +129,7 @@ class CoordinatorSnapshots:
     def load(self) -> Restored | None:
         """Under the lock: the state of the newest readable snapshot, which becomes ``slot``; None without
         one."""
-        names = sorted(n for n in self.storage.list(self._prefix) if not n.endswith("/"))
+        names = paths.slot_names(self.storage.list(self._prefix))
         for name in reversed(names):
             try:
                 snap = envelope.read_json(self.storage, self._prefix + name, envelope.ObjectKind.COORDINATOR_SNAPSHOT)
@@ -143,7 +143,7 @@ class CoordinatorSnapshots:
     def newest_slot(self) -> int:
         """The slot of the newest snapshot listed (0 without one)."""
         names = self.storage.list(self._prefix)
-        return max((int(n) for n in names if n.isdigit()), default=0)
+        return max((int(n) for n in paths.slot_names(names)), default=0)
 
     def claim(self, next_slot: int) -> bool:
         """Under the lock: whether a snapshot is due at ``next_slot`` (the log grew :data:`SNAPSHOT_EVERY`
@@ -163,7 +163,7 @@ class CoordinatorSnapshots:
         # else another participant wrote the snapshot of the same slot: the same state
         with self._lock:
             self.slot = max(self.slot, int(snap["next_slot"]))
-        names = sorted(n for n in self.storage.list(self._prefix) if not n.endswith("/"))
+        names = paths.slot_names(self.storage.list(self._prefix))
         for name in names[:-SNAPSHOTS_KEPT]:
             self.storage.delete(self._prefix + name)
 

@@ -6,6 +6,8 @@ listing is in numeric order.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,6 +24,21 @@ STAGING = "staging/"
 
 def slot_name(slot: int) -> str:
     return f"{slot:020d}"
+
+
+_SLOT_NAME = re.compile(r"[0-9]{20}")
+
+
+def is_slot_name(name: str) -> bool:
+    """Whether a listed name is a slot's: exactly 20 ASCII digits. Anything else under a slot directory
+    (a store's temporary file, an operator's note, ``+1``) is not the log's: readers ignore it and
+    maintenance never deletes it (PROTOCOL.md "Slot logs")."""
+    return _SLOT_NAME.fullmatch(name) is not None
+
+
+def slot_names(names: Iterable[str]) -> list[str]:
+    """The slot names among listed ``names``, oldest first."""
+    return sorted(n for n in names if is_slot_name(n))
 
 
 def coordinator_root(coordinator: int) -> str:

@@ -9,7 +9,7 @@ prefix. That lets :meth:`SlotLog.find_tail` find the first free slot with O(log 
 
 from __future__ import annotations
 
-from txn_core.format.paths import slot_name
+from txn_core.format.paths import slot_name, slot_names
 from txn_core.storage.base import Storage
 from txn_core.storage.parallel import parallel_map
 
@@ -80,12 +80,4 @@ class SlotLog:
 
     def list_slots(self) -> list[int]:
         """All slots present (a LIST; used by maintenance, never on a hot path)."""
-        out = []
-        for name in self.storage.list(self.prefix):
-            if name.endswith("/"):
-                continue
-            try:
-                out.append(int(name))
-            except ValueError:
-                continue
-        return out
+        return [int(name) for name in slot_names(self.storage.list(self.prefix))]

@@ -161,10 +161,10 @@ def _retain(
         if first < slot and plog.segments.end_of(first) <= slot:
             ctx.storage.delete(plog.segments.key(first))
     plog.segments.refresh()
-    for name in ctx.storage.list(paths.lost_entries(path)):  # a lost-entry mark goes with its entry
-        if name.isdigit() and int(name) < slot:
+    for name in paths.slot_names(ctx.storage.list(paths.lost_entries(path))):  # a lost mark goes with its entry
+        if int(name) < slot:
             ctx.storage.delete(paths.lost_entries(path) + name)
-    markers = sorted(n for n in ctx.storage.list(paths.log_start(path)) if not n.endswith("/"))
+    markers = paths.slot_names(ctx.storage.list(paths.log_start(path)))
     for name in markers[:-START_MARKERS_KEPT]:
         ctx.storage.delete(paths.log_start(path) + name)
     return RetentionResult(topic, partition, start.offset, offset, len(headers), freed)

@@ -67,7 +67,7 @@ class LogStartCache:
         if self.start is None:
             self.segments.start_listing()  # a first use: the segment listing overlaps the log start's
         if self.start is None or refresh:
-            names = [n for n in self.storage.list(paths.log_start(self.path)) if not n.endswith("/")]
+            names = paths.slot_names(self.storage.list(paths.log_start(self.path)))
             start = LogStart(0, 0)
             for name in reversed(names):
                 key = paths.log_start(self.path) + name

@@ -181,9 +181,7 @@ def read_lost(storage: Storage, path: str, slot: int) -> LostEntry | None:
 def list_lost(storage: Storage, path: str) -> list[LostEntry]:
     """Every lost-entry record of ``path`` (a LIST and a read each: describe and maintenance only)."""
     out = []
-    for name in storage.list(paths.lost_entries(path)):
-        if name.endswith("/") or not name.isdigit():
-            continue
+    for name in paths.slot_names(storage.list(paths.lost_entries(path))):
         lost = read_lost(storage, path, int(name))
         if lost is not None:
             out.append(lost)

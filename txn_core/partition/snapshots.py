@@ -91,15 +91,7 @@ class SnapshotStore:
         self.sealed_through = -1
 
     def finals(self) -> list[int]:
-        out = []
-        for name in self.storage.list(self.prefix):
-            if name.endswith("/"):
-                continue
-            try:
-                out.append(int(name))
-            except ValueError:
-                continue
-        return sorted(out)
+        return [int(name) for name in paths.slot_names(self.storage.list(self.prefix))]
 
     # --- write ----------------------------------------------------------------------------------
 

@@ -92,7 +92,7 @@ def trim(
         for slot in range(start.slot, anchor.slot):
             ctx.storage.delete(plog.entries.key(slot))
             deleted += 1
-        markers = sorted(n for n in ctx.storage.list(paths.log_start(acklog.path)) if not n.endswith("/"))
+        markers = paths.slot_names(ctx.storage.list(paths.log_start(acklog.path)))
         for name in markers[:-START_MARKERS_KEPT]:
             ctx.storage.delete(paths.log_start(acklog.path) + name)
     snaps_deleted = 0
