@@ -47,7 +47,7 @@ class ObjectKind(enum.IntEnum):
     BUFFER_SNAPSHOT = 6
     BUFFER_SNAPSHOT_PART = 7
     LOG_START = 8
-    SEGMENT_INDEX = 9
+    SEGMENT_INDEX = 9  # reserved, never written: a segment carries its index inside (PROTOCOL.md "Segments")
     SUBSCRIPTION = 10
     GROUP_SNAPSHOT = 11
     OFFSETS_CLAIM = 12

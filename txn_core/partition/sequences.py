@@ -13,7 +13,9 @@ producer's current epoch:
 
 A higher epoch resets the sequence (the first entry of a new epoch is accepted whatever its sequence);
 an entry with a lower epoch than already seen is a fenced zombie's write and is skipped. Producers idle
-for longer than the retention are forgotten when a snapshot is taken.
+for longer than :data:`PRODUCER_STATE_RETENTION_MS` of log time are forgotten each time the log's time
+enters a new hour (:data:`PRODUCER_EXPIRY_STEP_MS`, PROTOCOL.md "Idempotence", expiry): at the same entry
+for every reader, so the buffer stays a function of the log's prefix.
 
 After a lost entry (PROTOCOL.md "Damage") every known producer is **resynchronised** by its next entry:
 the lost entry may have held any of them's next sequence numbers, so a gap right after it is accepted
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 from txn_core.errors import OutOfOrderSequenceError
 
-#: Producers whose last entry is older than this are dropped from snapshots (Kafka: 1 day).
+#: Producers whose last entry is older than this, in log time, are dropped (Kafka: 1 day).
 PRODUCER_STATE_RETENTION_MS = 24 * 3600 * 1000
 #: Idle states are dropped whenever log time enters a new step of this length (PROTOCOL.md "Idempotence")
 PRODUCER_EXPIRY_STEP_MS = 3600 * 1000
