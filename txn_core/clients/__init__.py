@@ -1,10 +1,12 @@
 """The clients (PROTOCOL.md "Transactions", "Consuming", "Consumer groups", "Topics", "Subscriptions",
 "Application transactions").
 
-Holds: ``producer`` (the idempotent and transactional producer), ``consumer``, ``groups`` (consumer-group
-offsets), ``offsets_fence``, ``topics`` (topic metadata), ``routing`` (rows to partitions), ``appunit``
-(an application transaction's unit and the rules of its progress), ``apptxn`` (committing a unit
-exactly once), ``subscriptions`` (Pulsar-style subscriptions with transactional acknowledgements).
+Holds: ``context`` (:class:`LogContext`, the dependencies every client and operation is given),
+``producer`` (the idempotent and transactional producer: API, transaction manager, accumulator, sender),
+``consumer``, ``groups`` (consumer-group offsets), ``offsets_fence``, ``topics`` (topic metadata),
+``routing`` (rows to partitions), ``appunit`` (an application transaction's unit and the rules of its
+progress), ``progress`` (the progress record), ``apptxn`` (committing a unit exactly once),
+``subscriptions`` (Pulsar-style subscriptions with transactional acknowledgements).
 
 May import: ``txn_core.coordinator``, ``txn_core.partition``, ``txn_core.format``, ``txn_core.storage``,
 ``errors``, ``clock``, ``logs``.

@@ -1,6 +1,7 @@
 """Operations on a log (PROTOCOL.md "Admin", "Retention", "Segments", "Compaction", "Damage").
 
-Holds: ``admin`` (list, describe, abort and find hanging transactions), ``maintenance`` (retention,
+Holds: ``admin`` (list, describe, abort, expire and find hanging transactions), ``describe`` (topics,
+partitions and groups described), ``maintenance`` (retention,
 snapshots, compaction, the staged-data sweep), ``rolling`` (history into segments), ``damage`` (finding
 damaged entries and marking them lost).
 

@@ -8,7 +8,8 @@ entries), ``tail`` (the tail search), ``appender`` (appends), ``appendchain`` (p
 ``segments`` (the segments as a reader knows them), ``readahead``, ``records`` (entries to Arrow batches),
 ``buffer`` (the transaction buffer and the last stable offset), ``aborted`` (the aborted-transaction index),
 ``sequences`` (per-producer sequences for de-duplication), ``snapshots`` (multi-part buffer snapshots),
-``reader`` (the partition's state and its reader under an isolation level), ``ranges`` (reading an offset
+``state`` (the partition's transaction state and read bound), ``reader`` (its reader under an isolation
+level), ``registry`` (one partition log and one shared state per path), ``ranges`` (reading an offset
 range), ``timeindex``, ``lost`` (lost-entry records), ``skipping`` (passing over lost or skipped records),
 ``staging`` (staged data committed by reference), ``ages`` (how old an object must be to be deleted).
 
