@@ -12,6 +12,15 @@ fsspec filesystem):
     for this batch, or ``-`` when the source has none yet. A replay of the batch after a restart reads
     the same file, so it sees the same end offsets.
 
+Where the checkpoint is: ``.option("checkpointLocation", DIR)`` reaches the sink as an option. Without it,
+Spark checkpoints under the session's ``spark.sql.streaming.checkpointLocation`` root (Spark's
+``ResolveWriteToStream.resolveCheckpointLocation``): at ``<root>/<queryName>``, or at ``<root>/<a random
+UUID>`` for an unnamed query (a new checkpoint at every start). A Python sink is not told that location:
+its planning and commit workers see neither the root nor the session conf; only its write tasks do
+(Spark copies every ``spark.*`` conf a session sets into its tasks' local properties, beside the query
+id). The tasks hand the root, the query name and the query id to the commit in their messages
+(:class:`SessionCheckpoint`), and the commit finds Spark's location from them (:func:`locate`).
+
 Storage options: the log's ``storage.*`` options are used when the checkpoint is on the same kind of
 filesystem as the log (same URL scheme); otherwise fsspec's defaults (environment credentials).
 Nothing is cached: a checkpoint directory can be deleted and recreated between queries of one session.
@@ -39,6 +48,19 @@ class BatchOffsets:
 
     batch_id: int
     sources: tuple[Any, ...]
+
+
+#: The task-local property that carries the session's checkpoint root (the SQL conf of the same name).
+SESSION_ROOT_PROPERTY = "spark.sql.streaming.checkpointLocation"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCheckpoint:
+    """A streaming query checkpointed under the session's root, as its write tasks see it."""
+
+    root: str
+    query_name: str | None
+    query_id: str
 
 
 def _scheme(url: str) -> str:
@@ -117,3 +139,35 @@ def read_batch_offsets(
         except ValueError:
             sources.append(line)  # not JSON: some other source's offset format, never ours
     return BatchOffsets(batch_id, tuple(sources))
+
+
+def locate(session: SessionCheckpoint, log_url: str, storage_options: dict[str, Any] | None) -> str:
+    """Spark's checkpoint location of ``session``'s query: ``<root>/<queryName>``, or, for an unnamed query,
+    the directory under the root whose ``metadata`` holds the query id (Spark named it with a random UUID)."""
+    root = session.root.rstrip("/")
+    if session.query_name is not None:
+        location = f"{root}/{session.query_name}"
+        found = read_query_id(location, log_url, storage_options)
+        if found != session.query_id:
+            raise CheckpointError(
+                f"{location}/metadata holds query {found}, but the query writing is {session.query_id}: "
+                "two queries share the name under spark.sql.streaming.checkpointLocation; give each query "
+                "its own queryName or .option('checkpointLocation', DIR)"
+            )
+        return location
+    fs, path = _open(root, log_url, storage_options)
+    try:
+        names = sorted(fs.ls(path, detail=False))
+    except OSError as exc:
+        raise CheckpointError(f"cannot list the session checkpoint root {root}: {exc}") from exc
+    for name in names:
+        child = f"{root}/{name.rstrip('/').rsplit('/', 1)[-1]}"
+        try:
+            if read_query_id(child, log_url, storage_options) == session.query_id:
+                return child
+        except CheckpointError:
+            continue  # not a query's checkpoint (or another query's)
+    raise CheckpointError(
+        f"no checkpoint of query {session.query_id} under the session root {root}; the txnlog sink reads the "
+        "batch offsets from it: give the query a queryName or .option('checkpointLocation', DIR)"
+    )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from spark_txn_sink.checkpoint import SessionCheckpoint
 from txn_core import TxnLogError
 from txn_core.partition.staging import StagedRef
 
@@ -20,6 +21,8 @@ class SinkCommitMessage(WriterCommitMessage):
 
     ``batch`` is the staging batch name the task wrote under (``<query id>.<batch id>`` for streams, the
     write id for batch writes); the committer checks it against its own before committing anything.
+    ``session``: set when the query checkpoints under the session's root, which only tasks can see
+    (:mod:`spark_txn_sink.checkpoint`); the commit takes the query's identity from it.
     """
 
     batch: str
@@ -27,6 +30,7 @@ class SinkCommitMessage(WriterCommitMessage):
     attempt: int
     task_attempt_id: int
     refs: tuple[StagedRef, ...]
+    session: SessionCheckpoint | None = None
 
     @property
     def rows(self) -> int:
@@ -61,3 +65,14 @@ def staged_refs(messages: list[WriterCommitMessage | None], batch: str, *, stric
             )
     ours.sort(key=lambda m: (m.partition_id, m.attempt))
     return [r for m in ours for r in m.refs]
+
+
+def message_session(messages: list[WriterCommitMessage | None], batch_id: int) -> SessionCheckpoint | None:
+    """The session checkpoint the tasks of ``messages`` saw (all agree), or None when no message has one
+    (every task failed)."""
+    seen = {m.session for m in messages if isinstance(m, SinkCommitMessage) and m.session is not None}
+    if len(seen) > 1:
+        raise CommitMessageError(
+            f"batch {batch_id}: tasks saw different queries or checkpoints: {sorted(map(str, seen))}"
+        )
+    return next(iter(seen), None)

@@ -52,7 +52,7 @@ _KNOWN = {
     "rollbytes": f"...or once they hold this many bytes (default {ROLL_BYTES})",
     "rollminagems": f"delete rolled loose entries only when their segment is older than this (default {MIN_AGE_MS}, "
     f"least {SAFE_ENTRY_AGE_MS}: a writer in another process may still append at a deleted slot below it)",
-    "checkpointlocation": "set by Spark for streaming queries",
+    "checkpointlocation": "set by Spark for streaming queries given .option('checkpointLocation', DIR)",
     "queryname": "set by Spark for named streaming queries",
     "testing.fault": "test-only fault injection (see spark_txn_sink.faults)",
     "testing.stats": "test-only: a local directory for per-commit storage request counts",
@@ -161,11 +161,9 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         validate_name("group", group)
     timeout = _int(opts, "transactiontimeoutms", 1, MAX_TRANSACTION_TIMEOUT_MS)
     app_id, app_version = _app_version(opts, streaming)
+    # None for a stream: Spark checkpoints under the session's spark.sql.streaming.checkpointLocation (it refuses
+    # a query with neither), a location only the write tasks can learn (spark_txn_sink.checkpoint)
     checkpoint = opts.get("checkpointlocation") or None
-    if streaming and checkpoint is None:
-        raise ConfigurationError(
-            "the txnlog sink needs a checkpoint: .option('checkpointLocation', DIR) (exactly-once resumes from it)"
-        )
     return SinkOptions(
         url=url,
         storage_items=tuple(sorted(_storage_options(opts).items())),

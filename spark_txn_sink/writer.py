@@ -22,10 +22,16 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from spark_txn_sink.checkpoint import read_batch_offsets, read_query_id
+from spark_txn_sink.checkpoint import (
+    SESSION_ROOT_PROPERTY,
+    SessionCheckpoint,
+    locate,
+    read_batch_offsets,
+    read_query_id,
+)
 from spark_txn_sink.commit import BatchIdentity, GroupPosition, abort_batch, commit_batch
 from spark_txn_sink.faults import Faults
-from spark_txn_sink.messages import SinkCommitMessage, staged_refs
+from spark_txn_sink.messages import CommitMessageError, SinkCommitMessage, message_session, staged_refs
 from spark_txn_sink.options import SinkOptions, parse_sink_options
 from spark_txn_sink.pairing import group_offsets, group_start
 from spark_txn_sink.stager import PartitionStager, TopicTarget
@@ -86,10 +92,10 @@ def make_stream_writer(options: Mapping[str, str], schema: Any, overwrite: bool)
             "rows exactly once."
         )
     opts, target, planned = _plan(options, schema, streaming=True)
-    location = opts.checkpoint_location or ""
-    query_id = read_query_id(location, opts.url, opts.storage_options)
-    tid = opts.transactional_id or default_transactional_id(query_id, opts.consumer_group)
-    return TxnLogStreamWriter(opts, target, tid, query_id, planned)
+    if opts.checkpoint_location is None:  # under the session's checkpoint root: only the tasks learn the query
+        return TxnLogStreamWriter(opts, target, None, planned)
+    query_id = read_query_id(opts.checkpoint_location, opts.url, opts.storage_options)
+    return TxnLogStreamWriter(opts, target, query_id, planned)
 
 
 def make_batch_writer(options: Mapping[str, str], schema: Any, overwrite: bool) -> TxnLogBatchWriter:
@@ -130,7 +136,11 @@ def _task_context() -> Any:
 
 
 def _stage(
-    opts: SinkOptions, target: TopicTarget, unit: BatchIdentity, iterator: Iterator[pa.RecordBatch]
+    opts: SinkOptions,
+    target: TopicTarget,
+    unit: BatchIdentity,
+    iterator: Iterator[pa.RecordBatch],
+    session: SessionCheckpoint | None = None,
 ) -> SinkCommitMessage:
     """Stage one task's rows; return the references (shared by stream and batch writers)."""
     tc = _task_context()
@@ -141,25 +151,26 @@ def _stage(
     refs = stager.stage_all(iterator)
     if partition_id == 0 and attempt == 0:
         Faults(opts.fault, unit.batch_id).hit("write")
-    return SinkCommitMessage(unit.staging_batch, partition_id, attempt, tc.taskAttemptId(), tuple(refs))
+    return SinkCommitMessage(unit.staging_batch, partition_id, attempt, tc.taskAttemptId(), tuple(refs), session)
 
 
 class TxnLogStreamWriter(DataSourceStreamArrowWriter):
-    """One micro-batch epoch = one txnlog transaction, exactly once (see :mod:`spark_txn_sink.commit`)."""
+    """One micro-batch epoch = one txnlog transaction, exactly once (see :mod:`spark_txn_sink.commit`).
 
-    def __init__(
-        self, opts: SinkOptions, target: TopicTarget, transactional_id: str, query_id: str, planned: PlannedTopic
-    ) -> None:
+    ``query_id`` is read from ``checkpointLocation`` while Spark plans; None when the query checkpoints
+    under the session's root, which only tasks see: they take the query id from their task context and
+    hand it to the commit in their messages (:mod:`spark_txn_sink.checkpoint`).
+    """
+
+    def __init__(self, opts: SinkOptions, target: TopicTarget, query_id: str | None, planned: PlannedTopic) -> None:
         self.opts = opts
         self.target = target
-        self.transactional_id = transactional_id
         self.query_id = query_id
         self.planned = planned
 
-    def _unit(self, batch_id: int) -> BatchIdentity:
-        return BatchIdentity(
-            self.transactional_id, query_id=self.query_id, batch_id=int(batch_id), topic=self.opts.topic
-        )
+    def _unit(self, batch_id: int, query_id: str) -> BatchIdentity:
+        tid = self.opts.transactional_id or default_transactional_id(query_id, self.opts.consumer_group)
+        return BatchIdentity(tid, query_id=query_id, batch_id=int(batch_id), topic=self.opts.topic)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         tc = _task_context()
@@ -167,17 +178,46 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
         task_query = tc.getLocalProperty("sql.streaming.queryId")
         if batch is None:  # pragma: no cover - always set by micro-batch execution
             raise RuntimeError("streaming write task without a batch id (continuous mode is not supported)")
-        if task_query is not None and task_query != self.query_id:
-            raise RuntimeError(f"task of query {task_query} planned for query {self.query_id}: the checkpoint changed")
-        return _stage(self.opts, self.target, self._unit(int(batch)), iterator)
+        if self.query_id is not None:
+            if task_query is not None and task_query != self.query_id:
+                raise RuntimeError(
+                    f"task of query {task_query} planned for query {self.query_id}: the checkpoint changed"
+                )
+            return _stage(self.opts, self.target, self._unit(int(batch), self.query_id), iterator)
+        if task_query is None:  # pragma: no cover - always set by micro-batch execution
+            raise RuntimeError("streaming write task without a query id")
+        root = tc.getLocalProperty(SESSION_ROOT_PROPERTY)
+        if not root:  # Spark refuses a query with neither; a defensive check
+            raise ConfigurationError(
+                "the txnlog sink needs a checkpoint: .option('checkpointLocation', DIR), or the session's "
+                "spark.sql.streaming.checkpointLocation with a queryName (exactly-once resumes from it)"
+            )
+        session = SessionCheckpoint(root, self.opts.query_name, task_query)
+        return _stage(self.opts, self.target, self._unit(int(batch), task_query), iterator, session)
+
+    def _query(
+        self, messages: list[WriterCommitMessage | None], batch_id: int
+    ) -> tuple[str | None, SessionCheckpoint | None]:
+        """The batch's query id (None: unknown, every task failed) and, under the session's checkpoint root,
+        what the tasks saw of it."""
+        if self.query_id is not None:
+            return self.query_id, None
+        session = message_session(messages, batch_id)
+        return (session.query_id if session is not None else None), session
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        unit = self._unit(batchId)
+        opts, n = self.opts, int(batchId)
+        query_id, session = self._query(messages, n)
+        if query_id is None:
+            raise CommitMessageError(f"batch {n}: no task message names the query (Spark runs at least one task)")
+        unit = self._unit(n, query_id)
         refs = staged_refs(messages, unit.staging_batch, strict=True)
-        opts = self.opts
 
         def offsets(log_url: str) -> GroupPosition:
-            location, n = opts.checkpoint_location or "", int(batchId)
+            if session is not None:  # Spark's location under the session root, found from what tasks saw
+                location = locate(session, opts.url, opts.storage_options)
+            else:
+                location = opts.checkpoint_location or ""
             batch = read_batch_offsets(location, n, opts.url, opts.storage_options)
             ends = group_offsets(batch.sources, log_url, batch_id=n, group=opts.consumer_group or "")
             start = group_start(batch.sources, None, ends)
@@ -195,7 +235,10 @@ class TxnLogStreamWriter(DataSourceStreamArrowWriter):
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        unit = self._unit(batchId)
+        query_id, _ = self._query(messages, int(batchId))
+        if query_id is None:  # every task failed before naming the query: batch N's replay settles and cleans
+            return
+        unit = self._unit(batchId, query_id)
         abort_batch(self.opts, unit, staged_refs(messages, unit.staging_batch, strict=False))
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_txn_sink.checkpoint import CheckpointError, read_batch_offsets, read_query_id
+from spark_txn_sink.checkpoint import CheckpointError, SessionCheckpoint, locate, read_batch_offsets, read_query_id
 from spark_txn_sink.faults import parse_faults
 from spark_txn_sink.options import parse_sink_options
 from spark_txn_sink.pairing import PairingError, group_offsets, normalize_log_url
@@ -67,11 +67,13 @@ def test_bad_options_are_refused_with_the_fix(extra: dict[str, str], message: st
         parse_sink_options({**BASE, **extra}, streaming=True)
 
 
-def test_streaming_needs_a_checkpoint_and_batch_writes_ignore_a_group() -> None:
-    """A batch write has no source offsets to commit: ``consumerGroup`` there is the source's option of the view
-    or table written to ("resume from the group"), ignored like the source's other options."""
-    with pytest.raises(ConfigurationError, match="needs a checkpoint"):
-        parse_sink_options({"path": "/l", "topic": "t"}, streaming=True)
+def test_a_stream_without_a_checkpoint_option_is_under_the_sessions_root_and_batch_writes_ignore_a_group() -> None:
+    """Spark calls a sink without ``checkpointLocation`` only when the session's
+    ``spark.sql.streaming.checkpointLocation`` is set (it refuses a query with neither): accepted, the tasks
+    learn where. A batch write has no source offsets to commit: ``consumerGroup`` there is the source's option
+    of the view or table written to ("resume from the group"), ignored like the source's other options."""
+    session = parse_sink_options({"path": "/l", "topic": "t", "queryname": "q"}, streaming=True)
+    assert session.checkpoint_location is None and session.query_name == "q"
     batch = parse_sink_options({"path": "/l", "topic": "t", "consumergroup": "g"}, streaming=False)
     assert batch.consumer_group is None
     assert parse_sink_options({**BASE, "consumergroup": "g"}, streaming=True).consumer_group == "g"
@@ -117,9 +119,11 @@ def test_fault_specs_parse_points_actions_and_batches() -> None:
     ]
 
 
-def write_checkpoint(root: Path, batch: int, sources: list[str], header: str = "v1") -> Path:
+def write_checkpoint(
+    root: Path, batch: int, sources: list[str], header: str = "v1", query_id: str = "0f0e-query"
+) -> Path:
     (root / "offsets").mkdir(parents=True, exist_ok=True)
-    (root / "metadata").write_text(json.dumps({"id": "0f0e-query"}))
+    (root / "metadata").write_text(json.dumps({"id": query_id}))
     body = "\n".join([header, json.dumps({"batchWatermarkMs": 0}), *sources])
     (root / "offsets" / str(batch)).write_text(body)
     return root
@@ -144,6 +148,22 @@ def test_checkpoint_problems_name_the_file_and_the_fix(tmp_path: Path) -> None:
         read_query_id(str(tmp_path / "nowhere"), "file:///l", None)
     with pytest.raises(CheckpointError, match="cannot open checkpoint location"):
         read_query_id("nosuchfs://bucket/chk", "file:///l", None)
+
+
+def test_a_query_under_the_sessions_checkpoint_root_is_found_where_spark_puts_it(tmp_path: Path) -> None:
+    """Spark's ResolveWriteToStream: ``<root>/<queryName>``, or ``<root>/<random UUID>`` for an unnamed query."""
+    root = tmp_path / "root"
+    write_checkpoint(root / "orders-copy", 0, ["-"], query_id="named-query")
+    write_checkpoint(root / "6a1c5e0e-uuid", 0, ["-"], query_id="unnamed-query")
+    write_checkpoint(root / "other-uuid", 0, ["-"], query_id="someone-else")
+    (root / "stray-file").write_text("not a checkpoint")
+    named = SessionCheckpoint(f"file://{root}/", "orders-copy", "named-query")
+    assert locate(named, "file:///l", None) == f"file://{root}/orders-copy"
+    assert locate(SessionCheckpoint(str(root), None, "unnamed-query"), "file:///l", None) == f"{root}/6a1c5e0e-uuid"
+    with pytest.raises(CheckpointError, match=r"holds query named-query, but the query writing is q2.*own queryName"):
+        locate(SessionCheckpoint(str(root), "orders-copy", "q2"), "file:///l", None)
+    with pytest.raises(CheckpointError, match="no checkpoint of query lost under the session root"):
+        locate(SessionCheckpoint(str(root), None, "lost"), "file:///l", None)
 
 
 def test_log_urls_are_compared_in_canonical_form(tmp_path: Path) -> None:
