@@ -115,7 +115,9 @@ def test_only_the_listed_staged_objects_become_visible_and_the_rest_is_cleaned_u
 
 def test_a_kept_producer_fenced_by_another_committer_starts_over_from_storage() -> None:
     """Two committers of one application: the second fences the first; the first's next unit (with its
-    kept producer) is fenced at its begin, before anything is decided, and starts over: exactly once."""
+    kept producer) is fenced at its begin, before anything is decided, and starts over: exactly once, and
+    the manifest the fenced attempt wrote is deleted (a Spark query restarted in another Python worker left
+    it behind under a replayed batch)."""
     log_a = _log()
     log_b = txn_core.Log(log_a.storage)
     a, b = AppCommitter(log_a), AppCommitter(log_b)
@@ -127,6 +129,8 @@ def test_a_kept_producer_fenced_by_another_committer_starts_over_from_storage() 
         a.write_once(AppVersion("app", run_id="r", version=1), "t", pa.table({"id": [1]}, schema=SCHEMA)).outcome
         == "replayed"
     )
+    # the fenced attempt had written its manifest before its begin failed: the replay leaves nothing staged
+    assert [k for k in _staged(log_a) if "/_manifest-" in k] == []
     assert (
         a.write_once(AppVersion("app", run_id="r", version=2), "t", pa.table({"id": [2]}, schema=SCHEMA)).outcome
         == "committed"

@@ -187,22 +187,30 @@ def _commit(
         # the manifest's create overlaps the transaction's first requests; it is durable before the commit point
         written = submit(_write_manifest, storage, unit, refs, manifest_key) if manifest_key else None
         try:
-            if refs and max(r.partition for r in refs) >= ctx.topics.get(topic, refresh=False).partitions:
-                ctx.topics.get(topic)  # the writers saw partitions added since this process last looked
-            producer.begin_transaction()
-            if offsets is not None and group is not None:
-                # One begin record registers every partition and the group's log; the references, the
-                # offsets and the offsets fence's claim are then written at once.
-                end, start = _offsets_to_send(ctx, group, offsets)
-                producer.send_staged(refs, offsets=end, group_id=group, start_offsets=start)
-            else:
-                producer.send_staged(refs)
-        finally:
-            if written is not None:
-                written.result()
-        hit("before_commit")
-        progress = unit.progress(topic, refs, manifest_key, previous)
-        producer.commit_transaction(metadata=progress.to_json())
+            try:
+                if refs and max(r.partition for r in refs) >= ctx.topics.get(topic, refresh=False).partitions:
+                    ctx.topics.get(topic)  # the writers saw partitions added since this process last looked
+                producer.begin_transaction()
+                if offsets is not None and group is not None:
+                    # One begin record registers every partition and the group's log; the references, the
+                    # offsets and the offsets fence's claim are then written at once.
+                    end, start = _offsets_to_send(ctx, group, offsets)
+                    producer.send_staged(refs, offsets=end, group_id=group, start_offsets=start)
+                else:
+                    producer.send_staged(refs)
+            finally:
+                if written is not None:
+                    written.result()
+            hit("before_commit")
+            progress = unit.progress(topic, refs, manifest_key, previous)
+            producer.commit_transaction(metadata=progress.to_json())
+        except ProducerFencedError:
+            # Fenced before its commit point (the coordinator refused this producer's request): this attempt
+            # decided nothing, and its manifest names nothing committed. The caller starts over from storage,
+            # where the unit may turn out replayed, which would never delete this attempt's manifest.
+            if manifest_key is not None:
+                _quiet_delete(storage, [manifest_key])
+            raise
         hit("after_prepare")
         listing = submit(storage.list, unit.prefix)  # for the cleanup, overlapping the markers
         # Markers in every partition before the unit returns (readers need not ask the transaction log);
