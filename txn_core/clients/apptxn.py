@@ -272,6 +272,11 @@ def _progress(ctx: LogContext, unit: AppVersion, *, fence_timeout_ms: int | None
     return earlier, unit.scoped_from
 
 
+def _aborted_topic(unit: AppVersion, refs: list[StagedRef], topic: str | None) -> str | None:
+    """The topic an aborted unit was committing to: the one given, the unit's own, else that of ``refs``."""
+    return topic or unit.topic or next((r.topic for r in refs), None)
+
+
 def abort_staged(
     log: SupportsContext,
     unit: AppVersion,
@@ -296,7 +301,7 @@ def abort_staged(
     not bound to one (default: that of ``refs``)."""
     ctx = log.context
     storage = storage or ctx.storage
-    bound = topic or unit.topic or next((r.topic for r in refs), None)
+    bound = _aborted_topic(unit, refs, topic)
     if bound is None:
         raise ConfigurationError(
             f"abort_staged: unit {unit.staging_batch} of application {unit.transactional_id!r} is bound to no "
@@ -511,7 +516,7 @@ class AppCommitter(Generic[Given]):
     ) -> int:
         """:func:`abort_staged`, after closing the producer kept for ``unit``'s transactional id (the abort
         fences it); returns the staged objects deleted."""
-        bound = topic or unit.topic or next((r.topic for r in refs), None)
+        bound = _aborted_topic(unit, refs, topic)
         if bound is not None:
             self._drop(unit.for_topic(bound).transactional_id)
         return abort_staged(
