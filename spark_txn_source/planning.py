@@ -116,6 +116,7 @@ class LogView:
         if state is None:
             state = self.log.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
             state.skip_damaged = not self.opts.fail_on_data_loss
+            state.open_listings()  # log start, segments, snapshots and loose entries in one round
             self._states[tp] = state
         return state
 

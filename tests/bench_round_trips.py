@@ -238,6 +238,60 @@ def measure_catch_up(
     return entries / rtts if unit else float("nan"), entries, rtts, rss
 
 
+def measure_idle_tailing(partitions: int = 1000, backoff_ms: int = 1000) -> tuple[int, float]:
+    """ISSUE 34 item 4: a consumer of ``partitions`` caught-up partitions polling back to back: (most requests
+    in one poll, requests per hour), measured over twice the back-off after a warm-up that lets it reach its
+    maximum. Requests, not time, are what an idle consumer costs: counted on memory."""
+    storage = DelayedStorage(open_storage(f"memory://idle-{uuid.uuid4().hex}"))
+    log = txn_core.Log(storage)
+    log.create_topic("idle", partitions, SCHEMA)
+    c = log.consumer(idle_backoff_max_ms=backoff_ms)
+    c.assign([("idle", part) for part in range(partitions)])
+    window = max(4.0, 2 * backoff_ms / 1000)
+    started, most = time.monotonic(), 0
+    while time.monotonic() - started < max(8.0, backoff_ms / 1000):  # the warm-up: the back-off at its maximum
+        c.poll()
+    before, started = storage.total(), time.monotonic()
+    while time.monotonic() - started < window:
+        ahead = storage.total()
+        c.poll()
+        most = max(most, storage.total() - ahead)
+    return most, (storage.total() - before) / (time.monotonic() - started) * 3600
+
+
+def measure_fresh_consumer(
+    url: str,
+    options: dict[str, Any] | None,
+    fast_url: str,
+    fast_options: dict[str, Any] | None,
+    unit: float,
+    txns: int = 9,
+) -> tuple[float, float]:
+    """ISSUE 34 item 1: a fresh read_committed consumer (a new process's open: format, topic, partitions) of a
+    small log, 4 partitions of ``txns`` one-row transactions each (72 entries for 9): (RTT to its first rows,
+    RTT until a poll finds nothing more). The snapshot it leaves is written behind its records."""
+    fast = txn_core.open_log(fast_url, fast_options)
+    fast.create_topic("small", PARTITIONS, SCHEMA)
+    p = fast.producer("small")
+    p.init_transactions()
+    for i in range(txns):
+        p.begin_transaction()
+        for part in range(PARTITIONS):
+            p.send("small", pa.table({"id": [i]}, schema=SCHEMA), partition=part)
+        p.commit_transaction()
+    p.close()
+    t0 = time.perf_counter()
+    c = txn_core.open_log(url, options).consumer()
+    c.assign([("small", part) for part in range(PARTITIONS)])
+    rows = c.poll().num_rows
+    first = time.perf_counter() - t0
+    while (got := c.poll()).num_rows:
+        rows += got.num_rows
+    caught_up = time.perf_counter() - t0
+    assert rows == txns * PARTITIONS, (rows, txns)
+    return first / unit, caught_up / unit
+
+
 def spark_batch(url: str, options: dict[str, Any], unit: float) -> tuple[float, int]:
     """The driver's round trips and requests of a steady-state micro-batch (mean of batches 2-4)."""
     results = spark_batch_rtt.run(rtt_s=unit, batches=5, url=url, storage_options=options)
@@ -307,6 +361,32 @@ def report(rtt_ms: float = 25.0, history: int = 300, reps: int = 15) -> str:
                 f"fresh read_committed consumer, 4 partitions, {history} transactions each: " + "; ".join(catch)
             )
 
+            fresh = []
+            for client in ("obstore", "fsspec"):
+                prefix = f"s3://{bucket}/small-{client}-{uuid.uuid4().hex[:6]}"
+                first, caught_up = measure_fresh_consumer(
+                    prefix,
+                    {**slow, "client": client},
+                    prefix,
+                    {**server.storage_options(), "client": client},
+                    unit,
+                )
+                fresh.append(f"{client}: first rows {first:.1f} RTT, caught up {caught_up:.1f} RTT")
+            lines.append("")
+            lines.append(
+                "fresh read_committed consumer of a small log (4 partitions, 72 entries; open included): "
+                + "; ".join(fresh)
+            )
+
+            idle = []
+            for backoff_ms in (1000, 10_000):
+                most, hourly = measure_idle_tailing(backoff_ms=backoff_ms)
+                idle.append(
+                    f"idle_backoff_max_ms={backoff_ms}: {hourly / 1e6:.2f}M requests/hour, at most {most} per poll"
+                )
+            lines.append("")
+            lines.append("a consumer of 1,000 idle partitions polling back to back: " + "; ".join(idle))
+
             rtt, requests = spark_batch(f"s3://{bucket}/spark-{uuid.uuid4().hex[:6]}", slow, unit)
             lines.append("")
             lines.append(
@@ -322,6 +402,7 @@ def test_round_trips_report() -> None:
     text = report(history=100, reps=8)
     print("\n" + text)
     assert "entries per RTT" in text
+    assert "caught up" in text
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from txn_core.storage.base import Chunks, Storage
+from txn_core.storage.base import LIST_PAGE, Chunks, ListPage, Storage
 
 
 class DelayedStorage(Storage):
@@ -57,6 +57,10 @@ class DelayedStorage(Storage):
     def list(self, prefix: str) -> list[str]:
         self._request("list")
         return self.inner.list(prefix)
+
+    def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
+        self._request("list")
+        return self.inner.list_page(prefix, limit)
 
     def delete(self, key: str) -> None:
         self._request("delete")

@@ -17,6 +17,7 @@ from fakeclock import FakeClock
 
 import txn_core
 from conftest import make_location
+from txn_core.clients.consumer import Consumer
 from txn_core.clock import system_clock
 from txn_core.coordinator.service import coordinator_for
 from txn_core.errors import ConfigurationError, DataLossError
@@ -110,7 +111,7 @@ def test_a_reader_behind_retention_gets_data_loss_not_silence(storage: Storage) 
     log.create_topic("t", 1, SCHEMA, retention_ms=1)
     _entries(log, clock, 6)
     reader = txn_core.Log(log.storage, clock=clock)
-    c = txn_core.clients.consumer.Consumer(reader, window_bytes=1)  # reads one entry ahead at most
+    c = Consumer(reader, window_bytes=1)  # reads one entry ahead at most
     c.assign([("t", 0)])
     assert c.poll().column("id").to_pylist() == [0]
     assert c.poll().column("id").to_pylist() == [1]

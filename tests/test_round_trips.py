@@ -24,7 +24,13 @@ import txn_core
 from txn_core.coordinator.actions import Begin, Prepare, Record
 from txn_core.coordinator.service import coordinator_for
 from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
-from txn_core.errors import ConfigurationError, CorruptDataError, InvalidNameError, ObjectNotFoundError
+from txn_core.errors import (
+    ConfigurationError,
+    CorruptDataError,
+    InvalidNameError,
+    ObjectNotFoundError,
+    StoragePermissionError,
+)
 from txn_core.format import envelope, paths
 from txn_core.format.ids import TxnId
 from txn_core.format.slotlog import SlotLog
@@ -32,21 +38,25 @@ from txn_core.format.states import CoordinatorState
 from txn_core.partition.ranges import available_end, plan_range
 from txn_core.partition.readahead import ReadAhead
 from txn_core.partition.reader import READ_COMMITTED
-from txn_core.partition.snapshots import SNAPSHOT_EVERY_ENTRIES
+from txn_core.partition.snapshots import SNAPSHOT_EVERY_ENTRIES, SnapshotStore
 from txn_core.partition.timeindex import offset_for_timestamp
 from txn_core.storage import MemoryStorage, ObjectStoreStorage, open_storage
-from txn_core.storage.base import Storage
+from txn_core.storage.base import LIST_PAGE, ListPage, Storage
 from txn_core.storage.obstore_s3 import ObstoreS3Storage, obstore_config
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
 
 class InFlight(DelayedStorage):
-    """Counts requests and the most that were in flight at once (each holds ``rtt_s``)."""
+    """Counts requests and the most that were in flight at once (each holds ``rtt_s``), and the round of each:
+    one more than the highest round among the requests that had finished when it began (requests issued
+    together share a round; one issued after another's answer is a round later)."""
 
     def __init__(self, inner: Storage, rtt_s: float = 0.02) -> None:
         super().__init__(inner, rtt_s)
         self.keys: list[tuple[str, str]] = []
+        self.rounds: list[tuple[int, str, str]] = []  # (round, kind, key)
+        self.done = 0  # the highest round among finished requests
         self._now = 0
         self.peak = 0
         self._gate = threading.Lock()
@@ -54,6 +64,8 @@ class InFlight(DelayedStorage):
     def _track(self, kind: str, key: str) -> None:
         with self._gate:
             self.keys.append((kind, key))
+            depth = self.done + 1
+            self.rounds.append((depth, kind, key))
             self._now += 1
             self.peak = max(self.peak, self._now)
         try:
@@ -61,6 +73,12 @@ class InFlight(DelayedStorage):
         finally:
             with self._gate:
                 self._now -= 1
+                self.done = max(self.done, depth)
+
+    def last_round(self, exclude: str = "\0") -> int:
+        """The highest round among the requests so far whose key does not contain ``exclude``."""
+        with self._gate:
+            return max((d for d, _, key in self.rounds if exclude not in key), default=0)
 
     def _request(self, kind: str) -> None:
         with self._lock:
@@ -85,6 +103,10 @@ class InFlight(DelayedStorage):
     def list(self, prefix: str) -> list[str]:
         self._track("list", prefix)
         return super().list(prefix)
+
+    def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
+        self._track("list", prefix)
+        return super().list_page(prefix, limit)
 
 
 def _log(storage: Storage) -> txn_core.Log:
@@ -233,6 +255,135 @@ def test_a_caught_up_consumer_pays_one_request_per_partition_per_poll() -> None:
     storage.keys.clear()
     assert c.poll().num_rows == 0
     assert sorted(k for k, _ in storage.keys) == ["read"] * 4, storage.keys
+
+
+class HeldCreates(MemoryStorage):
+    """Creates under ``snapshots/`` wait until ``release`` is set (or raise, for a read-only store)."""
+
+    def __init__(self, name: str, *, refuse: bool = False) -> None:
+        super().__init__(name)
+        self.release = threading.Event()
+        self.refuse = refuse
+        self.held = 0
+
+    def create(self, key: str, chunks: Any) -> None:
+        if "/snapshots/" in key:
+            self.held += 1
+            self.release.wait(30)  # a guard against a hang only: the test releases it
+            if self.refuse:
+                raise StoragePermissionError(f"{key}: access denied", key)
+        super().create(key, chunks)
+
+
+def test_a_fresh_consumer_of_a_small_log_has_its_rows_in_three_rounds_and_is_caught_up_in_four() -> None:
+    """ISSUE 34 item 1 (4 partitions, 72 entries): the format (1); the topic's metadata and every partition's
+    log start, segments, snapshots and loose entries, listed together (2); every listed entry and the slot
+    past them read at once (3): the first rows; the poll at the end (4). Nothing past the listed end is read
+    ahead, and the snapshot the reader leaves is written behind its records (not counted)."""
+    inner = HeldCreates(uuid.uuid4().hex)  # the snapshots, held until the end: they are no part of the path
+    _history(MemoryStorage(inner.name), 9)
+    storage = InFlight(inner, rtt_s=0.15)  # far longer than issuing 72 reads takes on a loaded machine
+    c = txn_core.Log(storage).consumer()
+    c.assign([("t", p) for p in range(4)])
+    rows = c.poll().column("id").to_pylist()
+    first = storage.last_round("/snapshots/0")
+    assert sorted(rows) == sorted(i * 10 + p for i in range(9) for p in range(4))
+    assert c.poll().num_rows == 0
+    caught_up = storage.last_round("/snapshots/0")
+    inner.release.set()
+    assert (first, caught_up) == (3, 4), storage.rounds
+    past = [key for _, kind, key in storage.rounds if kind == "read" and "/log/" in key and int(key[-20:]) > 18]
+    assert past == [], "no slot past the first free one is read"
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["writable", "read-only"])
+def test_a_reader_delivers_its_rows_before_the_snapshot_it_leaves_is_written(refuse: bool) -> None:
+    """ISSUE 34 item 6: the snapshot a fresh reader leaves is written behind its records: the poll returns
+    while the snapshot's create is still held, and a store that refuses it costs the reader nothing."""
+    inner = HeldCreates(uuid.uuid4().hex, refuse=refuse)
+    _history(MemoryStorage(inner.name), 5)
+    c = txn_core.Log(inner).consumer()
+    c.assign([("t", p) for p in range(4)])
+    got: list[int] = []
+    poller = threading.Thread(target=lambda: got.extend(c.poll().column("id").to_pylist()))
+    poller.start()
+    poller.join(20)  # a guard against a hang only
+    delivered = not poller.is_alive()
+    inner.release.set()
+    poller.join()
+    assert delivered, "the poll waited for its snapshot"
+    assert sorted(got) == sorted(i * 10 + p for i in range(5) for p in range(4))
+    assert c.poll().num_rows == 0
+    snaps = SnapshotStore(inner, paths.partition_log_path("t", 0), clock=lambda: 0)
+    assert snaps.finals() == ([] if refuse else [10]), "this process sees the snapshot it wrote behind"
+
+
+class StaleLog(MemoryStorage):
+    """Listings of ``log/`` that lag behind (miss the newest ``missing`` slots) or still show ``extra``
+    slots deleted since: a listing is a hint (PROTOCOL.md "Slot logs")."""
+
+    def __init__(self, name: str, missing: int = 0, extra: int = 0, page: int = LIST_PAGE) -> None:
+        super().__init__(name)
+        self.missing, self.extra, self.page = missing, extra, page
+
+    def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
+        return super().list_page(prefix, min(limit, self.page))  # a store whose pages hold ``page`` names
+
+    def list(self, prefix: str) -> list[str]:
+        names = super().list(prefix)
+        if not prefix.endswith("/log/") or not names:
+            return names
+        last = int(names[-1])
+        kept = names[: len(names) - self.missing] if self.missing else names
+        return kept + [paths.slot_name(last + i) for i in range(1, self.extra + 1)]
+
+
+@pytest.mark.parametrize(
+    ("missing", "extra", "hole", "page"),
+    [
+        (0, 0, False, LIST_PAGE),  # a fresh listing: the tail in one round more than the listings
+        (3, 0, False, LIST_PAGE),  # a lagging listing misses the newest entries: the search goes on past them
+        (0, 2, False, LIST_PAGE),  # a listing still shows entries since deleted (or never there): not the end
+        (0, 0, True, LIST_PAGE),  # a hole past the listed end: the end is never a hole
+        (0, 0, False, 7),  # more entries than a page: one page listed, the search goes on from its last
+    ],
+)
+def test_the_tail_is_learned_from_a_listing_and_checked(missing: int, extra: int, hole: bool, page: int) -> None:
+    name = uuid.uuid4().hex
+    _history(MemoryStorage(name), 15)
+    path = paths.partition_log_path("t", 1)
+    inner = StaleLog(name, missing, extra, page)
+    entries = SlotLog(inner, paths.entries(path))
+    if hole:  # slot 31 present after a missing 30: the tail lies past it
+        inner.create(entries.key(31), [inner.read(entries.key(29))])
+    storage = InFlight(inner)
+    plog = txn_core.Log(storage).partition_log(path)
+    storage.rounds.clear()
+    storage.done = 0
+    if hole:
+        assert plog.tail()[0] == 32  # past the entry at 31: never the hole at 30
+        return
+    assert plog.tail() == (30, 30)
+    assert [key for _, kind, key in storage.rounds if kind == "list" and key.endswith("/log/")] == [
+        paths.entries(path)
+    ], "one page of log/ is listed, however many entries there are"
+    if missing == extra == 0:
+        low = 29 if page == LIST_PAGE else 6  # the last slot listed
+        assert not any(kind == "exists" and int(key[-20:]) < low for _, kind, key in storage.rounds)
+    if missing == extra == 0 and page == LIST_PAGE:
+        assert storage.last_round() == 2, storage.rounds  # the listings; the candidate, its probes and header
+
+
+def test_a_fresh_consumer_reads_a_partition_longer_than_a_listing_page() -> None:
+    """The listing of ``log/`` is one page: past it the reader reads on as without a listing."""
+    name = uuid.uuid4().hex
+    _history(MemoryStorage(name), 15)
+    c = txn_core.Log(StaleLog(name, page=7)).consumer()
+    c.assign([("t", p) for p in range(4)])
+    got: list[int] = []
+    while batch := c.poll():
+        got.extend(batch.column("id").to_pylist())
+    assert sorted(got) == sorted(i * 10 + p for i in range(15) for p in range(4))
 
 
 def test_planning_a_read_from_the_earliest_offset_reads_no_entry() -> None:

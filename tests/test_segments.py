@@ -502,6 +502,9 @@ def test_read_ahead_recovers_from_a_failed_read_with_a_segment_span_planned_behi
         def known_tail_slot(self) -> int | None:
             return None  # the tail is not known: a miss is not retried
 
+        def listed_end(self) -> int | None:
+            return None  # no listing of the loose entries
+
         def fetch_headers(self, slot: int, count: int) -> list[EntryHeader]:
             if slot == 0 and self.failures:
                 self.failures -= 1

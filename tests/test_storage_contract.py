@@ -23,7 +23,7 @@ from txn_core.errors import (
 from txn_core.storage import MemoryStorage, Storage, create_resolving, open_storage, redact_url, self_test_storage
 from txn_core.storage.base import Chunks, DelegatingStorage
 from txn_core.storage.local import LocalStorage
-from txn_core.storage.objectstore import classify_write_error
+from txn_core.storage.objectstore import ObjectStoreStorage, classify_write_error
 
 
 @pytest.fixture(
@@ -78,6 +78,21 @@ def test_list_returns_sorted_children_with_prefixes_marked(storage: Storage) -> 
     assert storage.list("l/") == ["a", "b", "sub/"]
     assert storage.list("l/sub/") == ["c", "d"]
     assert storage.list("nothing/here/") == []
+
+
+def test_a_listing_page_is_the_first_names_and_says_whether_more_follow(storage: Storage) -> None:
+    for i in range(5):
+        storage.create(f"p/{i:020d}", [b"x"])
+    names = [f"{i:020d}" for i in range(5)]
+    first = storage.list_page("p/", 2)
+    if first is None:  # fsspec's stores list every page: the caller lists everything instead
+        inner = storage.inner if isinstance(storage, DelegatingStorage) else storage
+        assert isinstance(inner, ObjectStoreStorage)
+        return
+    assert first == (names[:2], False)
+    assert storage.list_page("p/", 5) == (names, True) or storage.list_page("p/", 5) == (names, False)
+    assert storage.list_page("p/", 6) == (names, True)
+    assert storage.list_page("nothing/here/", 3) == ([], True)
 
 
 def test_delete_is_idempotent(storage: Storage) -> None:

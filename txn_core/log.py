@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from txn_core.clients.context import LogContext
+from txn_core.clients.idle import DEFAULT_IDLE_BACKOFF_MAX_MS
 from txn_core.clients.topics import TopicConfig, TopicMeta
 from txn_core.clock import Clock, system_clock
 from txn_core.errors import ConfigurationError, ObjectNotFoundError
@@ -222,9 +223,11 @@ class Log:
         isolation_level: str = "read_committed",
         auto_offset_reset: str = "earliest",
         skip_damaged: bool = False,
+        idle_backoff_max_ms: int = DEFAULT_IDLE_BACKOFF_MAX_MS,
     ) -> Consumer:
         """A consumer (see :class:`Consumer`); ``skip_damaged`` passes damaged entries nobody marked lost,
-        with a warning, instead of stopping at them (PROTOCOL.md "Damage")."""
+        with a warning, instead of stopping at them (PROTOCOL.md "Damage"); ``idle_backoff_max_ms``: the
+        longest a caught-up partition waits between reads (:mod:`txn_core.clients.idle`; 0: every poll)."""
         from txn_core.clients.consumer import Consumer
 
         return Consumer(
@@ -233,6 +236,7 @@ class Log:
             isolation_level=isolation_level,
             auto_offset_reset=auto_offset_reset,
             skip_damaged=skip_damaged,
+            idle_backoff_max_ms=idle_backoff_max_ms,
         )
 
     # --- subscriptions (txn_core.clients.subscriptions; PROTOCOL.md "Subscriptions") ------------------------

@@ -15,12 +15,14 @@ nobody marked, with a warning (PROTOCOL.md "Damage").
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
 
+from txn_core.clients.idle import DEFAULT_IDLE_BACKOFF_MAX_MS, IdleBackoff
 from txn_core.errors import (
     ConfigurationError,
     DataLossError,
@@ -67,6 +69,7 @@ class Consumer:
         auto_offset_reset: str = "earliest",
         window_bytes: int = 64 << 20,
         skip_damaged: bool = False,
+        idle_backoff_max_ms: int = DEFAULT_IDLE_BACKOFF_MAX_MS,
     ) -> None:
         ctx = log.context
         if isolation_level not in ISOLATION_LEVELS:
@@ -75,6 +78,11 @@ class Consumer:
             raise ConfigurationError(f"auto_offset_reset must be one of {OFFSET_RESETS}, got {auto_offset_reset!r}")
         if group_id is not None:
             validate_name("group", group_id)
+        if not isinstance(idle_backoff_max_ms, int) or idle_backoff_max_ms < 0:
+            raise ConfigurationError(
+                f"idle_backoff_max_ms must be a non-negative int (0: read quiet partitions at every poll), got "
+                f"{idle_backoff_max_ms!r}"
+            )
         self.ctx = ctx
         self.group_id = group_id
         self.isolation_level = isolation_level
@@ -89,6 +97,8 @@ class Consumer:
         self._closed = False
         self._deferred: TxnLogError | None = None  # an error to raise at the next poll (see poll)
         self._lock = threading.RLock()
+        #: when quiet partitions are read again (txn_core.clients.idle)
+        self._idle = IdleBackoff(idle_backoff_max_ms)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -101,7 +111,37 @@ class Consumer:
             self._check_open()
             self._deferred = None
             tps = [_tp(t) for t in partitions]
-            metas = self._topic_metas(tps)
+            committed = self.ctx.groups.committed(self.group_id, require_stable=True) if self.group_id else {}
+
+            def open_reader(tp: TopicPartition) -> PartitionReader:
+                state = self.ctx.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
+                state.skip_damaged = self.skip_damaged
+                state.open_listings()  # one round: log start, segments, snapshots, loose entries
+                reader = PartitionReader(state, tp.topic, tp.partition, self.isolation_level, self.window_bytes)
+                c = committed.get(tp)
+                if c is not None:
+                    try:
+                        reader.seek(c.offset)
+                    except OffsetOutOfRangeError as exc:
+                        raise OffsetOutOfRangeError(self._unusable_offset(tp, c.offset, exc)) from exc
+                    except DataLossError as exc:
+                        raise DataLossError(self._unusable_offset(tp, c.offset, exc)) from exc
+                elif self.auto_offset_reset == "earliest":
+                    reader.seek(reader.log.recent_log_start().offset)  # listed a moment ago
+                else:
+                    reader.seek(available_end(state, self.isolation_level))
+                return reader
+
+            # The topics' metadata and each partition's opening (listings, snapshot) are independent:
+            # overlap them all. A partition the metadata does not have is refused before anything is kept
+            # (its opening only read).
+            jobs: list[Callable[[], object]] = [
+                lambda: self._topic_metas(tps),
+                *(functools.partial(open_reader, tp) for tp in tps),
+            ]
+            opened = parallel_map(lambda job: job(), jobs)
+            metas = cast("dict[str, TopicMeta]", opened[0])
+            readers = cast("list[PartitionReader]", opened[1:])
             schemas = [metas[tp.topic].schema for tp in tps]
             try:
                 unified = pa.unify_schemas(schemas) if schemas else None
@@ -114,28 +154,8 @@ class Consumer:
                 raise ConfigurationError(
                     f"the assigned topics have incompatible schemas ({exc}); use one consumer per schema"
                 ) from exc
-            committed = self.ctx.groups.committed(self.group_id, require_stable=True) if self.group_id else {}
-
-            def open_reader(tp: TopicPartition) -> PartitionReader:
-                state = self.ctx.partition_state(paths.partition_log_path(tp.topic, tp.partition), shared=False)
-                state.skip_damaged = self.skip_damaged
-                reader = PartitionReader(state, tp.topic, tp.partition, self.isolation_level, self.window_bytes)
-                c = committed.get(tp)
-                if c is not None:
-                    try:
-                        reader.seek(c.offset)
-                    except OffsetOutOfRangeError as exc:
-                        raise OffsetOutOfRangeError(self._unusable_offset(tp, c.offset, exc)) from exc
-                    except DataLossError as exc:
-                        raise DataLossError(self._unusable_offset(tp, c.offset, exc)) from exc
-                elif self.auto_offset_reset == "earliest":
-                    reader.seek(reader.log.log_start(refresh=True).offset)
-                else:
-                    reader.seek(available_end(state, self.isolation_level))
-                return reader
-
-            # Each partition's opening (log start, snapshot, tail) is independent: overlap them.
-            self._readers = dict(zip(tps, parallel_map(open_reader, tps), strict=True))
+            self._readers = dict(zip(tps, readers, strict=True))
+            self._idle.reset()
             self._order = tps
             self._next = 0
             self._schema = with_metadata_schema(unified) if unified is not None else None
@@ -156,12 +176,12 @@ class Consumer:
             if not isinstance(offset, int) or offset < 0:
                 raise InvalidOffsetError(f"offset must be a non-negative int, got {offset!r}")
             self._reader(_tp(tp)).seek(offset)
-            self._deferred = None
+            self._moved(_tp(tp))
 
     def seek_to_beginning(self, tp: tuple[str, int] | TopicPartition) -> None:
         r = self._reader(_tp(tp))
         r.seek(r.log.log_start(refresh=True).offset)
-        self._deferred = None
+        self._moved(_tp(tp))
 
     def seek_to_end(self, tp: tuple[str, int] | TopicPartition) -> None:
         """Move to the end of what this consumer may read: under read_committed the last stable offset, as
@@ -169,7 +189,7 @@ class Consumer:
         else the log end."""
         r = self._reader(_tp(tp))
         r.seek(available_end(r.state, self.isolation_level))
-        self._deferred = None
+        self._moved(_tp(tp))
 
     def offsets_for_times(
         self, timestamps: Mapping[tuple[str, int] | TopicPartition, int]
@@ -206,6 +226,11 @@ class Consumer:
         for tp, offset in self.offsets_for_times({tp: timestamp_ms for tp in tps}).items():
             self.seek(tp, offset)
 
+    def _moved(self, tp: TopicPartition) -> None:
+        """A seek of ``tp``: no error left from before it, and no back-off (it is read at the next poll)."""
+        self._deferred = None
+        self._idle.found(tp)
+
     def _reader(self, tp: TopicPartition) -> PartitionReader:
         try:
             return self._readers[tp]
@@ -217,7 +242,10 @@ class Consumer:
         return self._reader(_tp(tp)).position
 
     def poll(self, max_records: int | None = None) -> pa.Table:
-        """The next available records (round-robin over partitions), at most ``max_records``."""
+        """The next available records (round-robin over partitions), at most ``max_records``. A partition
+        found caught up at several polls in a row is read again only after a back-off, up to
+        ``idle_backoff_max_ms`` (:mod:`txn_core.clients.idle`): a quiet partition costs at most one request
+        per poll, and fewer as it stays quiet."""
         with self._lock:
             self._check_open()
             if self._schema is None:
@@ -233,8 +261,11 @@ class Consumer:
             self._read_ahead()
             for i in range(n):
                 tp = self._order[(self._next + i) % n]
+                reader = self._readers[tp]
+                if reader.wants_data() and not self._idle.due(tp):
+                    continue  # quiet, and asked a moment ago
                 try:
-                    got = self._readers[tp].poll(remaining)
+                    got = reader.poll(remaining)
                 except TxnLogError as exc:
                     if not batches:
                         raise
@@ -243,6 +274,10 @@ class Consumer:
                     self._deferred = exc
                     break
                 batches.extend(got)
+                if got:
+                    self._idle.found(tp)
+                elif reader.wants_data():
+                    self._idle.empty(tp)
                 if remaining is not None:
                     remaining -= sum(b.num_rows for b in got)
                     if remaining <= 0:
@@ -256,7 +291,7 @@ class Consumer:
         """Fill every assigned partition's window at once, so that partitions catching up read together
         rather than one after another. An error is left for that partition's own poll to meet (its
         reader did not move past it), which keeps the order of delivery and errors of :meth:`poll`."""
-        idle = [r for r in self._readers.values() if r.wants_data()]
+        idle = [r for tp, r in self._readers.items() if r.wants_data() and self._idle.due(tp)]
         if len(idle) > 1:
 
             def fill(reader: PartitionReader) -> None:

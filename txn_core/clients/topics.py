@@ -19,6 +19,7 @@ from txn_core.errors import (
     ConfigurationError,
     CorruptDataError,
     ObjectExistsError,
+    ObjectNotFoundError,
     TopicExistsError,
     TopicNotFoundError,
 )
@@ -26,6 +27,7 @@ from txn_core.format import envelope, paths
 from txn_core.format.ids import is_int, validate_name
 from txn_core.format.slotlog import SlotLog
 from txn_core.storage.base import Storage, create_resolving
+from txn_core.storage.parallel import submit
 
 METADATA_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp")
 MAX_PARTITIONS = 10_000
@@ -145,6 +147,10 @@ class TopicStore:
             return self._cache[name]
         slots = self._slots(name)
         cached = self._cache.get(name)
+        if cached is None:
+            meta = self._first_read(name, slots)
+            if meta is not None:
+                return meta
         lower = cached.version if cached else 0
         tail = slots.find_tail(lower, near=True)
         if tail == 0:
@@ -155,19 +161,40 @@ class TopicStore:
             )
         if cached is not None and cached.version == tail - 1:
             return cached
-        key = slots.key(tail - 1)
+        meta = self._read_version(name, slots, tail - 1)
+        self._cache[name] = meta
+        return meta
+
+    def _first_read(self, name: str, slots: SlotLog) -> TopicMeta | None:
+        """A first look at ``name`` in one round: version 0 read while version 1 is checked for (most topics
+        have one version). The metadata when version 1 is absent; None when the topic has more versions or
+        none (the caller searches, as for a cached topic)."""
+        later = submit(slots.exists, 1, leaf=True)
         try:
-            meta = TopicMeta.from_json(envelope.read_json(self.storage, key, envelope.ObjectKind.TOPIC_META))
+            meta: TopicMeta | None = self._read_version(name, slots, 0)
+        except ObjectNotFoundError:
+            meta = None
+        except CorruptDataError:
+            if later.result():
+                return None  # an older version: the newest one decides
+            raise
+        if later.result() or meta is None:
+            return None
+        self._cache[name] = meta
+        return meta
+
+    def _read_version(self, name: str, slots: SlotLog, version: int) -> TopicMeta:
+        key = slots.key(version)
+        try:
+            return TopicMeta.from_json(envelope.read_json(self.storage, key, envelope.ObjectKind.TOPIC_META))
         except CorruptDataError as exc:
             raise CorruptDataError(
-                f"{exc} It is version {tail - 1} of the metadata of topic {name!r} (its partition count, schema "
+                f"{exc} It is version {version} of the metadata of topic {name!r} (its partition count, schema "
                 "and settings), which no older version can stand in for: restore the object from a backup. "
                 "Until then the topic can be neither read nor written; other topics are unaffected.",
                 exc.key,
                 exc.check,
             ) from exc
-        self._cache[name] = meta
-        return meta
 
     def list(self, *, include_internal: bool = False) -> list[str]:
         names = [n.rstrip("/") for n in self.storage.list(paths.TOPICS) if n.endswith("/")]

@@ -78,6 +78,17 @@ class SlotLog:
                 probes = [lower + (1 << i) for i in range(reach, reach + GALLOP)]
                 reach += GALLOP
 
+    def listed_end(self) -> tuple[int, bool] | None:
+        """One past the greatest slot the first page of a LIST shows (0: none), and whether that page listed
+        every slot (else the slot is only a lower bound of the end); None when the store cannot list one page
+        alone. A hint: the listing may be stale or eventually consistent, so the caller checks the slot it
+        names (PROTOCOL.md "Slot logs", "Listing"). One request, however many slots there are."""
+        page = self.storage.list_page(self.prefix)
+        if page is None:
+            return None
+        names = slot_names(page[0])
+        return (int(names[-1]) + 1 if names else 0), page[1]
+
     def list_slots(self) -> list[int]:
         """All slots present (a LIST; used by maintenance, never on a hot path)."""
         return [int(name) for name in slot_names(self.storage.list(self.prefix))]

@@ -16,7 +16,14 @@ Invariants:
   after the later one was seen (a racing append does not look like a hole).
 * **A reader learns of a hole in bounded time**: a miss below the tail it knows, or within
   ``LOG_START_RECHECK_S`` (two missing slots or fewer, :data:`HOLE_PROBES_CHEAP` beside its periodic
-  segment listing) or ``TAIL_RECHECK_S`` (a longer run, all of :data:`HOLE_PROBES`), not a round trip more.
+  segment listing) or ``TAIL_RECHECK_S`` (a longer run, all of :data:`HOLE_PROBES`; or a slot the reader
+  kept finding absent at the end, below), not a round trip more.
+* **A quiet end costs one request per poll.** A slot found absent after a full look (a segment listing and
+  a log start at most ``LOG_START_RECHECK_S`` old, nothing after it) and missed again less than
+  ``TAIL_RECHECK_S`` later is still the end, with no listing: it was absent then, and had it been created
+  since, neither rolling nor retention could have deleted it yet (both keep entries for ``min_age_ms``,
+  at least twice ``TAIL_RECHECK_S``: PROTOCOL.md "Retention" "Stale writers"). So a reader polling an
+  idle partition pays its GET of the slot, and the full look once per ``TAIL_RECHECK_S``.
 * **A slot is reported removed by retention** only when it lies below a log start read at most
   ``LOG_START_RECHECK_S`` ago, or below one already seen to exist and a fresh log start.
 
@@ -95,6 +102,12 @@ class MissingSlots:
         self.tail_recheck_s = tail_recheck_s
         self._missing_since: tuple[int, float] | None = None  # (slot, when): a reader kept missing it since
         self._holes: set[int] = set()  # slots found to be holes: a later miss there asks again at once
+        self._absent: tuple[int, float] | None = None  # (slot, when) last found absent as the end (module doc)
+
+    def _still_absent(self, slot: int) -> bool:
+        """Whether ``slot`` was found absent as the end less than ``TAIL_RECHECK_S`` ago (a quiet end)."""
+        absent = self._absent
+        return absent is not None and absent[0] == slot and self.monotonic() - absent[1] < self.tail_recheck_s()
 
     def deleted(self, slot: int, *, max_staleness_s: float | None = None) -> bool:
         """Whether a missing ``slot`` was removed by retention (it lies below the published log start).
@@ -102,6 +115,8 @@ class MissingSlots:
         Re-reads the log start at most every ``max_staleness_s`` seconds (default
         ``LOG_START_RECHECK_S``), so polling the tail stays at one request per poll.
         """
+        if self._still_absent(slot):
+            return False  # found absent a moment ago: retention cannot have deleted it since
         if slot < self.starts.recent_log_start(max_staleness_s).slot:
             return True
         tail = self.index.tail
@@ -122,11 +137,20 @@ class MissingSlots:
         TAIL_RECHECK_S (a longer run), at two more requests each time, not one more round trip."""
         tail = self.index.tail
         known = tail is not None and slot + 1 < tail[0]
+        now = self.monotonic()
+        if not known and self._still_absent(slot):
+            return False  # a quiet end: no listing (module doc)
         stale = not self.segments.listed_within(self.log_start_recheck_s())
         probes = probe_after(self.entries, slot, self._probes_at(slot), {}) if stale and not known else []
         if stale or (tail is not None and slot < tail[0]):
             self.segments.refresh(self.starts.recent_log_start)
-        return known or slot in self._holes or self.segments.starts_after(slot) or any(f.result() for _, f in probes)
+        later = known or slot in self._holes or self.segments.starts_after(slot) or any(f.result() for _, f in probes)
+        if not later and slot >= self.starts.log_start().slot:
+            # A full look found nothing after it and retention had not removed it, as of its listing (begun
+            # now, or at most LOG_START_RECHECK_S ago). The caller then asks that listing for the slot: a slot
+            # found rolled is read from its segment, and no miss of it follows.
+            self._absent = (slot, now if stale else now - self.log_start_recheck_s())
+        return later
 
     def _probes_at(self, slot: int) -> Sequence[int]:
         """The distances a reader missing ``slot`` probes past it: HOLE_PROBES_CHEAP, and all of HOLE_PROBES once

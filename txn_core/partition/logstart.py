@@ -66,20 +66,27 @@ class LogStartCache:
         """The log start: the newest ``<path>/start/<slot>`` marker, else slot 0 / offset 0."""
         if self.start is None:
             self.segments.start_listing()  # a first use: the segment listing overlaps the log start's
-        if self.start is None or refresh:
-            names = paths.slot_names(self.storage.list(paths.log_start(self.path)))
-            start = LogStart(0, 0)
-            for name in reversed(names):
-                key = paths.log_start(self.path) + name
-                try:
-                    value = envelope.read_json(self.storage, key, envelope.ObjectKind.LOG_START)
-                except ObjectNotFoundError:
-                    continue
-                start = LogStart(int(value["slot"]), int(value["offset"]), int(value.get("bytes_before", 0)))
-                break
-            self.start = start
-            self.checked = self.monotonic()
-        return self.start
+        start = self.start
+        if start is None or refresh:
+            start = self.reread()
+        return start
+
+    def reread(self) -> LogStart:
+        """Read the log start now (one LIST, and a GET of the newest marker when there is one), starting
+        no segment listing: for a caller that lists the segments itself in the same round."""
+        names = paths.slot_names(self.storage.list(paths.log_start(self.path)))
+        start = LogStart(0, 0)
+        for name in reversed(names):
+            key = paths.log_start(self.path) + name
+            try:
+                value = envelope.read_json(self.storage, key, envelope.ObjectKind.LOG_START)
+            except ObjectNotFoundError:
+                continue
+            start = LogStart(int(value["slot"]), int(value["offset"]), int(value.get("bytes_before", 0)))
+            break
+        self.start = start
+        self.checked = self.monotonic()
+        return start
 
     def recent_log_start(self, max_staleness_s: float | None = None) -> LogStart:
         """The log start, re-read (one LIST) when the cached value is older than ``max_staleness_s``

@@ -46,6 +46,7 @@ from txn_core.partition.lost import LostEntry
 from txn_core.partition.segments import SegmentCatalog
 from txn_core.partition.tail import TailSearch
 from txn_core.storage.base import Storage
+from txn_core.storage.parallel import parallel_map
 
 __all__ = [
     "HOLE_PROBES",
@@ -155,7 +156,19 @@ class PartitionLog:
         """Whether a missing ``slot`` was removed by retention (:meth:`MissingSlots.deleted`)."""
         return self._missing.deleted(slot, max_staleness_s=max_staleness_s)
 
+    def open_listings(self, *more: Callable[[], object]) -> None:
+        """A reader's open in one round (PROTOCOL.md "Reading" "Opening"): LIST ``start/`` (and the newest
+        marker's GET, after retention), ``segments/`` and ``log/`` together, with ``more`` (the caller's own
+        listings, single requests) beside them. The listing of ``log/`` is a hint (:meth:`listed_end`)."""
+        tasks: list[Callable[[], object]] = [self._starts.reread, self.segments.refresh, self._tail.list_loose]
+        parallel_map(lambda task: task(), [*tasks, *more], leaf=True)
+
     # --- tail: txn_core.partition.tail ----------------------------------------------------------
+
+    def listed_end(self) -> int | None:
+        """The slot past the last loose entry a recent listing showed (:meth:`TailSearch.listed_end`): a hint
+        of how many slots a reader may read at once, never of where the log ends."""
+        return self._tail.listed_end()
 
     def known_tail_slot(self) -> int | None:
         """The first free slot as this process last learned it (no request; None if it never did)."""

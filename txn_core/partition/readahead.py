@@ -12,10 +12,10 @@ Invariants:
 * **Errors stay where they are.** A read that fails (missing slot, damage, storage error) raises at
   *its* slot, after every earlier slot was returned; the reads behind it are discarded and re-issued
   by the next call, so nothing past a problem is ever handed out first.
-* **Adaptive depth, bounded memory.** The depth starts at 1 and doubles with each successful result from
-  the second in a row on, up to ``max_depth``; it is capped so that the reads in flight hold about
-  ``max_bytes`` (by the sizes seen so far). A missing slot (the log end) drops it back to 1: a reader
-  that has caught up pays one request per call to learn that nothing is new, one that finds one or two
+* **Adaptive depth, bounded memory.** Past listed slots (below), the depth starts at 1 and doubles with
+  each successful result from the second in a row on, up to ``max_depth``; it is capped so that the reads
+  in flight hold about ``max_bytes`` (by the sizes seen so far). A missing slot (the log end) drops it back
+  to 1: a reader that has caught up pays one request per call to learn that nothing is new, one that finds one or two
   new entries pays at most one read more than reading them one by one, and one that is catching up
   reaches full depth in a few round trips.
 * **A stop slot bounds the reading ahead.** A reader told where its range ends (``stop``: no slot at or
@@ -25,6 +25,12 @@ Invariants:
 * **A read issued ahead may be stale.** Its "not found" may answer for a moment before the entry was
   appended; where this process knows the slot lies below the tail (``PartitionLog.known_tail_slot``), the
   slot is read again before a miss is raised (a caught-up reader, at the tail, pays nothing more).
+* **Listed slots are read at once.** Slots below the end a recent listing of ``log/`` showed
+  (:meth:`PartitionLog.listed_end`), and that end itself, are issued at full depth and within the byte
+  budget from the first call: a fresh reader of a small partition reads it in one round trip, the read of
+  the listed end telling whether the log ends there; nothing past it is issued before that read found it
+  (then the depth grows as past any slot). The listing only sets how many reads are in flight; every slot
+  is still read, and a miss is handled as any other.
 * **Segments are read in spans.** Slots a segment holds (PROTOCOL.md "Segments") are known to exist: one
   read fetches as many of them as fit in :data:`CHUNK_BYTES` (a header scan takes them from the index),
   and such reads are issued at full depth at once, within the same byte budget. A span whose segment
@@ -107,6 +113,7 @@ class _Ahead(Generic[T]):
         """Issue reads up to the depth and byte budget: spans of segments at once, loose slots by depth."""
         avg = max(self._avg_bytes, 1.0)
         loose = min(self._depth, max(1, int(self.max_bytes // avg)))
+        listed = self.plog.listed_end()  # slots a recent listing showed, and the one past them: no slow start
         if self._planning is not None and not any(s < self._planning and not f.done() for s, _n, f in self._inflight):
             self._planning = None  # that read is done (the segment's index is known now) or was dropped
         while len(self._inflight) < self.max_depth and self._planning is None:
@@ -120,7 +127,9 @@ class _Ahead(Generic[T]):
                 want = max(1, min(want, self.stop - self._issued))
             count, exact = self.plog.segments.plan(self._issued, want, CHUNK_BYTES)
             if count == 0:
-                if len(self._inflight) >= loose:
+                if listed is not None and self._next <= listed < self._issued:
+                    return  # past the listed end only once its read said it exists (the listing was stale)
+                if len(self._inflight) >= loose and (listed is None or self._issued > listed):
                     return
                 count = 1
             self._inflight.append(

@@ -228,7 +228,6 @@ class PartitionReader:
             self._window_size += entry.nbytes if keep is not None else 0
             self._cursor += 1
             read = True
-        self.state.maybe_snapshot()
         return read
 
     def poll(self, max_records: int | None = None) -> list[pa.RecordBatch]:
@@ -318,6 +317,9 @@ class PartitionReader:
         # an undecided transaction included: that transaction's marker may be the damaged entry.
         if not out and self._error is not None and (not self._window or isinstance(self._error, DamagedEntryError)):
             raise self._error
+        # A snapshot of what was applied is written behind the records, never before them (PROTOCOL.md
+        # "Snapshots"): the caller has them while it is written, and a read-only store costs nothing.
+        self.state.maybe_snapshot(behind=True)
         return out
 
     def _pass_lost(self, lost: LostEntry | None) -> None:

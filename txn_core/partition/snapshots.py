@@ -19,6 +19,9 @@ valid. Rebuilding costs the parts plus the log tail after ``position``, never th
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,7 @@ from txn_core.partition.aborted import ABORTED_SCHEMA, AbortedIndex, SkipRanges,
 from txn_core.partition.buffer import OngoingTxn, TxnBuffer
 from txn_core.partition.sequences import ProducerStates
 from txn_core.storage.base import Storage, create_resolving
+from txn_core.storage.parallel import submit
 
 logger = get_logger(__name__)
 
@@ -52,6 +56,10 @@ SNAPSHOT_MIN_ENTRIES = 100
 SNAPSHOTS_KEPT = 3
 #: Ended-transaction outcomes kept in a snapshot (the zombie-write cache of TxnBuffer.ended).
 ENDED_KEPT = 10_000
+
+#: Snapshot writes of this process running behind their readers, by (storage URL, snapshots prefix).
+_writing: dict[tuple[str, str], Future[object]] = {}
+_writing_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +97,59 @@ class SnapshotStore:
         #: Parts and the marker offset they are sealed through, per buffer (kept with the buffer).
         self.parts: list[PartRef] = []
         self.sealed_through = -1
+        self._listed: list[int] | None = None  # a listing of the finals made ahead (list_ahead), used once
+        self._pending: Future[object] | None = None  # a write behind a reader (write_behind)
 
     def finals(self) -> list[int]:
+        """The positions of the final objects listed now, after any write of this process in flight to this
+        partition's snapshots has finished (:meth:`write_behind`): a process sees its own snapshots."""
+        with _writing_lock:
+            pending = _writing.get((self.storage.url, self.prefix))
+        if pending is not None:
+            wait([pending])
+        return self._list_finals()
+
+    def _list_finals(self) -> list[int]:
         return [int(name) for name in paths.slot_names(self.storage.list(self.prefix))]
+
+    def writing(self) -> bool:
+        """Whether a write this store began behind a reader (:meth:`write_behind`) is still running."""
+        return self._pending is not None and not self._pending.done()
+
+    def write_behind(self, buffer: TxnBuffer, log_start: int, write: Callable[[TxnBuffer], object]) -> None:
+        """Run ``write(copy)`` on a copy of ``buffer`` on the shared pool, so that the reader that took the
+        snapshot goes on delivering (PROTOCOL.md "Snapshots": a reader writes nothing on the path to its
+        records). The buffer's counters restart now; one such write runs at a time per store (:meth:`due`
+        says no meanwhile), and this process's next listing of the finals waits for it (:meth:`finals`)."""
+        copy = buffer.copy()
+        copy.ended_since_snapshot, copy.entries_since_snapshot = (
+            buffer.ended_since_snapshot,
+            buffer.entries_since_snapshot,
+        )
+        buffer.ended_since_snapshot = 0
+        buffer.entries_since_snapshot = 0
+        key = (self.storage.url, self.prefix)
+        pending = submit(write, copy)
+        self._pending = pending
+        with _writing_lock:
+            _writing[key] = pending
+
+        def forget(done: Future[object]) -> None:
+            with _writing_lock:
+                if _writing.get(key) is done:
+                    del _writing[key]
+
+        pending.add_done_callback(forget)
+
+    def list_ahead(self) -> None:
+        """List the final objects now for the next :meth:`load_latest` (a reader's open lists them in the
+        same round as its log start and segments)."""
+        self._listed = self.finals()
 
     # --- write ----------------------------------------------------------------------------------
 
     def due(self, buffer: TxnBuffer, now_ms: int | None = None) -> bool:
-        if buffer.position <= self.last_position:
+        if buffer.position <= self.last_position or self.writing():
             return False
         if (
             buffer.ended_since_snapshot >= SNAPSHOT_EVERY_TXNS
@@ -169,7 +222,7 @@ class SnapshotStore:
         return buffer.position
 
     def _cleanup(self) -> None:
-        finals = self.finals()
+        finals = self._list_finals()
         for pos in finals[:-SNAPSHOTS_KEPT]:
             self.storage.delete(self.prefix + paths.slot_name(pos))
         keep: set[str] = set()
@@ -191,7 +244,8 @@ class SnapshotStore:
     def load_latest(self, where: str = "", *, at_most: int | None = None) -> TxnBuffer | None:
         """The newest valid snapshot (at a position of at most ``at_most`` when given) as a buffer, or None
         (then replay from the log start)."""
-        for pos in reversed(self.finals()):
+        listed, self._listed = self._listed, None
+        for pos in reversed(listed if listed is not None else self.finals()):
             if at_most is not None and pos > at_most:
                 continue
             try:

@@ -66,10 +66,20 @@ class PartitionState:
         self.damage: DamagedEntryError | None = None
         self._not_hole: tuple[int, float] | None = None  # (slot, when) a full scan found the log end there
         self._buffer: TxnBuffer | None = None
+        self._listed = False  # open_listings() ran (a first load lists everything it needs in one round)
         self.decisions: dict[TxnId, bool] = {}
         self.snapshot_position = 0
         #: header scans of the tail read ahead (a cold open with no snapshot reads every header)
         self.headers = HeaderReadAhead(log)
+
+    def open_listings(self) -> None:
+        """List what opening this state and reading from it needs, in one round: the log start, the
+        segments, the loose entries (a hint) and the snapshots (:meth:`PartitionLog.open_listings`)."""
+        self._listed = True
+        if self._buffer is None:
+            self.log.open_listings(self.snapshots.list_ahead)
+        else:
+            self.log.open_listings()
 
     @property
     def buffer(self) -> TxnBuffer:
@@ -78,6 +88,8 @@ class PartitionState:
         return self._buffer
 
     def _load(self, at_most: int | None = None) -> TxnBuffer:
+        if not self._listed:
+            self.open_listings()  # a first load: its listings in one round
         start = self.log.log_start()
         buffer = self.snapshots.load_latest(self.log.path, at_most=at_most)
         if buffer is None or buffer.position < start.offset:
@@ -131,7 +143,7 @@ class PartitionState:
                 warn_skipped(lost)
             self.apply(buffer.slot, header, HEADER_SIZE + header.payload_len, lost)
             n += 1
-        self.maybe_snapshot()
+        self.maybe_snapshot(behind=True)  # its caller has the scan's answer while the snapshot is written
         return n
 
     def next_entry(self, read: Callable[[int], EntryHeader]) -> tuple[EntryHeader, LostEntry | None] | None:
@@ -159,14 +171,29 @@ class PartitionState:
             self.damage = exc
         return lost
 
-    def maybe_snapshot(self) -> None:
+    def maybe_snapshot(self, *, behind: bool = False) -> None:
+        """Write a buffer snapshot if one is due (PROTOCOL.md "Snapshots"); skipped on a read-only store.
+        ``behind``: on the shared pool from a copy of the buffer, so that a reader that has just delivered
+        never waits for it (:meth:`SnapshotStore.write_behind`)."""
         if self._buffer is not None and self._buffer.skipped_unmarked:
             return  # this reader's choice to skip damage is its own: never handed on in a snapshot
-        if self.write_snapshots and self._buffer is not None and self.snapshots.due(self._buffer):
-            buffer = self._buffer
-            opportunistic(
-                self.log.storage, "buffer snapshot", lambda: self.snapshots.write(buffer, self.log.log_start().offset)
-            )
+        storage = self.log.storage
+        if (
+            self.write_snapshots
+            and self._buffer is not None
+            and not storage.read_only
+            and self.snapshots.due(self._buffer)
+        ):
+            buffer, start = self._buffer, self.log.log_start().offset
+            snapshots = self.snapshots
+            if behind:
+                snapshots.write_behind(
+                    buffer,
+                    start,
+                    lambda copy: opportunistic(storage, "buffer snapshot", lambda: snapshots.write(copy, start)),
+                )
+            else:
+                opportunistic(storage, "buffer snapshot", lambda: snapshots.write(buffer, start))
 
     # --- decisions ------------------------------------------------------------------------------
 

@@ -25,6 +25,10 @@ from txn_core.errors import (
 )
 
 Chunks = Sequence[bytes | bytearray | memoryview]
+#: Names in one page of an object store's listing (S3's and GCS's most; Azure's is 5,000).
+LIST_PAGE = 1000
+#: :meth:`Storage.list_page`'s answer: the names of one page, and whether they are all of them.
+ListPage = tuple[list[str], bool]
 _log = logging.getLogger("txnlog.storage")
 
 
@@ -89,6 +93,14 @@ class Storage(abc.ABC):
 
         Sub-prefixes are returned with a trailing ``/``. A missing prefix lists as empty.
         """
+
+    def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
+        """The first ``limit`` direct children of ``prefix`` as :meth:`list` names them, and whether they are
+        all of them; one request on an object store that pages its listings (a LIST page holds 1,000 names).
+        None when the store cannot stop after one page (then only :meth:`list`, every page, is available).
+        The default lists everything: a local directory or memory pays no round trip per page."""
+        names = self.list(prefix)
+        return names[:limit], len(names) <= limit
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:
@@ -175,6 +187,11 @@ class DelegatingStorage(Storage):
 
     def list(self, prefix: str) -> list[str]:
         return self.inner.list(prefix)
+
+    def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
+        if type(self).list is not DelegatingStorage.list:
+            return super().list_page(prefix, limit)  # a wrapper that sees listings sees this one too
+        return self.inner.list_page(prefix, limit)
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)

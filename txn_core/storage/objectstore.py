@@ -30,7 +30,7 @@ from txn_core.errors import (
     StoragePermissionError,
     UnknownOutcomeError,
 )
-from txn_core.storage.base import Chunks, Storage
+from txn_core.storage.base import LIST_PAGE, Chunks, ListPage, Storage
 from txn_core.storage.hints import causes, hint
 
 _RETRY_CODES = {
@@ -252,6 +252,9 @@ class ObjectStoreStorage(Storage):
                 continue
             out.append(name + "/" if e.get("type") == "directory" else name)
         return sorted(set(out))
+
+    def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
+        return None  # fsspec's listings read every page before they answer
 
     def delete(self, key: str) -> None:
         try:

@@ -45,7 +45,7 @@ from txn_core.errors import (
     StoragePermissionError,
     UnknownOutcomeError,
 )
-from txn_core.storage.base import Chunks, Storage
+from txn_core.storage.base import LIST_PAGE, Chunks, ListPage, Storage
 from txn_core.storage.hints import hint
 
 #: s3fs options that configure only fsspec's own caching: meaningless for obstore, accepted and ignored.
@@ -358,6 +358,29 @@ class ObstoreS3Storage(Storage):
         out.discard("")
         out.discard("/")
         return sorted(out)
+
+    def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
+        """One LIST request: the first page of keys under ``prefix`` (a listing without a delimiter, so a
+        sub-prefix's objects take room in the page: its names then cover fewer than ``limit`` children)."""
+        import obstore
+        from obstore import exceptions as ox
+
+        base = self._path(prefix).rstrip("/")
+        try:
+            page = next(iter(obstore.list(self.store, base + "/" if base else None, chunk_size=limit)), [])
+        except (ox.NotFoundError, FileNotFoundError):
+            return [], True
+        except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
+            raise self._refused(f"list {prefix or 'the log'}", exc) from exc
+        except Exception as exc:
+            raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
+        skip = len(base) + 1 if base else 0
+        out: set[str] = set()
+        for o in page:
+            head, sep, _ = str(o["path"])[skip:].partition("/")
+            if head:
+                out.add(head + sep)
+        return sorted(out), len(page) < limit
 
     def delete(self, key: str) -> None:
         import obstore

@@ -37,8 +37,11 @@ R = TypeVar("R")
 
 #: Upper bound on requests in flight from one process through the shared pool.
 MAX_WORKERS = 32
-#: Upper bound on leaf requests in flight from one process.
-MAX_LEAF_WORKERS = 64
+#: Upper bound on leaf requests in flight from one process: a fresh consumer of a few partitions reads every
+#: entry their listings show at once (PROTOCOL.md "Reading"), and a reader's depth reaches 64 per partition.
+#: Threads start only as requests need them (an idle pool holds none past its peak), and each one waiting
+#: on a store holds no GIL.
+MAX_LEAF_WORKERS = 128
 
 _pools: dict[str, ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from txn_core.logs import get_logger
-from txn_core.storage.base import Chunks, DelegatingStorage
+from txn_core.storage.base import LIST_PAGE, Chunks, DelegatingStorage, ListPage
 
 logger = get_logger("txnlog.storage.requests")
 T = TypeVar("T")
@@ -59,6 +59,9 @@ class RequestLoggingStorage(DelegatingStorage):
 
     def list(self, prefix: str) -> list[str]:
         return self._timed("list", prefix, lambda: self.inner.list(prefix))
+
+    def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
+        return self._timed("list", prefix, lambda: self.inner.list_page(prefix, limit))
 
     def delete(self, key: str) -> None:
         self._timed("delete", key, lambda: self.inner.delete(key))
