@@ -6,6 +6,7 @@ import difflib
 import inspect
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +23,9 @@ from txn_core.storage.guarded import WriteCheckedStorage
 from txn_core.storage.local import LocalStorage
 from txn_core.storage.memory import MemoryStorage
 from txn_core.storage.objectstore import ObjectStoreStorage
+from txn_core.storage.obstore_azure import ObstoreAzureStorage, azure_obstore_config
 from txn_core.storage.obstore_s3 import ObstoreS3Storage, obstore_available, obstore_config
+from txn_core.storage.obstore_store import ObstoreStorage
 from txn_core.storage.urls import redact_url
 
 SELFTEST_PREFIX = "_txnlog/selftest/"
@@ -82,36 +85,84 @@ CLIENTS = ("auto", "obstore", "fsspec")
 
 
 def _object_store(url: str, protocol: str, root: str, options: dict[str, Any]) -> Storage:
-    """S3 through obstore when its options allow (one round trip per request), else fsspec; see
-    :mod:`txn_core.storage.obstore_s3`. ``client`` (``auto``/``obstore``/``fsspec``) forces a choice."""
+    """S3 and Azure through obstore when their options allow (one round trip per request, bounded retries), else
+    fsspec (s3fs, adlfs; GCS always gcsfs); see :mod:`txn_core.storage.obstore_s3` and
+    :mod:`txn_core.storage.obstore_azure`. ``client`` (``auto``/``obstore``/``fsspec``) forces a choice."""
     client = str(options.pop("client", "auto")).lower()
     if client not in CLIENTS:
         raise ConfigurationError(
-            f"storage option client={client!r} is not one of {list(CLIENTS)}: 'obstore' (S3 only, one round "
+            f"storage option client={client!r} is not one of {list(CLIENTS)}: 'obstore' (S3 and Azure, one round "
             "trip per request), 'fsspec' (s3fs, gcsfs, adlfs) or 'auto' (obstore where it applies)"
         )
     if protocol == "s3":
         _check_client_kwargs(options)
         _type_config_kwargs(options)
-    if protocol == "s3" and client != "fsspec":
-        kwargs = obstore_config(options)
+    elif protocol in _FSSPEC_CLASSES:
+        _check_fsspec_options(protocol, options)
+    bucket, _, prefix = root.partition("/")
+    through = _OBSTORE.get(protocol)
+    if through is not None and client != "fsspec":
+        config, storage_class, takes = through
+        kwargs = config(options)
         if kwargs is not None and obstore_available():
-            bucket, _, prefix = root.partition("/")
-            return ObstoreS3Storage(url, bucket, prefix, kwargs)
+            return storage_class(url, bucket, prefix, kwargs)
         if client == "obstore":
             raise ConfigurationError(
-                f"storage option client='obstore' cannot be used with the options {sorted(options)} or with "
-                "credentials from an AWS profile (AWS_PROFILE, ~/.aws/credentials): obstore takes key, secret, "
-                "token, anon, endpoint_url and client_kwargs.endpoint_url/region_name (profiles and other s3fs "
-                "settings need client='fsspec')"
+                f"storage option client='obstore' cannot be used with the options {sorted(options)}{takes}"
             )
     elif client == "obstore":
         raise ConfigurationError(
-            f"storage option client='obstore' applies to s3:// URLs only; {url} is served by fsspec"
+            f"storage option client='obstore' applies to s3:// and abfs:// URLs only; {url} is served by fsspec"
         )
     if protocol == "s3":
         _check_s3fs_options(options)
     return ObjectStoreStorage(url, protocol, root, options)
+
+
+#: The stores obstore serves: how options translate (None: they cannot), the storage class, and what the
+#: message of ``client='obstore'`` with options it cannot take says obstore takes.
+_OBSTORE: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any] | None], type[ObstoreStorage], str]] = {
+    "s3": (
+        obstore_config,
+        ObstoreS3Storage,
+        " or with credentials from an AWS profile (AWS_PROFILE, ~/.aws/credentials): obstore takes key, secret, "
+        "token, anon, endpoint_url and client_kwargs.endpoint_url/region_name (profiles and other s3fs settings "
+        "need client='fsspec')",
+    ),
+    "abfs": (
+        azure_obstore_config,
+        ObstoreAzureStorage,
+        ": obstore takes connection_string, account_name with account_key or sas_token, "
+        "client_id/client_secret/tenant_id, anon=true and account_host (credentials from the environment and "
+        "other adlfs settings need client='fsspec')",
+    ),
+}
+
+#: The fsspec filesystem class of each store whose options are checked against its signature, and how the
+#: store is named in the message.
+_FSSPEC_CLASSES = {"gs": ("gcsfs.core", "GCSFileSystem", "GCS"), "abfs": ("adlfs", "AzureBlobFileSystem", "Azure")}
+#: Options every fsspec filesystem takes beside its own parameters (its instance and listings caches).
+_FSSPEC_PASSED_ON = frozenset(
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache", "asynchronous", "loop"}
+)
+
+
+def _check_fsspec_options(protocol: str, options: dict[str, Any]) -> None:
+    """Refuse an option gcsfs or adlfs does not take, naming the closest one: both accept any keyword and drop
+    what they do not know, so a misspelled ``endpoint`` (for ``endpoint_url``) went silently to the cloud's own
+    endpoint (and, for GCS, to its credentials lookup)."""
+    import importlib
+
+    module, name, store = _FSSPEC_CLASSES[protocol]
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        extra = "gcs" if protocol == "gs" else "azure"
+        raise ConfigurationError(
+            f"{protocol}:// needs {module.partition('.')[0]}: pip install 'txnlog[{extra}]'"
+        ) from exc
+    known = {n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "kwargs")}
+    _refuse_unknown(options, known | _FSSPEC_PASSED_ON, "", store + " takes {known}", store=store)
 
 
 #: Options s3fs hands on to fsspec's instance cache and to its aiobotocore session, beside its own parameters.
@@ -212,7 +263,7 @@ def _number(value: object, name: str, kind: type[float] | type[int]) -> Any:
         raise ConfigurationError(f"storage option {name} must be a number, got {value!r}") from exc
 
 
-def _refuse_unknown(given: dict[str, Any], known: set[str], prefix: str, takes: str) -> None:
+def _refuse_unknown(given: dict[str, Any], known: set[str], prefix: str, takes: str, store: str = "S3") -> None:
     """:class:`ConfigurationError` naming each of ``given``'s keys not in ``known`` with the closest known one."""
     unknown = sorted(str(n) for n in given if n not in known)
     if unknown:
@@ -223,7 +274,7 @@ def _refuse_unknown(given: dict[str, Any], known: set[str], prefix: str, takes: 
             for n in unknown
         ]
         takes = takes.format(known=", ".join(sorted(known)))
-        raise ConfigurationError(f"unknown S3 storage option(s) {', '.join(hints)}; {takes}")
+        raise ConfigurationError(f"unknown {store} storage option(s) {', '.join(hints)}; {takes}")
 
 
 def self_test_storage(storage: Storage) -> None:
