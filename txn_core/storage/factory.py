@@ -66,7 +66,7 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
         root = (parts.netloc + parts.path).strip("/")
         if not parts.netloc:
             raise ConfigurationError(f"log URL {redact_url(url)!r} has no bucket: use {scheme}://BUCKET/PREFIX")
-        protocol = {"s3a": "s3", "gcs": "gs", "abfss": "abfs"}.get(scheme, scheme)
+        protocol = {"s3a": "s3", "gcs": "gs", "abfss": "abfs", "az": "abfs"}.get(scheme, scheme)
         storage = _object_store(redact_url(url), protocol, root, dict(storage_options or {}))
     else:
         raise ConfigurationError(
@@ -277,6 +277,38 @@ def _refuse_unknown(given: dict[str, Any], known: set[str], prefix: str, takes: 
         raise ConfigurationError(f"unknown {store} storage option(s) {', '.join(hints)}; {takes}")
 
 
+#: Per URL scheme: the conditional write a create-if-absent is, and what makes the client send it.
+_CONDITIONAL = {
+    "s3": (
+        "If-None-Match: *",
+        "for S3 make sure s3fs >= 2025.7.0 and botocore > 1.35.20 are installed (or use obstore, the default).",
+    ),
+    "gs": (
+        "ifGenerationMatch=0",
+        "for GCS make sure gcsfs >= 2025.7.0 is installed (it sends ifGenerationMatch=0 on pipe_file(..., "
+        "mode='create')); an emulator must honour it (fake-gcs-server >= 1.54 does on uploads under 50 MB).",
+    ),
+    "abfs": (
+        "If-None-Match: *",
+        "for Azure use obstore (the default with credentials among the options) or adlfs >= 2025.7.0 (which sends "
+        "If-None-Match: * for pipe_file(..., mode='create'), upload_blob(overwrite=False)).",
+    ),
+}
+
+
+def _scheme(url: str) -> str:
+    scheme = urlsplit(url).scheme.lower()
+    return {"s3a": "s3", "gcs": "gs", "abfss": "abfs", "az": "abfs"}.get(scheme, scheme)
+
+
+def _conditional_write(url: str) -> str:
+    return _CONDITIONAL.get(_scheme(url), ("a create-if-absent", ""))[0]
+
+
+def _conditional_client(url: str) -> str:
+    return _CONDITIONAL.get(_scheme(url), ("", "make sure the store and its client support a create-if-absent."))[1]
+
+
 def self_test_storage(storage: Storage) -> None:
     """Refuse a backend that silently overwrites: a second create of one key must fail.
 
@@ -305,9 +337,9 @@ def self_test_storage(storage: Storage) -> None:
         else:
             raise StorageContractError(
                 f"{storage.describe()} silently overwrote an existing object on a create-if-absent: this "
-                "backend does not honour conditional writes (If-None-Match: *), so txnlog cannot coordinate "
-                "on it. Use a store that does (AWS S3, GCS, Azure Blob, MinIO, SeaweedFS, local disk); for "
-                "S3 make sure s3fs >= 2025.7.0 and botocore > 1.35.20 are installed."
+                f"backend does not honour conditional writes ({_conditional_write(storage.url)}), so txnlog cannot "
+                "coordinate on it. Use a store that does (AWS S3, GCS, Azure Blob, MinIO, SeaweedFS, local disk); "
+                f"{_conditional_client(storage.url)}"
             )
         if storage.read(key) != first:
             raise StorageContractError(
