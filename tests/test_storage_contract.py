@@ -1,5 +1,6 @@
 """The storage contract, proven the same way on every backend (local disk, memory, moto, SeaweedFS; S3 through
-obstore and through s3fs)."""
+obstore and through s3fs; GCS on fake-gcs-server through gcsfs; Azure Blob on Azurite through obstore and
+through adlfs)."""
 
 from __future__ import annotations
 
@@ -35,11 +36,14 @@ from txn_core.storage.objectstore import ObjectStoreStorage, classify_write_erro
         "moto-fsspec",
         pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
         pytest.param("seaweedfs-fsspec", marks=pytest.mark.seaweedfs),
+        pytest.param("gcs", marks=pytest.mark.gcs),
+        pytest.param("azure", marks=pytest.mark.azure),
+        pytest.param("azure-fsspec", marks=pytest.mark.azure),
     ]
 )
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    """Every backend; S3 through both clients (obstore by default, s3fs with ``client='fsspec'``); local disk
-    also through named temporary files (filesystems without ``O_TMPFILE``)."""
+    """Every backend; S3 and Azure through both clients (obstore by default, s3fs or adlfs with
+    ``client='fsspec'``); local disk also through named temporary files (filesystems without ``O_TMPFILE``)."""
     backend, _, client = str(request.param).partition("-")
     location = make_location(backend, request, tmp_path)
     if client == "named":
@@ -48,7 +52,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
         return storage
     options = location.storage_options
     if client:
-        assert options is not None  # an S3 server's endpoint and keys
+        assert options is not None  # a server's endpoint and keys
         options = {**options, "client": client}
     return open_storage(location.url, options)
 

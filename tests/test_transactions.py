@@ -13,7 +13,7 @@ from fakeclock import FakeClock
 from raw_entries import append_data
 
 import txn_core
-from conftest import make_location
+from conftest import EMULATED, make_location
 from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
 from txn_core.format.states import (
     CLIENT_TRANSITIONS,
@@ -33,12 +33,13 @@ def clock() -> FakeClock:
     return FakeClock(1_800_000_000_000)
 
 
-#: Where the transaction suite runs: on memory by default, on a real S3 server (SeaweedFS) in its tier, and
-#: on that server behind 25 ms of added round-trip time in the latency tier (where overlapped requests and
-#: read-ahead really overlap, and every request answers late).
+#: Where the transaction suite runs: on memory by default, on a real S3 server (SeaweedFS) in its tier, on the
+#: GCS and Azure emulators in theirs, and on SeaweedFS behind 25 ms of added round-trip time in the latency
+#: tier (where overlapped requests and read-ahead really overlap, and every request answers late).
 STORES = [
     "memory",
     pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
+    *EMULATED,
     pytest.param("latency", marks=pytest.mark.latency),
 ]
 

@@ -165,3 +165,45 @@ def reader_until(url: str, options: dict[str, Any] | None, topic: str, stop_file
     while (got := c.poll()).num_rows:
         seen.extend(got.column("id").to_pylist())
     return seen
+
+
+#: ids per transaction of :func:`journaled_writer`; a transaction's ids are ``base .. base + JOURNAL_ROWS - 1``
+JOURNAL_ROWS = 6
+
+
+def journaled_writer(
+    url: str, options: dict[str, Any] | None, topic: str, tid: str, base: int, journal: str, pause_s: float = 0.0
+) -> None:
+    """Transactions back to back under ``tid`` until killed or fenced, each of :data:`JOURNAL_ROWS` ids from
+    ``base`` on, spread over every partition; after each commit returns, ``committed <first id>`` is appended to
+    ``journal`` (fsynced), so a process killed between its commit point and that line leaves a committed
+    transaction unjournaled. Fenced (a newer process took ``tid`` over), it journals ``fenced`` and returns.
+    ``pause_s`` between transactions: writers appending to the same partitions back to back on a store answering
+    in 50 ms starve one another (the loser of a slot reads back and probes before its next try, while the
+    winner, knowing its tail, appends at once), which is a test of fairness, not of what this one checks."""
+    import txn_core
+    from txn_core.errors import ProducerFencedError
+
+    log = txn_core.open_log(url, options)
+    parts = log.topics.get(topic).partitions
+    producer = log.producer(tid, transaction_timeout_ms=60_000)
+    producer.init_transactions()
+    with open(journal, "a") as out:
+        out.write("ready\n")
+        out.flush()
+        for first in range(base, base + 10_000_000, JOURNAL_ROWS):
+            ids = list(range(first, first + JOURNAL_ROWS))
+            try:
+                producer.begin_transaction()
+                for part in range(parts):
+                    chunk = [i for i in ids if i % parts == part]
+                    producer.send(topic, pa.table({"id": chunk, "worker": [base] * len(chunk)}), partition=part)
+                producer.commit_transaction()
+            except ProducerFencedError:
+                out.write("fenced\n")
+                out.flush()
+                return
+            out.write(f"committed {first}\n")
+            out.flush()
+            os.fsync(out.fileno())
+            time.sleep(pause_s)

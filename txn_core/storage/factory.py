@@ -6,6 +6,7 @@ import difflib
 import inspect
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +23,9 @@ from txn_core.storage.guarded import WriteCheckedStorage
 from txn_core.storage.local import LocalStorage
 from txn_core.storage.memory import MemoryStorage
 from txn_core.storage.objectstore import ObjectStoreStorage
+from txn_core.storage.obstore_azure import ObstoreAzureStorage, azure_obstore_config
 from txn_core.storage.obstore_s3 import ObstoreS3Storage, obstore_available, obstore_config
+from txn_core.storage.obstore_store import ObstoreStorage
 from txn_core.storage.urls import redact_url
 
 SELFTEST_PREFIX = "_txnlog/selftest/"
@@ -63,7 +66,7 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
         root = (parts.netloc + parts.path).strip("/")
         if not parts.netloc:
             raise ConfigurationError(f"log URL {redact_url(url)!r} has no bucket: use {scheme}://BUCKET/PREFIX")
-        protocol = {"s3a": "s3", "gcs": "gs", "abfss": "abfs"}.get(scheme, scheme)
+        protocol = {"s3a": "s3", "gcs": "gs", "abfss": "abfs", "az": "abfs"}.get(scheme, scheme)
         storage = _object_store(redact_url(url), protocol, root, dict(storage_options or {}))
     else:
         raise ConfigurationError(
@@ -82,36 +85,84 @@ CLIENTS = ("auto", "obstore", "fsspec")
 
 
 def _object_store(url: str, protocol: str, root: str, options: dict[str, Any]) -> Storage:
-    """S3 through obstore when its options allow (one round trip per request), else fsspec; see
-    :mod:`txn_core.storage.obstore_s3`. ``client`` (``auto``/``obstore``/``fsspec``) forces a choice."""
+    """S3 and Azure through obstore when their options allow (one round trip per request, bounded retries), else
+    fsspec (s3fs, adlfs; GCS always gcsfs); see :mod:`txn_core.storage.obstore_s3` and
+    :mod:`txn_core.storage.obstore_azure`. ``client`` (``auto``/``obstore``/``fsspec``) forces a choice."""
     client = str(options.pop("client", "auto")).lower()
     if client not in CLIENTS:
         raise ConfigurationError(
-            f"storage option client={client!r} is not one of {list(CLIENTS)}: 'obstore' (S3 only, one round "
+            f"storage option client={client!r} is not one of {list(CLIENTS)}: 'obstore' (S3 and Azure, one round "
             "trip per request), 'fsspec' (s3fs, gcsfs, adlfs) or 'auto' (obstore where it applies)"
         )
     if protocol == "s3":
         _check_client_kwargs(options)
         _type_config_kwargs(options)
-    if protocol == "s3" and client != "fsspec":
-        kwargs = obstore_config(options)
+    elif protocol in _FSSPEC_CLASSES:
+        _check_fsspec_options(protocol, options)
+    bucket, _, prefix = root.partition("/")
+    through = _OBSTORE.get(protocol)
+    if through is not None and client != "fsspec":
+        config, storage_class, takes = through
+        kwargs = config(options)
         if kwargs is not None and obstore_available():
-            bucket, _, prefix = root.partition("/")
-            return ObstoreS3Storage(url, bucket, prefix, kwargs)
+            return storage_class(url, bucket, prefix, kwargs)
         if client == "obstore":
             raise ConfigurationError(
-                f"storage option client='obstore' cannot be used with the options {sorted(options)} or with "
-                "credentials from an AWS profile (AWS_PROFILE, ~/.aws/credentials): obstore takes key, secret, "
-                "token, anon, endpoint_url and client_kwargs.endpoint_url/region_name (profiles and other s3fs "
-                "settings need client='fsspec')"
+                f"storage option client='obstore' cannot be used with the options {sorted(options)}{takes}"
             )
     elif client == "obstore":
         raise ConfigurationError(
-            f"storage option client='obstore' applies to s3:// URLs only; {url} is served by fsspec"
+            f"storage option client='obstore' applies to s3:// and abfs:// URLs only; {url} is served by fsspec"
         )
     if protocol == "s3":
         _check_s3fs_options(options)
     return ObjectStoreStorage(url, protocol, root, options)
+
+
+#: The stores obstore serves: how options translate (None: they cannot), the storage class, and what the
+#: message of ``client='obstore'`` with options it cannot take says obstore takes.
+_OBSTORE: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any] | None], type[ObstoreStorage], str]] = {
+    "s3": (
+        obstore_config,
+        ObstoreS3Storage,
+        " or with credentials from an AWS profile (AWS_PROFILE, ~/.aws/credentials): obstore takes key, secret, "
+        "token, anon, endpoint_url and client_kwargs.endpoint_url/region_name (profiles and other s3fs settings "
+        "need client='fsspec')",
+    ),
+    "abfs": (
+        azure_obstore_config,
+        ObstoreAzureStorage,
+        ": obstore takes connection_string, account_name with account_key or sas_token, "
+        "client_id/client_secret/tenant_id, anon=true and account_host (credentials from the environment and "
+        "other adlfs settings need client='fsspec')",
+    ),
+}
+
+#: The fsspec filesystem class of each store whose options are checked against its signature, and how the
+#: store is named in the message.
+_FSSPEC_CLASSES = {"gs": ("gcsfs.core", "GCSFileSystem", "GCS"), "abfs": ("adlfs", "AzureBlobFileSystem", "Azure")}
+#: Options every fsspec filesystem takes beside its own parameters (its instance and listings caches).
+_FSSPEC_PASSED_ON = frozenset(
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache", "asynchronous", "loop"}
+)
+
+
+def _check_fsspec_options(protocol: str, options: dict[str, Any]) -> None:
+    """Refuse an option gcsfs or adlfs does not take, naming the closest one: both accept any keyword and drop
+    what they do not know, so a misspelled ``endpoint`` (for ``endpoint_url``) went silently to the cloud's own
+    endpoint (and, for GCS, to its credentials lookup)."""
+    import importlib
+
+    module, name, store = _FSSPEC_CLASSES[protocol]
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        extra = "gcs" if protocol == "gs" else "azure"
+        raise ConfigurationError(
+            f"{protocol}:// needs {module.partition('.')[0]}: pip install 'txnlog[{extra}]'"
+        ) from exc
+    known = {n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "kwargs")}
+    _refuse_unknown(options, known | _FSSPEC_PASSED_ON, "", store + " takes {known}", store=store)
 
 
 #: Options s3fs hands on to fsspec's instance cache and to its aiobotocore session, beside its own parameters.
@@ -212,7 +263,7 @@ def _number(value: object, name: str, kind: type[float] | type[int]) -> Any:
         raise ConfigurationError(f"storage option {name} must be a number, got {value!r}") from exc
 
 
-def _refuse_unknown(given: dict[str, Any], known: set[str], prefix: str, takes: str) -> None:
+def _refuse_unknown(given: dict[str, Any], known: set[str], prefix: str, takes: str, store: str = "S3") -> None:
     """:class:`ConfigurationError` naming each of ``given``'s keys not in ``known`` with the closest known one."""
     unknown = sorted(str(n) for n in given if n not in known)
     if unknown:
@@ -223,7 +274,39 @@ def _refuse_unknown(given: dict[str, Any], known: set[str], prefix: str, takes: 
             for n in unknown
         ]
         takes = takes.format(known=", ".join(sorted(known)))
-        raise ConfigurationError(f"unknown S3 storage option(s) {', '.join(hints)}; {takes}")
+        raise ConfigurationError(f"unknown {store} storage option(s) {', '.join(hints)}; {takes}")
+
+
+#: Per URL scheme: the conditional write a create-if-absent is, and what makes the client send it.
+_CONDITIONAL = {
+    "s3": (
+        "If-None-Match: *",
+        "for S3 make sure s3fs >= 2025.7.0 and botocore > 1.35.20 are installed (or use obstore, the default).",
+    ),
+    "gs": (
+        "ifGenerationMatch=0",
+        "for GCS make sure gcsfs >= 2025.7.0 is installed (it sends ifGenerationMatch=0 on pipe_file(..., "
+        "mode='create')); an emulator must honour it (fake-gcs-server >= 1.54 does on uploads under 50 MB).",
+    ),
+    "abfs": (
+        "If-None-Match: *",
+        "for Azure use obstore (the default with credentials among the options) or adlfs >= 2025.7.0 (which sends "
+        "If-None-Match: * for pipe_file(..., mode='create'), upload_blob(overwrite=False)).",
+    ),
+}
+
+
+def _scheme(url: str) -> str:
+    scheme = urlsplit(url).scheme.lower()
+    return {"s3a": "s3", "gcs": "gs", "abfss": "abfs", "az": "abfs"}.get(scheme, scheme)
+
+
+def _conditional_write(url: str) -> str:
+    return _CONDITIONAL.get(_scheme(url), ("a create-if-absent", ""))[0]
+
+
+def _conditional_client(url: str) -> str:
+    return _CONDITIONAL.get(_scheme(url), ("", "make sure the store and its client support a create-if-absent."))[1]
 
 
 def self_test_storage(storage: Storage) -> None:
@@ -254,9 +337,9 @@ def self_test_storage(storage: Storage) -> None:
         else:
             raise StorageContractError(
                 f"{storage.describe()} silently overwrote an existing object on a create-if-absent: this "
-                "backend does not honour conditional writes (If-None-Match: *), so txnlog cannot coordinate "
-                "on it. Use a store that does (AWS S3, GCS, Azure Blob, MinIO, SeaweedFS, local disk); for "
-                "S3 make sure s3fs >= 2025.7.0 and botocore > 1.35.20 are installed."
+                f"backend does not honour conditional writes ({_conditional_write(storage.url)}), so txnlog cannot "
+                "coordinate on it. Use a store that does (AWS S3, GCS, Azure Blob, MinIO, SeaweedFS, local disk); "
+                f"{_conditional_client(storage.url)}"
             )
         if storage.read(key) != first:
             raise StorageContractError(

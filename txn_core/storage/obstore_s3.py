@@ -15,54 +15,16 @@ object_store does not read, keep s3fs unless keys are given. Options win over th
 s3fs: an endpoint given as an option is used whatever ``AWS_ENDPOINT_URL_S3`` says, and keys given as
 options are used alone (no session token or other credential from the environment is mixed in).
 
-Errors are classified by exception type, never by message text:
-
-* ``AlreadyExistsError`` / ``PreconditionError`` on a create -> :class:`ObjectExistsError`
-* ``NotFoundError`` (raised as ``FileNotFoundError``) -> :class:`ObjectNotFoundError` (reads), absent (exists, delete)
-* ``PermissionDeniedError`` / ``UnauthenticatedError`` -> :class:`StoragePermissionError`
-* ``NotFoundError`` on a create (the bucket does not exist) -> :class:`StorageError`: nothing was written
-* anything else on a create -> :class:`UnknownOutcomeError` (resolved by reading back; object_store has
-  already retried 5xx, throttling and connection errors with backoff); on a read -> :class:`StorageError`
-
-Messages put a hint first where the error shows a setup mistake (:mod:`txn_core.storage.hints`: a missing
-bucket, rejected credentials, no answer at the endpoint).
-
-The store object is built lazily in each process (never pickled, rebuilt after a fork: a forked child
-inherits no runtime threads).
+The operations and their error classification are :mod:`txn_core.storage.obstore_store`'s.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from datetime import timedelta
 from typing import Any
 
-from txn_core.errors import (
-    ObjectExistsError,
-    ObjectNotFoundError,
-    StorageError,
-    StoragePermissionError,
-    UnknownOutcomeError,
-)
-from txn_core.storage.base import LIST_PAGE, Chunks, ListPage, Storage
-from txn_core.storage.hints import hint
-
-#: s3fs options that configure only fsspec's own caching: meaningless for obstore, accepted and ignored.
-_IGNORED = frozenset(
-    {
-        "use_listings_cache",
-        "skip_instance_cache",
-        "listings_expiry_time",
-        "max_paths",
-        "default_block_size",
-        "default_fill_cache",
-        "default_cache_type",
-        "asynchronous",
-        "loop",
-        "client",
-    }
-)
+from txn_core.storage.obstore_store import FSSPEC_ONLY, ObstoreStorage
 
 
 def obstore_config(options: dict[str, Any]) -> dict[str, Any] | None:
@@ -72,7 +34,7 @@ def obstore_config(options: dict[str, Any]) -> dict[str, Any] | None:
     client: dict[str, Any] = {}
     retry: dict[str, Any] = {}
     for name, value in options.items():
-        if name in _IGNORED:
+        if name in FSSPEC_ONLY:
             continue
         if name == "key":
             config["access_key_id"] = value
@@ -196,201 +158,27 @@ def obstore_available() -> bool:
     return True
 
 
-class ObstoreS3Storage(Storage):
+class ObstoreS3Storage(ObstoreStorage):
     """A log rooted at ``bucket/prefix`` on S3 (or an S3-compatible server), through obstore."""
 
-    def __init__(self, url: str, bucket: str, prefix: str, kwargs: dict[str, Any]) -> None:
-        self.url = url
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self._kwargs = kwargs
-        self._store: Any = None
-        self._pid = -1
-        self._lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"url": self.url, "bucket": self.bucket, "prefix": self.prefix, "kwargs": self._kwargs}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], state["bucket"], state["prefix"], state["kwargs"])  # type: ignore[misc]
-
-    def __repr__(self) -> str:
-        return f"ObstoreS3Storage({self.url})"
+    scheme = "s3"
 
     def describe(self) -> str:
         return f"S3 via obstore ({self.url})"
 
-    @property
-    def store(self) -> Any:
-        if self._store is None or self._pid != os.getpid():
-            with self._lock:
-                if self._store is None or self._pid != os.getpid():
-                    from obstore.store import S3Store
+    def _endpoint(self) -> str | None:
+        endpoint = self._kwargs["config"].get("endpoint")
+        return str(endpoint) if endpoint else None
 
-                    kwargs = {**self._kwargs, "config": dict(self._kwargs["config"])}
-                    if "endpoint" in kwargs["config"]:
-                        # object_store lets AWS_ENDPOINT_URL_S3 from the environment override a configured
-                        # endpoint (obstore 0.12): set it under that name too, so the option wins
-                        kwargs["config"]["aws_endpoint_url_s3"] = kwargs["config"]["endpoint"]
-                    credential = _static_credentials(kwargs["config"])
-                    if credential is not None:
-                        kwargs["credential_provider"] = lambda: credential
-                    self._store = S3Store(self.bucket, **kwargs)
-                    self._pid = os.getpid()
-        return self._store
+    def _build_store(self) -> Any:
+        from obstore.store import S3Store
 
-    def _path(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _hint(self, exc: BaseException) -> str:
-        return hint(exc, self.bucket, self._kwargs["config"].get("endpoint"))
-
-    def _refused(self, what: str, exc: BaseException, writing: bool = False) -> StoragePermissionError:
-        """The error of a request refused for want of permission (or for bad credentials, as the hint says)."""
-        why = self._hint(exc).removesuffix(": ") or (
-            "no permission (read-only credentials?)"
-            if writing
-            else "no permission (check the credentials: key, secret and token; and that they may read this path)"
-        )
-        return StoragePermissionError(f"the store refused to {what}: {why}")
-
-    def create(self, key: str, chunks: Chunks) -> None:
-        import obstore
-        from obstore import exceptions as ox
-
-        data = chunks[0] if len(chunks) == 1 else b"".join(bytes(c) for c in chunks)
-        try:
-            obstore.put(
-                self.store, self._path(key), bytes(data) if isinstance(data, memoryview) else data, mode="create"
-            )
-        except (ox.AlreadyExistsError, ox.PreconditionError, FileExistsError) as exc:
-            raise ObjectExistsError(f"{key} already exists") from exc
-        except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise self._refused(f"create {key}", exc, writing=True) from exc
-        except (ox.NotFoundError, FileNotFoundError) as exc:  # a PUT finds no object: the bucket is missing
-            raise StorageError(f"create of {key} failed: {self._hint(exc)}{exc!r}") from exc
-        except Exception as exc:
-            raise UnknownOutcomeError(
-                f"create of {key} failed with an unknown outcome: {self._hint(exc)}{exc!r}"
-            ) from exc
-
-    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        return bytes(self._get(key, start, end))
-
-    def read_buffer(self, key: str) -> Any:
-        import pyarrow as pa
-
-        return pa.py_buffer(self._get(key, None, None))
-
-    def _get(self, key: str, start: int | None, end: int | None) -> Any:
-        import obstore
-        from obstore import exceptions as ox
-
-        try:
-            if start is None and end is None:
-                return obstore.get(self.store, self._path(key)).bytes()
-            lo = start or 0
-            if end is None:
-                return obstore.get(self.store, self._path(key), options={"range": {"offset": lo}}).bytes()
-            if end <= lo:
-                return b""
-            return obstore.get(self.store, self._path(key), options={"range": (lo, end)}).bytes()
-        except (ox.NotFoundError, FileNotFoundError) as exc:
-            raise ObjectNotFoundError(f"{key} does not exist") from exc
-        except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise self._refused(f"read {key}", exc) from exc
-        except Exception as exc:
-            if start is not None and start > 0:
-                # object_store reports "416 Range Not Satisfiable" only in its message: ask the object's size
-                # instead (one HEAD, on this error path only). A range past the end reads no bytes.
-                meta = self._head(key)
-                if meta is None:
-                    raise ObjectNotFoundError(f"{key} does not exist") from exc
-                if start >= int(meta["size"]):
-                    return b""
-            raise StorageError(f"read of {key} failed: {self._hint(exc)}{exc!r}") from exc
-
-    def exists(self, key: str) -> bool:
-        return self._head(key) is not None
-
-    def _head(self, key: str) -> dict[str, Any] | None:
-        import obstore
-        from obstore import exceptions as ox
-
-        try:
-            return dict(obstore.head(self.store, self._path(key)))
-        except (ox.NotFoundError, FileNotFoundError):
-            return None
-        except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise self._refused(f"look up {key}", exc) from exc
-        except Exception as exc:
-            raise StorageError(f"existence check of {key} failed: {self._hint(exc)}{exc!r}") from exc
-
-    def size(self, key: str) -> int:
-        meta = self._head(key)
-        if meta is None:
-            raise ObjectNotFoundError(f"{key} does not exist")
-        return int(meta["size"])
-
-    def mtime_ms(self, key: str) -> int | None:
-        meta = self._head(key)
-        if meta is None:
-            raise ObjectNotFoundError(f"{key} does not exist")
-        value = meta.get("last_modified")
-        return int(value.timestamp() * 1000) if value is not None else None
-
-    def list(self, prefix: str) -> list[str]:
-        import obstore
-        from obstore import exceptions as ox
-
-        base = self._path(prefix).rstrip("/")
-        try:
-            result = obstore.list_with_delimiter(self.store, base + "/" if base else None)
-        except (ox.NotFoundError, FileNotFoundError):
-            return []
-        except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise self._refused(f"list {prefix or 'the log'}", exc) from exc
-        except Exception as exc:
-            raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
-        # Some stores (SeaweedFS) list an emptied "directory" as an entry named like the prefix itself.
-        out = {p.rstrip("/").rsplit("/", 1)[-1] + "/" for p in result["common_prefixes"] if p.rstrip("/") != base}
-        out.update(str(o["path"]).rsplit("/", 1)[-1] for o in result["objects"] if str(o["path"]).rstrip("/") != base)
-        out.discard("")
-        out.discard("/")
-        return sorted(out)
-
-    def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
-        """One LIST request: the first page of keys under ``prefix`` (a listing without a delimiter, so a
-        sub-prefix's objects take room in the page: its names then cover fewer than ``limit`` children)."""
-        import obstore
-        from obstore import exceptions as ox
-
-        base = self._path(prefix).rstrip("/")
-        try:
-            page = next(iter(obstore.list(self.store, base + "/" if base else None, chunk_size=limit)), [])
-        except (ox.NotFoundError, FileNotFoundError):
-            return [], True
-        except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise self._refused(f"list {prefix or 'the log'}", exc) from exc
-        except Exception as exc:
-            raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
-        skip = len(base) + 1 if base else 0
-        out: set[str] = set()
-        for o in page:
-            head, sep, _ = str(o["path"])[skip:].partition("/")
-            if head:
-                out.add(head + sep)
-        return sorted(out), len(page) < limit
-
-    def delete(self, key: str) -> None:
-        import obstore
-        from obstore import exceptions as ox
-
-        try:
-            obstore.delete(self.store, self._path(key))
-        except (ox.NotFoundError, FileNotFoundError):
-            return
-        except (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError) as exc:
-            raise self._refused(f"delete {key}", exc, writing=True) from exc
-        except Exception as exc:
-            raise StorageError(f"delete of {key} failed: {self._hint(exc)}{exc!r}") from exc
+        kwargs = {**self._kwargs, "config": dict(self._kwargs["config"])}
+        if "endpoint" in kwargs["config"]:
+            # object_store lets AWS_ENDPOINT_URL_S3 from the environment override a configured endpoint
+            # (obstore 0.12): set it under that name too, so the option wins
+            kwargs["config"]["aws_endpoint_url_s3"] = kwargs["config"]["endpoint"]
+        credential = _static_credentials(kwargs["config"])
+        if credential is not None:
+            kwargs["credential_provider"] = lambda: credential
+        return S3Store(self.bucket, **kwargs)
