@@ -209,17 +209,16 @@ def _converted(batch: pa.RecordBatch, field: pa.Field, col: pa.Array, origin: Ba
         found = first_inexact(col, field.type)
         if origin is None or found is None:
             raise
-        below = found.reason.startswith("has a part below")
-        if below and origin.truncate:
+        if found.below_unit and origin.truncate:
             return cast_truncating(col, field.type)
-        raise SourceValueError(_value_message(batch, field.name, found, origin, below)) from exc
+        raise SourceValueError(_value_message(batch, field.name, found, origin)) from exc
 
 
-def _value_message(batch: pa.RecordBatch, column: str, found: Inexact, origin: BatchOrigin, below: bool) -> str:
+def _value_message(batch: pa.RecordBatch, column: str, found: Inexact, origin: BatchOrigin) -> str:
     offsets = batch.column("_offset") if "_offset" in batch.schema.names else None
     at = f"offset {offsets[found.row].as_py()}" if offsets is not None else f"row {found.row} of a batch"
     where = f"topic {origin.topic!r} partition {origin.partition} {at}, column {column + found.path!r}"
-    if below:
+    if found.below_unit:
         fix = (
             "Read with .option('timestampPrecision', 'truncate') to drop the part Spark cannot hold (toward "
             "zero), or have the producer write Spark's unit (microseconds; whole days for dates)"

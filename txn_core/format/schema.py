@@ -211,7 +211,7 @@ def _cast_failure(name: str, col: pa.ChunkedArray, target: pa.DataType, exc: Exc
         return f"column {name!r}: cannot convert {col.type} to {target}: {exc}"
     fix = (
         f"truncate such values to {unit_name(target)} before sending"
-        if found.reason.startswith("has a part below")
+        if found.below_unit
         else "send values within that range"
     )
     return (

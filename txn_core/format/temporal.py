@@ -28,12 +28,14 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 class Inexact:
     """The first value a conversion would change: its top-level ``row``, where it sits inside that row's
     value (``path``: ``""`` for the value itself, ``.field``, ``[]`` for a list element, ``.key``/``.value``
-    for a map's), the value as Arrow prints it, and why (``reason``)."""
+    for a map's), the value as Arrow prints it, and why (``reason``). ``below_unit``: the value has a part
+    below the target's unit (:func:`cast_truncating` converts it); otherwise it is out of the target's range."""
 
     row: int
     path: str
     value: str
     reason: str
+    below_unit: bool
 
 
 def ns_per_tick(t: pa.DataType) -> int | None:
@@ -70,7 +72,7 @@ def first_inexact(array: pa.Array | pa.ChunkedArray, target: pa.DataType) -> Ine
         for chunk in array.chunks:
             found = first_inexact(chunk, target)
             if found is not None:
-                return Inexact(start + found.row, found.path, found.value, found.reason)
+                return Inexact(start + found.row, found.path, found.value, found.reason, found.below_unit)
             start += len(chunk)
         return None
     return _first(array, target)
@@ -120,11 +122,11 @@ def _first_in_list(arr: pa.Array, target: pa.DataType) -> Inexact | None:
         inner = _within(inner, "[]")
     if inner is None:
         return None
-    return Inexact(int(parents[inner.row]), inner.path, inner.value, inner.reason)
+    return Inexact(int(parents[inner.row]), inner.path, inner.value, inner.reason, inner.below_unit)
 
 
 def _within(found: Inexact | None, step: str) -> Inexact | None:
-    return None if found is None else Inexact(found.row, step + found.path, found.value, found.reason)
+    return None if found is None else Inexact(found.row, step + found.path, found.value, found.reason, found.below_unit)
 
 
 def _earliest(found: list[Inexact | None]) -> Inexact | None:
@@ -148,7 +150,7 @@ def _first_leaf(arr: pa.Array, target: pa.DataType) -> Inexact | None:
     index = pc.index(pc.fill_null(bad, False), True).as_py()
     if index < 0:
         return None
-    return Inexact(index, "", _shown(arr, ints[index].as_py(), have > want), reason)
+    return Inexact(index, "", _shown(arr, ints[index].as_py(), have > want), reason, below_unit=have < want)
 
 
 def _shown(arr: pa.Array, raw: int, out_of_range: bool) -> str:
