@@ -11,7 +11,10 @@ and is handed over as it is. Any other batch is rebuilt against the target: colu
 column another topic has. A topic column's cast only changes its representation, never its values (Arrow's
 ``large_string`` to ``string``, milliseconds to Spark's microseconds, a time zone to UTC): a requested schema
 that gives a topic column another Spark type is refused while Spark plans the read (:func:`check_requested`).
-Only the metadata columns may be retyped by a requested schema, and are then cast.
+Only the metadata columns may be retyped by a requested schema, and are then cast. A stored value the cast
+would change (nanoseconds, a ``date64`` that is not a whole day, a value out of Spark's range) fails the task
+with :class:`SourceValueError` naming topic, partition, offset and column, unless ``timestampPrecision`` is
+``truncate``, which drops the part below Spark's unit (:func:`conform`).
 """
 
 from __future__ import annotations
