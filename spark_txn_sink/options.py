@@ -69,6 +69,7 @@ SOURCE_ONLY_OPTIONS = frozenset(
         "isolationlevel",
         "includemetadata",
         "failondataloss",
+        "timestampprecision",
         "minpartitions",
     }
 )

@@ -65,7 +65,9 @@ def align_timestamps(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch
 
     Spark labels instants with the session time zone (``Etc/UTC``, ``Europe/Paris``...), nested ones
     included (a ``window()`` column is ``struct<start, end>``); the values are UTC instants either way, so
-    this changes metadata only. Columns whose shape differs from the topic's are left for
+    this changes metadata only, whatever the units: a topic written by pandas (``timestamp[ns, tz=UTC]``)
+    or with another label (``Europe/Paris``) takes Spark's microseconds, which conform then casts exactly.
+    Columns whose shape differs from the topic's are left for
     :func:`txn_core.format.schema.conform` to report.
     """
     fixes = {}
@@ -85,8 +87,8 @@ def align_timestamps(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch
 def _aligned_type(given: pa.DataType, target: pa.DataType) -> pa.DataType:
     """``given`` with every aware timestamp relabelled to the zone of its counterpart in ``target``."""
     if pa.types.is_timestamp(given):
-        if given.tz is None or not pa.types.is_timestamp(target) or target.unit != given.unit:
-            return given
+        if given.tz is None or not pa.types.is_timestamp(target):
+            return given  # the unit is the cast's (conform): exact, or refused naming the value
         tz = target.tz or "UTC"
         return given if tz == given.tz else pa.timestamp(given.unit, tz)
     if pa.types.is_struct(given) and pa.types.is_struct(target):

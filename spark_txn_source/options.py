@@ -19,6 +19,9 @@
 ``failOnDataLoss``         ``true`` (default): offsets removed by retention, and damaged entries nobody marked
                            lost, fail the query; ``false``: skip them with a warning
 ``minPartitions``          at least this many Spark tasks per batch (ranges are split by offsets)
+``timestampPrecision``     ``exact`` (default): a timestamp or duration stored with a part below microseconds
+                           (pandas writes nanoseconds) fails the task, naming topic, partition, offset and
+                           column; ``truncate``: that part is dropped (toward zero)
 ``storage.<key>``          passed to fsspec as ``storage_options`` (JSON values decoded; a dotted key nests:
                            ``storage.client_kwargs.endpoint_url`` -> ``{"client_kwargs": {"endpoint_url": ..}}``)
 =========================  ===================================================================================
@@ -55,6 +58,7 @@ OPTIONS = {
         "includeMetadata",
         "failOnDataLoss",
         "minPartitions",
+        "timestampPrecision",
     )
 }
 #: Options of the txnlog sink, accepted and ignored by the source, so that one set of options (a view or a
@@ -111,6 +115,12 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
+    timestamp_precision: str = "exact"
+
+
+#: ``timestampPrecision``: ``exact`` refuses a stored value with a part below Spark's microseconds, naming
+#: its offset; ``truncate`` drops that part (toward zero).
+TIMESTAMP_PRECISIONS = ("exact", "truncate")
 
 
 def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> SourceOptions:
@@ -186,6 +196,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
         fail_on_data_loss=_bool(opts, "failondataloss", True),
         min_partitions=_positive_int(opts, "minpartitions"),
         storage_options=storage,
+        timestamp_precision=_choice(opts, "timestampprecision", TIMESTAMP_PRECISIONS, "exact"),
     )
 
 

@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    DateType,
+    DayTimeIntervalType,
+    MapType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from spark_txn_source.options import SourceOptions, parse_options
 from spark_txn_source.planning import (
@@ -30,6 +39,7 @@ from spark_txn_source.planning import (
     open_existing_log,
 )
 from spark_txn_source.schema import (
+    BatchOrigin,
     arrow_target,
     check_requested,
     conform,
@@ -88,6 +98,20 @@ def make_stream_reader(options: dict[str, str], schema: StructType, *, table: bo
     return TxnLogStreamReader(_checked(options, schema, streaming=True, table=table), schema)
 
 
+def _has_temporal(dt: DataType) -> bool:
+    """Whether ``dt`` holds a timestamp, date or day-time interval at any depth: a conversion from the topic's
+    unit may then meet a value Spark cannot hold, and the error names its offset."""
+    if isinstance(dt, TimestampType | TimestampNTZType | DateType | DayTimeIntervalType):
+        return True
+    if isinstance(dt, StructType):
+        return any(_has_temporal(f.dataType) for f in dt.fields)
+    if isinstance(dt, ArrayType):
+        return _has_temporal(dt.elementType)
+    if isinstance(dt, MapType):
+        return _has_temporal(dt.keyType) or _has_temporal(dt.valueType)
+    return False
+
+
 # --- executor side ------------------------------------------------------------------------------
 
 _storages: dict[str, Storage] = {}
@@ -112,15 +136,16 @@ def read_partition(opts: SourceOptions, schema: StructType, partition: InputPart
     target = arrow_target(schema)
     rng = partition.range
     plog = PartitionLog(_storage(opts), rng.path, clock=system_clock)  # a task has no Log: its own clock
+    origin = BatchOrigin(rng.topic, rng.partition, truncate=opts.timestamp_precision == "truncate")
     try:
         for batch in read_range(
             plog,
             rng,
-            metadata=opts.include_metadata,
+            metadata=opts.include_metadata or _has_temporal(schema),  # offsets name a value Spark cannot hold
             fail_on_data_loss=opts.fail_on_data_loss,
             metadata_fields=metadata_fields(target),
         ):
-            yield conform(batch, target)  # the batch itself when the topic's columns are Spark's types
+            yield conform(batch, target, origin)  # the batch itself when the topic's columns are Spark's types
     except DataLossError as exc:
         raise SourceDataLossError(data_loss_hint(str(exc))) from exc
     except CorruptDataError as exc:  # damaged since planning, or a damaged payload (failOnDataLoss=true)

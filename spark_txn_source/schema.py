@@ -11,10 +11,15 @@ and is handed over as it is. Any other batch is rebuilt against the target: colu
 column another topic has. A topic column's cast only changes its representation, never its values (Arrow's
 ``large_string`` to ``string``, milliseconds to Spark's microseconds, a time zone to UTC): a requested schema
 that gives a topic column another Spark type is refused while Spark plans the read (:func:`check_requested`).
-Only the metadata columns may be retyped by a requested schema, and are then cast.
+Only the metadata columns may be retyped by a requested schema, and are then cast. A stored value the cast
+would change (nanoseconds, a ``date64`` that is not a whole day, a value out of Spark's range) fails the task
+with :class:`SourceValueError` naming topic, partition, offset and column, unless ``timestampPrecision`` is
+``truncate``, which drops the part below Spark's unit (:func:`conform`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
@@ -30,7 +35,8 @@ from pyspark.sql.types import (
 )
 
 from txn_core.clients.topics import METADATA_COLUMNS
-from txn_core.errors import ConfigurationError
+from txn_core.errors import ConfigurationError, TxnLogError
+from txn_core.format.temporal import Inexact, cast_truncating, first_inexact
 from txn_core.partition.records import METADATA_FIELDS, buildable_metadata_field
 
 
@@ -52,7 +58,7 @@ def spark_schema(arrow_schema: pa.Schema, include_metadata: bool) -> StructType:
     out = []
     for f in fields:
         try:
-            dtype = from_arrow_type(f.type, prefer_timestamp_ntz=True)
+            dtype = from_arrow_type(_days(f.type), prefer_timestamp_ntz=True)
         except Exception as exc:
             raise ConfigurationError(
                 f"column {f.name!r} has Arrow type {f.type}, which Spark cannot represent ({exc}); "
@@ -60,6 +66,21 @@ def spark_schema(arrow_schema: pa.Schema, include_metadata: bool) -> StructType:
             ) from exc
         out.append(StructField(f.name, dtype, nullable=True))
     return StructType(out)
+
+
+def _days(t: pa.DataType) -> pa.DataType:
+    """``t`` with every ``date64`` (milliseconds, as pyarrow may write dates) read as ``date32``, Spark's
+    ``date``, at any depth; :func:`conform` converts the values exactly (whole days) or names the one that
+    is not."""
+    if pa.types.is_date64(t):
+        return pa.date32()
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_days(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(_days(t.key_type), t.item_field.with_type(_days(t.item_type)))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(t.value_field.with_type(_days(t.value_type)))
+    return t
 
 
 #: What to do when a catalog table's stored schema does not match its topics.
@@ -147,8 +168,28 @@ def metadata_fields(target: pa.Schema) -> list[pa.Field]:
     return out
 
 
-def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with exactly ``target``'s columns, order and types (zero-copy where types match)."""
+class SourceValueError(TxnLogError, ValueError):
+    """A stored value Spark cannot represent as it is (a timestamp with nanoseconds, one out of Spark's
+    range). The message names the topic, partition, offset and column, and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOrigin:
+    """Where a task's batches come from, for errors: the topic and partition, and whether values below
+    Spark's microseconds are truncated (``timestampPrecision=truncate``) rather than refused."""
+
+    topic: str
+    partition: int
+    truncate: bool = False
+
+
+def conform(batch: pa.RecordBatch, target: pa.Schema, origin: BatchOrigin | None = None) -> pa.RecordBatch:
+    """``batch`` with exactly ``target``'s columns, order and types (zero-copy where types match).
+
+    A temporal column is converted exactly (Arrow's safe cast) or not at all: a value the cast would change
+    raises :class:`SourceValueError` naming its offset (the batch's ``_offset`` column), unless ``origin``
+    truncates. Columns of ``batch`` that ``target`` lacks (the metadata, read only to name offsets) are dropped.
+    """
     if batch.schema.equals(target):
         return batch
     n = batch.num_rows
@@ -157,7 +198,37 @@ def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     for f in target:
         if f.name in names:
             col = batch.column(names.index(f.name))
-            arrays.append(col if col.type == f.type else col.cast(f.type))
+            arrays.append(col if col.type == f.type else _converted(batch, f, col, origin))
         else:
             arrays.append(pa.nulls(n, f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+def _converted(batch: pa.RecordBatch, field: pa.Field, col: pa.Array, origin: BatchOrigin | None) -> pa.Array:
+    """``col`` as ``field``'s type, exactly; truncated below microseconds when ``origin`` says so."""
+    try:
+        return col.cast(field.type)
+    except pa.ArrowInvalid as exc:
+        found = first_inexact(col, field.type)
+        if origin is None or found is None:
+            raise
+        if found.below_unit and origin.truncate:
+            return cast_truncating(col, field.type)
+        raise SourceValueError(_value_message(batch, field.name, found, origin)) from exc
+
+
+def _value_message(batch: pa.RecordBatch, column: str, found: Inexact, origin: BatchOrigin) -> str:
+    offsets = batch.column("_offset") if "_offset" in batch.schema.names else None
+    at = f"offset {offsets[found.row].as_py()}" if offsets is not None else f"row {found.row} of a batch"
+    where = f"topic {origin.topic!r} partition {origin.partition} {at}, column {column + found.path!r}"
+    if found.below_unit:
+        fix = (
+            "Read with .option('timestampPrecision', 'truncate') to drop the part Spark cannot hold (toward "
+            "zero), or have the producer write Spark's unit (microseconds; whole days for dates)"
+        )
+    else:
+        fix = (
+            "Spark cannot hold this value; have the producer write values within Spark's range, or skip past "
+            "the offset with startingOffsets"
+        )
+    return f"{where}: the value {found.value} {found.reason} (Spark's type). {fix}."

@@ -426,3 +426,29 @@ def test_bad_settings_are_configuration_errors_naming_the_range(make: Any, fragm
         make(log)
     assert log.describe_topic("t").config.retention_ms is None
     assert log.list_topics() == ["t"]
+
+
+def test_temporal_values_convert_to_the_topic_unit_exactly_or_are_refused_naming_row_and_value() -> None:
+    log = _log()
+    schema = pa.schema([("at", pa.timestamp("ms", "UTC")), ("day", pa.date64()), ("took", pa.duration("ns"))])
+    log.create_topic("times", 1, schema)
+    p = log.producer()
+    exact = {
+        "at": pa.array([1_767_225_600_123_000], pa.timestamp("us", "UTC")),  # whole milliseconds
+        "day": pa.array([20_454], pa.date32()),  # date32 widens to date64
+        "took": pa.array([5], pa.duration("us")),  # another duration unit
+    }
+    p.send("times", pa.table(exact), partition=0)
+    lossy = dict(exact, at=pa.array([0, 1_767_225_600_123_456], pa.timestamp("us", "UTC")))
+    lossy = {k: v if k == "at" else pa.concat_arrays([v, v]) for k, v in lossy.items()}
+    with pytest.raises(SchemaMismatchError) as info:
+        p.send("times", pa.table(lossy), partition=0)
+    assert (
+        "column 'at' in row 1: the value 2026-01-01 00:00:00.123456Z has a part below milliseconds, which "
+        "timestamp[ms, tz=UTC] cannot hold; truncate such values to milliseconds before sending"
+    ) in str(info.value)
+    p.flush()
+    got = _all(log, "times")
+    assert got.column("at").cast(pa.int64()).to_pylist() == [1_767_225_600_123]
+    assert got.column("day").cast(pa.int64()).to_pylist() == [20_454 * 86_400_000]
+    assert got.column("took").cast(pa.int64()).to_pylist() == [5_000]

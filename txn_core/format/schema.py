@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from txn_core.errors import SchemaMismatchError
+from txn_core.format.temporal import first_inexact, unit_name
 
 _STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
 _BINARIES = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
@@ -44,6 +45,10 @@ def castable(source: pa.DataType, target: pa.DataType) -> bool:
         return castable(source.value_type, target)
     if pa.types.is_timestamp(source) and pa.types.is_timestamp(target):
         return source.tz == target.tz or (source.tz in (None, "UTC") and target.tz in (None, "UTC"))
+    if pa.types.is_duration(source) and pa.types.is_duration(target):
+        return True  # another unit: the safe cast refuses a value it would change
+    if pa.types.is_date32(source) and pa.types.is_date64(target):
+        return True
     return _nested_castable(source, target)
 
 
@@ -192,10 +197,27 @@ def _conform_table(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
             try:
                 col = col.cast(f.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                d = (f"column {f.name!r}: cannot convert {col.type} to {f.type}: {exc}",)
+                d = (_cast_failure(f.name, col, f.type, exc),)
                 raise SchemaMismatchError(_message(topic, schema, d), d) from exc
         columns.append(col)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _cast_failure(name: str, col: pa.ChunkedArray, target: pa.DataType, exc: Exception) -> str:
+    """What a failed cast of column ``name`` met: for a temporal value (a unit too coarse for it, or out of
+    range), the row, the value and the fix; otherwise Arrow's own words."""
+    found = first_inexact(col, target)
+    if found is None:
+        return f"column {name!r}: cannot convert {col.type} to {target}: {exc}"
+    fix = (
+        f"truncate such values to {unit_name(target)} before sending"
+        if found.below_unit
+        else "send values within that range"
+    )
+    return (
+        f"column {(name + found.path)!r} in row {found.row}: the value {found.value} {found.reason}; {fix} "
+        f"(the topic stores {target})"
+    )
 
 
 def _message(topic: str, schema: pa.Schema, diffs: tuple[str, ...]) -> str:
