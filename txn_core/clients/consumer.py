@@ -244,7 +244,7 @@ class Consumer:
     def poll(self, max_records: int | None = None) -> pa.Table:
         """The next available records (round-robin over partitions), at most ``max_records``. A partition
         found caught up at several polls in a row is read again only after a back-off, up to
-        ``idle_backoff_max_ms`` (:mod:`txn_core.clients.idle`): a quiet partition costs at most one request
+        ``idle_backoff_max_ms`` when set (:mod:`txn_core.clients.idle`): a quiet partition costs at most one request
         per poll, and fewer as it stays quiet."""
         with self._lock:
             self._check_open()

@@ -4,7 +4,8 @@ A caught-up partition costs one request per poll (a GET of the next slot, answer
 object store a consumer of many quiet partitions polling in a loop would pay for a request per partition
 per poll. :class:`IdleBackoff` spaces those requests out per partition: the first ``FREE_POLLS`` empty
 polls in a row each read (so a poll right after a send sees it), then the partition is read at most once
-per interval, the interval doubling from ``FIRST_INTERVAL_S`` up to the consumer's ``idle_backoff_max_ms``.
+per interval, the interval doubling from ``FIRST_INTERVAL_S`` up to the consumer's ``idle_backoff_max_ms``
+(opt-in: 0 by default).
 Records found (or a seek) reset it.
 
 Invariants:
@@ -22,8 +23,9 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-#: The longest a quiet partition waits between reads, unless the consumer says otherwise.
-DEFAULT_IDLE_BACKOFF_MAX_MS = 1000
+#: The longest a quiet partition waits between reads, unless the consumer says otherwise: 0, no back-off, so
+#: that an empty poll means every partition was asked (a loop polling until one comes back empty relies on it).
+DEFAULT_IDLE_BACKOFF_MAX_MS = 0
 #: Empty polls in a row that each read before the back-off begins.
 FREE_POLLS = 2
 #: The first back-off interval; each further empty read doubles it, up to the consumer's maximum.
