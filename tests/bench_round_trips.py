@@ -203,6 +203,21 @@ def measure_shared(url: str, options: dict[str, Any] | None, unit: float, produc
     return seconds / txns / unit
 
 
+def _committed_history(url: str, options: dict[str, Any] | None, topic: str, txn_id: str, txns: int) -> None:
+    """Topic ``topic`` of PARTITIONS partitions holding ``txns`` committed one-row transactions, each over every
+    partition (a data entry and a marker per partition per transaction), written by producer ``txn_id``."""
+    log = txn_core.open_log(url, options)
+    log.create_topic(topic, PARTITIONS, SCHEMA)
+    p = log.producer(txn_id)
+    p.init_transactions()
+    for i in range(txns):
+        p.begin_transaction()
+        for part in range(PARTITIONS):
+            p.send(topic, pa.table({"id": [i]}, schema=SCHEMA), partition=part)
+        p.commit_transaction()
+    p.close()
+
+
 def measure_catch_up(
     url: str,
     options: dict[str, Any] | None,
@@ -213,16 +228,7 @@ def measure_catch_up(
 ) -> tuple[float, int, float, int]:
     """A fresh read_committed consumer reading 4 partitions of history from offset 0:
     (entries per RTT, entries, RTT, peak RSS MiB)."""
-    fast = txn_core.open_log(fast_url, fast_options)
-    fast.create_topic("h", PARTITIONS, SCHEMA)
-    p = fast.producer("history")
-    p.init_transactions()
-    for i in range(txns):
-        p.begin_transaction()
-        for part in range(PARTITIONS):
-            p.send("h", pa.table({"id": [i]}, schema=SCHEMA), partition=part)
-        p.commit_transaction()
-    p.close()
+    _committed_history(fast_url, fast_options, "h", "history", txns)
     entries = 2 * txns * PARTITIONS  # a data entry and a marker per partition per transaction
     log = txn_core.open_log(url, options)
     c = log.consumer()
@@ -270,16 +276,7 @@ def measure_fresh_consumer(
     """ISSUE 34 item 1: a fresh read_committed consumer (a new process's open: format, topic, partitions) of a
     small log, 4 partitions of ``txns`` one-row transactions each (72 entries for 9): (RTT to its first rows,
     RTT until a poll finds nothing more). The snapshot it leaves is written behind its records."""
-    fast = txn_core.open_log(fast_url, fast_options)
-    fast.create_topic("small", PARTITIONS, SCHEMA)
-    p = fast.producer("small")
-    p.init_transactions()
-    for i in range(txns):
-        p.begin_transaction()
-        for part in range(PARTITIONS):
-            p.send("small", pa.table({"id": [i]}, schema=SCHEMA), partition=part)
-        p.commit_transaction()
-    p.close()
+    _committed_history(fast_url, fast_options, "small", "small", txns)
     t0 = time.perf_counter()
     c = txn_core.open_log(url, options).consumer()
     c.assign([("small", part) for part in range(PARTITIONS)])
