@@ -27,9 +27,12 @@ def batches(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, int]]:
     # that crosses that mark pays one request more. Counts must not depend on how fast the machine runs
     # the batches (a loaded CI machine once counted 18, 19, 18), so the interval is longer than the run. A
     # reader likewise leaves a buffer snapshot of a changed buffer once a minute (SNAPSHOT_EVERY_MS): a
-    # loaded machine that took longer than that counted its create (18, 18, 19).
+    # loaded machine that took longer than that counted its create (18, 18, 19). And a writer re-checks
+    # its cached tail once a minute (TAIL_RECHECK_S, one existence check): a loaded CI machine counted
+    # commits of 15, 15, 16.
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(partition, "LOG_START_RECHECK_S", 3600.0)
+        patch.setattr(partition, "TAIL_RECHECK_S", 3600.0)
         patch.setattr(snapshots, "SNAPSHOT_EVERY_MS", 3_600_000)
         phases = run(batches=4, rows=8000, partitions=PARTITIONS, root=str(tmp_path_factory.mktemp("rtt")))
     return [{name: p.total for name, p in b.items()} for b in phases]
