@@ -138,6 +138,10 @@ class CountingStorage(Storage):
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
 
+    @property
+    def overlap_reads(self) -> bool:  # type: ignore[override]
+        return self.inner.overlap_reads
+
     def _count(self, op: str) -> None:
         with self._lock:
             self.counts[op] += 1
