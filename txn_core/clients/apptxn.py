@@ -51,6 +51,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 from txn_core.clients.appunit import AppVersion
@@ -257,7 +258,7 @@ def _commit(
                 keep = Kept(producer, progress)
             return CommitResult("committed", rows, objects, finished), keep
         # Kept: the markers and the cleanup run behind; the Complete rides on the next unit's records.
-        finishing = submit(_finish, producer, storage, unit, refs, manifest_key, listing, hit)
+        finishing = submit(partial(_finish, behind=True), producer, storage, unit, refs, manifest_key, listing, hit)
         keep = Kept(producer, progress, finishing)
         return CommitResult("committed", rows, objects, finishing), keep
     finally:
@@ -283,14 +284,22 @@ def _finish(
     manifest_key: str | None,
     listing: Future[list[str]],
     hit: Callable[[str], None],
+    *,
+    behind: bool = False,
 ) -> int:
     """Step 5 of a committed unit: its markers in every partition, then its cleanup (objects deleted).
+    ``behind``: run behind the returned commit, which also writes the Complete record.
 
     Crash windows: before the markers land, readers decide the unit through the transaction log and the
     id's next ``init_transactions`` (or the coordinator's recovery) writes them; before the manifest is
     deleted, a replay of the unit finishes the cleanup from it (PROTOCOL.md "Application transactions")."""
     try:
-        producer.wait_for_markers()
+        if behind:
+            # and its Complete now, off the next unit's path: left to the linger it would land while the
+            # next unit writes, and that unit's PrepareCommit would queue behind it in the transaction log
+            producer.wait_for_completion()
+        else:
+            producer.wait_for_markers()
         hit("after_commit")
     except Exception as exc:
         logger.warning("%s: committed; its markers are not all written yet: %s", unit.prefix, exc)
