@@ -530,3 +530,46 @@ def test_a_kept_unit_whose_markers_failed_behind_it_starts_the_next_unit_from_st
         second = committer.write_once(AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [2]}))
         assert second.outcome == "committed"
     assert _ids(log) == [1, 2]
+
+
+def test_a_committer_starting_from_storage_finishes_the_cleanup_a_dead_committer_left() -> None:
+    """Step 5 of a kept unit runs behind its commit on an object store: a process that dies there leaves a
+    committed unit's manifest and failed attempts' objects. The id's next committer that starts from
+    storage finishes that cleanup from the manifest (behind its own unit); the committed data stays."""
+    import time
+
+    class Died(Exception):
+        pass
+
+    def die(point: str) -> None:
+        if point == "after_prepare":
+            raise Died(point)
+
+    log = _log()
+    unit = AppVersion("loader", run_id="r", version=0).for_topic("t")
+    stray = write_staged(
+        log.storage,
+        unit.prefix,
+        "t",
+        0,
+        [pa.record_batch([pa.array([666])], schema=SCHEMA)],
+        SCHEMA,
+        tag="failed",
+        clock=system_clock,
+    )
+    assert stray is not None
+    refs = stage_table(log, unit, "t", pa.table({"id": [1]}, schema=SCHEMA), partition=0)
+    with pytest.raises(Died):
+        commit_staged(log, unit, refs, topic="t", hit=die)  # committed: its PrepareCommit is durable
+    left = _staged(log)
+    assert stray.key in left and any("_manifest-" in k for k in left), "the cleanup never ran"
+    fresh = txn_core.Log(log.storage)
+    nxt = AppVersion("loader", run_id="r", version=1)
+    with AppCommitter(fresh) as committer:
+        assert committer.write_once(nxt, "t", pa.table({"id": [2]}, schema=SCHEMA), partition=0).outcome == "committed"
+    deadline = time.monotonic() + 30
+    while (stray.key in _staged(log) or any("_manifest-" in k for k in _staged(log))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(_staged(log)) == sorted([r.key for r in refs] + [k for k in _staged(log) if "/r.1/" in k])
+    assert stray.key not in _staged(log) and not any("_manifest-" in k for k in _staged(log))
+    assert _ids(log) == [1, 2]

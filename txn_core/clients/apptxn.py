@@ -181,6 +181,8 @@ def commit_staged(
     except BaseException:
         producer.close()
         raise
+    if not unit.committed_by(previous):  # a replay finishes that cleanup itself (_cleanup_replay)
+        submit(_heal_previous, storage, previous)
     return _commit(ctx, storage, unit, refs, topic, group, offsets, begin_hook, hit, producer, previous, source)
 
 
@@ -510,15 +512,41 @@ def _cleanup_replay(storage: Storage, unit: AppVersion, progress: Progress | Non
     manifest = progress.manifest if progress is not None and progress.version == unit.version else None
     if isinstance(manifest, str) and manifest.startswith(unit.prefix):
         try:
-            committed = _read_manifest(storage, manifest)
-            if committed is not None:
-                n = delete_unreferenced(storage, unit.prefix, {*committed, manifest})
-                storage.delete(manifest)
+            n = _finish_from_manifest(storage, manifest)
+            if n is not None:
                 return n
         except StorageError as exc:
             logger.warning("cleanup of replayed unit %s failed: %s", unit.prefix, exc)
             return 0
     return _quiet_delete(storage, own)
+
+
+def _finish_from_manifest(storage: Storage, manifest: str) -> int | None:
+    """Finish the interrupted cleanup of the committed unit whose manifest is ``manifest`` (named by the
+    id's committed progress): delete every object of its prefix the manifest does not list, then the
+    manifest. Objects deleted; None when the manifest is gone (the cleanup had finished)."""
+    committed = _read_manifest(storage, manifest)
+    if committed is None:
+        return None
+    n = delete_unreferenced(storage, manifest[: manifest.rindex("/") + 1], {*committed, manifest})
+    storage.delete(manifest)
+    return n
+
+
+def _heal_previous(storage: Storage, previous: Progress | None) -> None:
+    """A committer starting from storage (a new process, or after a failure) finishes the cleanup of the
+    id's last committed unit if that unit's process died before it (its step 5 runs behind its commit on
+    an object store): run behind this unit, its failures logged."""
+    manifest = previous.manifest if previous is not None else None
+    if not isinstance(manifest, str):
+        return
+    try:
+        n = _finish_from_manifest(storage, manifest)
+    except StorageError as exc:
+        logger.warning("cleanup of the committed unit of %s failed: %s", manifest, exc)
+        return
+    if n is not None:
+        logger.info("finished the interrupted cleanup of the committed unit of %s (%d objects)", manifest, n)
 
 
 def _quiet_delete(storage: Storage, keys: list[str]) -> int:
