@@ -9,6 +9,7 @@ import sys
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,6 +39,20 @@ def _ids(log: txn_core.Log) -> list[int]:
     while (got := c.poll()).num_rows:
         out.extend(got.column("id").to_pylist())
     return sorted(out)
+
+
+def _failed_attempt(log: txn_core.Log, unit: AppVersion) -> Any:
+    """A failed attempt's staged object under ``unit``'s prefix (its ref)."""
+    return write_staged(
+        log.storage,
+        unit.prefix,
+        "t",
+        0,
+        [pa.record_batch([pa.array([666])], schema=SCHEMA)],
+        SCHEMA,
+        tag="failed",
+        clock=system_clock,
+    )
 
 
 def _staged(log: txn_core.Log) -> list[str]:
@@ -96,16 +111,7 @@ def test_only_the_listed_staged_objects_become_visible_and_the_rest_is_cleaned_u
     """A failed attempt's object under the unit's prefix is never visible and is deleted by the commit."""
     log = _log()
     unit = AppVersion("loader", run_id="r", version=0).for_topic("t")  # its staging prefix is the topic's
-    stray = write_staged(
-        log.storage,
-        unit.prefix,
-        "t",
-        0,
-        [pa.record_batch([pa.array([666])], schema=SCHEMA)],
-        SCHEMA,
-        tag="failed",
-        clock=system_clock,
-    )
+    stray = _failed_attempt(log, unit)
     refs = stage_table(log, unit, "t", pa.table({"id": [1]}, schema=SCHEMA), partition=0)
     result, kept = commit_staged(log, unit, refs, topic="t")
     assert result.outcome == "committed" and result.deleted == 1 and stray is not None
@@ -538,28 +544,19 @@ def test_a_committer_starting_from_storage_finishes_the_cleanup_a_dead_committer
     storage finishes that cleanup from the manifest (behind its own unit); the committed data stays."""
     import time
 
-    class Died(Exception):
+    class DiedError(Exception):
         pass
 
     def die(point: str) -> None:
         if point == "after_prepare":
-            raise Died(point)
+            raise DiedError(point)
 
     log = _log()
     unit = AppVersion("loader", run_id="r", version=0).for_topic("t")
-    stray = write_staged(
-        log.storage,
-        unit.prefix,
-        "t",
-        0,
-        [pa.record_batch([pa.array([666])], schema=SCHEMA)],
-        SCHEMA,
-        tag="failed",
-        clock=system_clock,
-    )
+    stray = _failed_attempt(log, unit)
     assert stray is not None
     refs = stage_table(log, unit, "t", pa.table({"id": [1]}, schema=SCHEMA), partition=0)
-    with pytest.raises(Died):
+    with pytest.raises(DiedError):
         commit_staged(log, unit, refs, topic="t", hit=die)  # committed: its PrepareCommit is durable
     left = _staged(log)
     assert stray.key in left and any("_manifest-" in k for k in left), "the cleanup never ran"
