@@ -142,12 +142,17 @@ def _stage(
     iterator: Iterator[pa.RecordBatch],
     session: SessionCheckpoint | None = None,
 ) -> SinkCommitMessage:
-    """Stage one task's rows; return the references (shared by stream and batch writers)."""
+    """Stage one task's rows; return the references (shared by stream and batch writers).
+
+    Without a key, task ``i`` of micro-batch ``n`` starts at partition ``i + n`` (``n``: a batch write's
+    ``txnVersion``, else 0), so
+    that a stream whose micro-batches run as fewer tasks than the topic has partitions (a small micro-batch
+    is one task, :func:`spark_txn_source.planning.pack_ranges`) still spreads its rows over every partition.
+    """
     tc = _task_context()
     partition_id, attempt = tc.partitionId(), tc.attemptNumber()
-    stager = PartitionStager(
-        target, target.open_storage(), unit.prefix, f"t{partition_id}a{attempt}", start=partition_id
-    )
+    start = partition_id + (unit.batch_id or 0)
+    stager = PartitionStager(target, target.open_storage(), unit.prefix, f"t{partition_id}a{attempt}", start=start)
     refs = stager.stage_all(iterator)
     if partition_id == 0 and attempt == 0:
         Faults(opts.fault, unit.batch_id).hit("write")

@@ -50,6 +50,9 @@ logger = get_logger(__name__)
 
 #: A task reads at most this many offsets; longer ranges are split (parallelism, bounded task time).
 MAX_OFFSETS_PER_TASK = 1_000_000
+#: Ranges shorter than this are packed with their neighbours into one task (:func:`pack_ranges`): a task's
+#: launch, its two Python workers and its staged object cost the same for ten rows as for a million.
+MIN_OFFSETS_PER_TASK = 1 << 17
 
 
 class SourceDataLossError(DataLossError):
@@ -275,6 +278,32 @@ class LogView:
             out.extend(split_range(plog, rng, pieces, max_size=MAX_OFFSETS_PER_TASK))
         logger.info("planned %d offsets of %d partitions as %d tasks", total, len(ranges), len(out))
         return out
+
+
+def pack_ranges(
+    ranges: list[OffsetRange], min_offsets: int = MIN_OFFSETS_PER_TASK, min_tasks: int | None = None
+) -> list[tuple[OffsetRange, ...]]:
+    """The tasks of ``ranges``: consecutive ranges packed together until a task holds ``min_offsets``.
+
+    Invariants: every range is in exactly one task, in the given order; a range is never split (each is
+    read on its own, as planned); a task never holds more than ``max(MAX_OFFSETS_PER_TASK, its largest
+    range)`` offsets; with ``min_tasks`` (``minPartitions``) no packing brings the count below it. A small
+    micro-batch over many partitions thus runs as one task, as Spark's file sources pack small files.
+    """
+    if min_tasks is not None and len(ranges) <= min_tasks:
+        return [(r,) for r in ranges]
+    tasks: list[list[OffsetRange]] = []
+    size = 0
+    for rng in ranges:
+        if tasks and size < min_offsets and size + rng.size <= MAX_OFFSETS_PER_TASK:
+            tasks[-1].append(rng)
+            size += rng.size
+        else:
+            tasks.append([rng])
+            size = rng.size
+    if min_tasks is not None and len(tasks) < min_tasks:
+        return [(r,) for r in ranges]
+    return [tuple(t) for t in tasks]
 
 
 def fair_split(available: Mapping[TopicPartition, int], budget: int) -> dict[TopicPartition, int]:

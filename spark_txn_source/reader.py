@@ -59,15 +59,16 @@ if TYPE_CHECKING:
 
 
 class RangePartition(InputPartition):
-    """One Spark task: an :class:`OffsetRange` (picklable, no credentials beyond the reader's options)."""
+    """One Spark task: one or more :class:`OffsetRange` read one after the other, in the given order
+    (picklable, no credentials beyond the reader's options). ``range`` is the first."""
 
-    def __init__(self, rng: OffsetRange) -> None:
-        super().__init__(rng)
+    def __init__(self, rng: OffsetRange, *more: OffsetRange) -> None:
+        super().__init__((rng, *more))
+        self.ranges = (rng, *more)
         self.range = rng
 
     def __repr__(self) -> str:
-        r = self.range
-        return f"RangePartition({r.topic}-{r.partition} [{r.start}, {r.end}))"
+        return "RangePartition(" + ", ".join(f"{r.topic}-{r.partition} [{r.start}, {r.end})" for r in self.ranges) + ")"
 
 
 def source_schema(options: dict[str, str]) -> StructType:
@@ -134,7 +135,13 @@ def read_partition(opts: SourceOptions, schema: StructType, partition: InputPart
     if not isinstance(partition, RangePartition):
         return  # Spark's placeholder partition when the plan is empty
     target = arrow_target(schema)
-    rng = partition.range
+    for rng in partition.ranges:
+        yield from _read_range(opts, schema, target, rng)
+
+
+def _read_range(
+    opts: SourceOptions, schema: StructType, target: pa.Schema, rng: OffsetRange
+) -> Iterator[pa.RecordBatch]:
     plog = PartitionLog(_storage(opts), rng.path, clock=system_clock)  # a task has no Log: its own clock
     origin = BatchOrigin(rng.topic, rng.partition, truncate=opts.timestamp_precision == "truncate")
     try:

@@ -39,7 +39,7 @@ from pyspark.sql.types import StructType
 
 from spark_txn_source import offsets
 from spark_txn_source.options import SourceOptions
-from spark_txn_source.planning import LogView, fair_split
+from spark_txn_source.planning import LogView, fair_split, pack_ranges
 from spark_txn_source.reader import RangePartition, read_partition
 from txn_core.errors import ConfigurationError
 from txn_core.format.ids import TopicPartition
@@ -129,7 +129,7 @@ class TxnLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = offsets.decode(start, view.url)
         finish = offsets.decode(end, view.url)
         ranges = view.plan({tp: begin.get(tp) for tp in finish}, finish, min_partitions=self.opts.min_partitions)
-        return [RangePartition(r) for r in ranges]
+        return [RangePartition(*task) for task in pack_ranges(ranges, min_tasks=self.opts.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, self.schema, partition)

@@ -19,6 +19,14 @@ Run (10M rows, several minutes)::
     /work/venv/bin/pytest tests/bench_spark_sink.py -m bench -s -p no:cacheprovider
 
 A quick run: ``TXNLOG_BENCH_ROWS=1000000``. ``TXNLOG_BENCH_ROUNDS`` (3) sets the runs per copy.
+
+Two more benchmarks, also runnable as a script (``.venv/bin/python tests/bench_spark_sink.py
+2000000:1000000:strings --rounds 3 --small``): ``test_bench_copy_sizes`` copies every case of ``CASES`` (rows,
+micro-batch rows, "strings" or "numeric" rows), each txnlog run right after a parquet run, and reports the
+ratio of each pair and their range (on a shared machine only same-run ratios mean anything);
+``test_bench_small_micro_batch`` runs steady micro-batches of 8,000 rows (one input transaction or parquet file
+each) and reports the median milliseconds per phase of Spark's progress, txnlog -> txnlog against parquet ->
+parquet.
 """
 
 from __future__ import annotations
@@ -47,14 +55,31 @@ FILES_PER_BATCH = 4
 CHUNK = max(1, math.ceil(ROWS / (BATCHES * FILES_PER_BATCH)))  # 500k rows for 10M rows in 5 batches
 PARTITIONS = 4
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string()), ("value", pa.string())])
+#: The numeric rows: as many columns, no strings.
+NUMERIC = pa.schema([("id", pa.int64()), ("a", pa.int64()), ("b", pa.float64()), ("c", pa.int32())])
+DDL = {"strings": "id LONG, key STRING, value STRING", "numeric": "id LONG, a LONG, b DOUBLE, c INT"}
 
 
-def chunks(rows: int) -> Iterator[pa.Table]:
+def chunks(rows: int, chunk: int = CHUNK, shape: str = "strings") -> Iterator[pa.Table]:
+    """The input rows in tables of ``chunk`` rows; ``shape`` "strings" (``SCHEMA``) or "numeric" (``NUMERIC``)."""
     rng = np.random.default_rng(42)
+    if shape == "numeric":
+        for start in range(0, rows, chunk):
+            n = min(chunk, rows - start)
+            yield pa.table(
+                {
+                    "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+                    "a": pa.array(rng.integers(0, 1 << 40, n)),
+                    "b": pa.array(rng.random(n)),
+                    "c": pa.array(rng.integers(0, 1_000, n).astype(np.int32)),
+                },
+                schema=NUMERIC,
+            )
+        return
     keys = np.array([f"key-{i:04d}" for i in range(1_000)], dtype=object)
     values = np.array([rng.bytes(50).hex() for _ in range(100_000)], dtype=object)
-    for start in range(0, rows, CHUNK):
-        n = min(CHUNK, rows - start)
+    for start in range(0, rows, chunk):
+        n = min(chunk, rows - start)
         yield pa.table(
             {
                 "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
@@ -65,20 +90,29 @@ def chunks(rows: int) -> Iterator[pa.Table]:
         )
 
 
-def write_input(root: Path) -> tuple[txn_core.Log, str, int]:
-    """The rows as topic ``in`` and as parquet files; returns the log, the parquet directory, file count."""
-    log = txn_core.open_log(f"file://{root}/log")
-    log.create_topic("in", PARTITIONS, SCHEMA)
-    producer = log.producer("bench-input")
+def write_input(
+    root: Path,
+    rows: int = ROWS,
+    chunk: int = CHUNK,
+    shape: str = "strings",
+    topic: str = "in",
+    log: txn_core.Log | None = None,
+) -> tuple[txn_core.Log, str, int]:
+    """The rows as topic ``topic`` (one transaction per chunk, spread over ``PARTITIONS``) and as parquet
+    files of one chunk each; returns the log, the parquet directory and the file count."""
+    if log is None:
+        log = txn_core.open_log(f"file://{root}/log")
+    log.create_topic(topic, PARTITIONS, NUMERIC if shape == "numeric" else SCHEMA)
+    producer = log.producer(f"bench-input-{topic}")
     producer.init_transactions()
-    parquet_dir = root / "parquet-in"
+    parquet_dir = root / f"parquet-{topic}"
     parquet_dir.mkdir()
     files = 0
-    for i, table in enumerate(chunks(ROWS)):
+    for i, table in enumerate(chunks(rows, chunk, shape)):
         producer.begin_transaction()
         step = math.ceil(table.num_rows / PARTITIONS)
         for p in range(PARTITIONS):
-            producer.send("in", table.slice(p * step, step), partition=p)
+            producer.send(topic, table.slice(p * step, step), partition=p)
         producer.commit_transaction()
         pq.write_table(table, parquet_dir / f"part-{i:05d}.parquet")
         files += 1
@@ -95,39 +129,51 @@ def timed(query: Any) -> tuple[float, int, int]:
 
 
 def txnlog_copy(
-    spark: Any, log: txn_core.Log, root: Path, name: str, offsets_per_trigger: int, stats: Path, metadata: bool = True
+    spark: Any,
+    log: txn_core.Log,
+    root: Path,
+    name: str,
+    offsets_per_trigger: int,
+    stats: Path | None,
+    metadata: bool = True,
+    source: str = "in",
+    trigger: dict[str, Any] | None = None,
 ) -> Any:
     df = (
         spark.readStream.format("txnlog")
-        .option("topic", "in")
+        .option("topic", source)
         .option("startingOffsets", "earliest")
         .option("includeMetadata", str(metadata).lower())
         .option("maxOffsetsPerTrigger", str(offsets_per_trigger))
         .load(log.url)
     )
-    return (
+    writer = (
         df.writeStream.format("txnlog")
         .option("checkpointLocation", str(root / f"chk-{name}"))
         .option("topic", name)
         .option("partitions", str(PARTITIONS))
         .option("consumerGroup", name)
-        .option("testing.stats", str(stats))
-        .trigger(availableNow=True)
-        .start(log.url)
     )
+    if stats is not None:
+        writer = writer.option("testing.stats", str(stats))
+    return writer.trigger(**(trigger or {"availableNow": True})).start(log.url)
 
 
-def parquet_copy(spark: Any, parquet_dir: str, root: Path, name: str, files_per_trigger: int) -> Any:
-    df = (
-        spark.readStream.schema("id LONG, key STRING, value STRING")
-        .option("maxFilesPerTrigger", str(files_per_trigger))
-        .parquet(parquet_dir)
-    )
+def parquet_copy(
+    spark: Any,
+    parquet_dir: str,
+    root: Path,
+    name: str,
+    files_per_trigger: int,
+    ddl: str = DDL["strings"],
+    trigger: dict[str, Any] | None = None,
+) -> Any:
+    df = spark.readStream.schema(ddl).option("maxFilesPerTrigger", str(files_per_trigger)).parquet(parquet_dir)
     return (
         df.writeStream.format("parquet")
         .option("path", str(root / name))
         .option("checkpointLocation", str(root / f"chk-{name}"))
-        .trigger(availableNow=True)
+        .trigger(**(trigger or {"availableNow": True}))
         .start()
     )
 
@@ -299,3 +345,179 @@ def test_bench_exactly_once_txnlog_copy_vs_parquet_copy(spark: Any, tmp_path: Pa
         f"storage requests per committed micro-batch (driver commit): {requests['total']:.1f} ({detail}); "
         f"staged objects committed by reference per micro-batch: {requests['objects']:.1f}"
     )
+
+
+# --- copies of several sizes, and the steady small micro-batch -------------------------------------------
+
+
+#: Per round: txnlog -> txnlog rows/s, parquet -> parquet rows/s, and their ratio.
+Rates = tuple[list[float], list[float], list[float]]
+
+
+def copy_ratios(spark: Any, root: Path, rows: int, batch_rows: int, shape: str, rounds: int) -> Rates:
+    """Exactly-once txnlog -> txnlog against parquet -> parquet, alternating, ``rounds`` times each:
+    per round the txnlog copy's rows/s, parquet's, and their ratio (each txnlog run against the parquet run
+    right before it). Input: ``rows`` in transactions (and parquet files) of ``batch_rows / 4`` rows, copied
+    in micro-batches of ``batch_rows``."""
+    chunk = max(1, batch_rows // FILES_PER_BATCH)
+    topic = f"in-{shape}-{rows}-{batch_rows}"
+    log, parquet_dir, _ = write_input(root, rows, chunk, shape, topic)
+    offsets_per_trigger = batch_rows + FILES_PER_BATCH * PARTITIONS  # one marker per partition per transaction
+    txn_rates, parquet_rates, ratios = [], [], []
+    for r in range(rounds):
+        name = f"{topic}-r{r}"
+        elapsed_p, n, _ = timed(parquet_copy(spark, parquet_dir, root, f"pq-{name}", FILES_PER_BATCH, DDL[shape]))
+        assert n == rows, (name, n)
+        q = txnlog_copy(spark, log, root, f"tx-{name}", offsets_per_trigger, None, metadata=True, source=topic)
+        elapsed_t, n, _ = timed(q)
+        assert n == rows, (name, n)
+        group = log.groups.committed(f"tx-{name}")
+        assert {tp.partition: o.offset for tp, o in group.items()} == {
+            p.partition: p.log_end_offset for p in log.describe_topic(topic).partitions
+        }
+        txn_rates.append(rows / elapsed_t)
+        parquet_rates.append(rows / elapsed_p)
+        ratios.append(elapsed_p / elapsed_t)
+        print(
+            f"{shape} {rows:,} rows in batches of {batch_rows:,}, round {r + 1}: parquet {elapsed_p:.2f} s, "
+            f"txnlog {elapsed_t:.2f} s, {ratios[-1]:.2f}x",
+            flush=True,
+        )
+    log.close()
+    return txn_rates, parquet_rates, ratios
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
+
+
+def batch_phases(query: Any, skip: int = 2) -> dict[str, float]:
+    """Median milliseconds per phase of a query's micro-batches that read rows, the first ``skip`` left out
+    (warm-up); ``batches`` is how many were measured."""
+    progress = [p for p in query.recentProgress if p["numInputRows"]][skip:]
+    out = {phase: _median([float(p["durationMs"].get(phase, 0)) for p in progress]) for phase in PHASES}
+    out["batches"] = float(len(progress))
+    return out
+
+
+def small_batch_times(
+    spark: Any, root: Path, rows: int, batches: int, rounds: int
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Steady micro-batches of ``rows`` rows: one input transaction (one parquet file) per micro-batch; per
+    round the median phases of txnlog -> txnlog (exactly-once) and of parquet -> parquet."""
+    topic = f"small-{rows}"
+    log, parquet_dir, _ = write_input(root, rows * batches, rows, "strings", topic)
+    txn, parquet = [], []
+    for r in range(rounds):
+        q = parquet_copy(spark, parquet_dir, root, f"pq-{topic}-r{r}", 1)
+        q.awaitTermination()
+        parquet.append(batch_phases(q))
+        q = txnlog_copy(spark, log, root, f"tx-{topic}-r{r}", rows + PARTITIONS, None, source=topic)
+        q.awaitTermination()
+        txn.append(batch_phases(q))
+        print(
+            f"{rows:,}-row micro-batches, round {r + 1}: parquet {parquet[-1]['triggerExecution']:.0f} ms, "
+            f"txnlog {txn[-1]['triggerExecution']:.0f} ms",
+            flush=True,
+        )
+    log.close()
+    return txn, parquet
+
+
+def report_copies(cases: list[tuple[int, int, str]], results: list[Rates]) -> None:
+    print("\n| rows | micro-batch | row shape | txnlog -> txnlog rows/s | parquet -> parquet rows/s | ratio (range) |")
+    print("|---:|---:|---|---:|---:|---:|")
+    for (rows, batch_rows, shape), (txn, parquet, ratios) in zip(cases, results, strict=True):
+        print(
+            f"| {rows / 1e6:g}M | {batch_rows / 1e6:g}M | {shape} | {min(txn) / 1e6:.2f}-{max(txn) / 1e6:.2f}M | "
+            f"{min(parquet) / 1e6:.2f}-{max(parquet) / 1e6:.2f}M | {min(ratios):.2f}-{max(ratios):.2f}x "
+            f"(median {_median(ratios):.2f}x) |"
+        )
+
+
+def report_small(rows: int, txn: list[dict[str, float]], parquet: list[dict[str, float]]) -> None:
+    ratios = [t["triggerExecution"] / p["triggerExecution"] for t, p in zip(txn, parquet, strict=True)]
+    print(f"\n{rows:,}-row micro-batches, median ms per phase per round (txnlog / parquet):")
+    for phase in PHASES:
+        t = ", ".join(f"{x[phase]:.0f}" for x in txn)
+        p = ", ".join(f"{x[phase]:.0f}" for x in parquet)
+        print(f"  {phase}: txnlog {t}; parquet {p}")
+    print(
+        f"txnlog / parquet per micro-batch: {min(ratios):.2f}-{max(ratios):.2f}x (median {_median(ratios):.2f}x), "
+        f"{int(txn[0]['batches'])} micro-batches measured per run"
+    )
+
+
+#: rows, micro-batch rows, row shape: the sizes the copy is measured at (``TXNLOG_BENCH_CASES`` overrides,
+#: e.g. ``2000000:1000000:strings,2000000:1000000:numeric``).
+CASES = [(10_000_000, 2_000_000, "strings"), (5_000_000, 1_000_000, "strings"), (10_000_000, 2_000_000, "numeric")]
+
+
+def _cases(spec: str | None) -> list[tuple[int, int, str]]:
+    if not spec:
+        return CASES
+    out = []
+    for case in spec.split(","):
+        rows, batch_rows, shape = case.split(":")
+        out.append((int(rows), int(batch_rows), shape))
+    return out
+
+
+@pytest.mark.bench
+@pytest.mark.spark
+def test_bench_copy_sizes(spark: Any, tmp_path: Path) -> None:
+    """The exactly-once copy against parquet's at every size of ``CASES``: ratios per round, and their range."""
+    cases = _cases(os.environ.get("TXNLOG_BENCH_CASES"))
+    results = [copy_ratios(spark, tmp_path, rows, b, shape, ROUNDS) for rows, b, shape in cases]
+    report_copies(cases, results)
+
+
+SMALL_ROWS = 8_000
+SMALL_BATCHES = 12
+
+
+@pytest.mark.bench
+@pytest.mark.spark
+def test_bench_small_micro_batch(spark: Any, tmp_path: Path) -> None:
+    """A steady micro-batch of 8,000 rows: the fixed cost every low-latency stream pays."""
+    txn, parquet = small_batch_times(spark, tmp_path, SMALL_ROWS, SMALL_BATCHES, ROUNDS)
+    report_small(SMALL_ROWS, txn, parquet)
+
+
+def main() -> None:
+    """``python tests/bench_spark_sink.py [ROWS:BATCH_ROWS:SHAPE,...] [--rounds N] [--small] [--no-copy]``."""
+    import argparse
+    import sys
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="?", help="e.g. 2000000:1000000:strings,2000000:1000000:numeric")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--small", action="store_true", help="also the steady 8,000-row micro-batch")
+    parser.add_argument("--no-copy", action="store_true", help="only the steady small micro-batch")
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import conftest
+
+    with tempfile.TemporaryDirectory(prefix="bench-spark-sink-") as root:
+        session_iter = conftest.spark.__wrapped__()  # type: ignore[attr-defined]
+        spark = next(session_iter)
+        try:
+            if not args.no_copy:
+                cases = _cases(args.cases)
+                results = [copy_ratios(spark, Path(root), r, b, s, args.rounds) for r, b, s in cases]
+                report_copies(cases, results)
+            if args.small or args.no_copy:
+                txn, parquet = small_batch_times(spark, Path(root), SMALL_ROWS, SMALL_BATCHES, args.rounds)
+                report_small(SMALL_ROWS, txn, parquet)
+        finally:
+            spark.stop()
+
+
+if __name__ == "__main__":
+    main()

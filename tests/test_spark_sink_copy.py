@@ -118,3 +118,26 @@ def test_offsets_of_another_log_cannot_be_committed_with_the_output(
     assert read_topic(log, "out").num_rows == 0
     assert log.groups.committed("copier") == {}
     assert garbage(log, "out") == []
+
+
+def test_small_micro_batches_run_as_one_task_and_still_spread_over_every_partition(
+    spark: Any, log: txn_core.Log, tmp_path: Path
+) -> None:
+    """A micro-batch of a few rows over 3 input partitions is one Spark task (the source packs small ranges),
+    and without a key, micro-batch ``n``'s task starts at output partition ``n``: four micro-batches fill
+    four partitions, not one. Exactly-once as ever."""
+    committed = produce_input(log, txns=6, rows=20)
+    q = copy(
+        spark,
+        log,
+        tmp_path / "chk",
+        starting="earliest",
+        sink={"partitions": "4", "consumerGroup": "small"},
+        read={"maxOffsetsPerTrigger": "30"},
+    )
+    q.awaitTermination()
+    batches = [p for p in q.recentProgress if p["numInputRows"]]
+    assert len(batches) >= 4
+    out = read_topic(log, "out")
+    assert ids(out) == sorted(committed)
+    assert len(set(out.column("_partition").to_pylist())) == min(4, len(batches))

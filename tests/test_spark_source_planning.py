@@ -18,7 +18,13 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 import txn_core
 from spark_txn_source.batch import TxnLogBatchReader, TxnLogFilteringBatchReader
-from spark_txn_source.planning import SourceCorruptDataError, SourceDataLossError, fair_split
+from spark_txn_source.planning import (
+    MAX_OFFSETS_PER_TASK,
+    SourceCorruptDataError,
+    SourceDataLossError,
+    fair_split,
+    pack_ranges,
+)
 from spark_txn_source.reader import make_batch_reader, make_stream_reader, source_schema
 from spark_txn_source.schema import arrow_target, conform, metadata_fields
 from spark_txn_source.stream import TxnLogStreamReader
@@ -26,7 +32,7 @@ from txn_core.format import envelope, paths
 from txn_core.format.entry import EntryKind, crc32, encode_arrow
 from txn_core.format.ids import TopicPartition
 from txn_core.partition import partition as partition_module
-from txn_core.partition.ranges import read_range
+from txn_core.partition.ranges import OffsetRange, read_range
 from txn_core.partition.records import MetadataColumns
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -496,3 +502,31 @@ def test_a_table_schema_naming_a_column_the_topics_lack_names_alter_table_and_th
     assert "DROP TABLE it and CREATE TABLE it again" in message and "leaves the log" in message
     with pytest.raises(txn_core.ConfigurationError, match=r"\['z'\].*Drop .schema\(...\).*ALTER TABLE.*DROP TABLE"):
         make_batch_reader(opts, schema)  # spark.read.schema(...): both causes named
+
+
+def test_small_ranges_are_packed_into_one_task_and_large_ones_are_not() -> None:
+    def rng(p: int, size: int) -> OffsetRange:
+        return OffsetRange(f"p{p}", "t", p, 0, size, 0)
+
+    small = [rng(p, 2_000) for p in range(4)]
+    assert pack_ranges(small) == [tuple(small)], "a small micro-batch is one task"
+    assert pack_ranges(small, min_tasks=4) == [(r,) for r in small], "minPartitions wins"
+    assert pack_ranges(small, min_tasks=2) == [(r,) for r in small], "never fewer tasks than minPartitions"
+    big = [rng(p, 500_000) for p in range(4)]
+    assert pack_ranges(big) == [(r,) for r in big]
+    mixed = [rng(0, 100), rng(1, MAX_OFFSETS_PER_TASK), rng(2, 100), rng(3, 100)]
+    tasks = pack_ranges(mixed)
+    assert [r for t in tasks for r in t] == mixed, "every range once, in order"
+    assert all(sum(r.size for r in t) <= MAX_OFFSETS_PER_TASK + 100 for t in tasks)
+    assert len(tasks) == 3
+
+
+def test_a_small_micro_batch_over_several_partitions_is_one_task_reading_every_range(url: str) -> None:
+    for p in range(2):
+        write(url, p, [10 * p, 10 * p + 1])
+    reader = stream(url)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    parts = list(reader.partitions(start, end))
+    assert len(parts) == 1 and len(parts[0].ranges) == 2  # type: ignore[attr-defined]
+    assert sorted(read_ids(reader, parts)) == [0, 1, 10, 11]
