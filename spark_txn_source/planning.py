@@ -289,6 +289,8 @@ def pack_ranges(
     read on its own, as planned); a task never holds more than ``max(MAX_OFFSETS_PER_TASK, its largest
     range)`` offsets; with ``min_tasks`` (``minPartitions``) no packing brings the count below it. A small
     micro-batch over many partitions thus runs as one task, as Spark's file sources pack small files.
+    Used on local disk only: a packed task reads its ranges one after another, which on an object store
+    costs the round trips that separate tasks overlap.
     """
     if min_tasks is not None and len(ranges) <= min_tasks:
         return [(r,) for r in ranges]

@@ -129,6 +129,10 @@ class TxnLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = offsets.decode(start, view.url)
         finish = offsets.decode(end, view.url)
         ranges = view.plan({tp: begin.get(tp) for tp in finish}, finish, min_partitions=self.opts.min_partitions)
+        if view.log.storage.overlap_reads:
+            # A store whose reads are round trips: a task per range, so that the ranges' reads overlap
+            # across tasks (a packed task reads its ranges one after another, a round trip or more each).
+            return [RangePartition(r) for r in ranges]
         return [RangePartition(*task) for task in pack_ranges(ranges, min_tasks=self.opts.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

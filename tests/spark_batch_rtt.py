@@ -195,9 +195,11 @@ def run(
 
             def task(i_part: tuple[int, Any], ident: BatchIdentity = ident) -> StagedRef | None:
                 i, part = i_part
-                rng = part.range
-                plog = PartitionLog(task_storage, rng.path, clock=system_clock)
-                batches_ = [b.select(["id", "key"]) for b in read_range(plog, rng)]
+                batches_ = [
+                    b.select(["id", "key"])
+                    for rng in part.ranges
+                    for b in read_range(PartitionLog(task_storage, rng.path, clock=system_clock), rng)
+                ]
                 return write_staged(
                     task_storage,
                     ident.prefix,

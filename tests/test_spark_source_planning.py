@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -521,12 +522,25 @@ def test_small_ranges_are_packed_into_one_task_and_large_ones_are_not() -> None:
     assert len(tasks) == 3
 
 
-def test_a_small_micro_batch_over_several_partitions_is_one_task_reading_every_range(url: str) -> None:
+def test_a_small_micro_batch_over_several_partitions_is_one_task_reading_every_range(tmp_path: Path) -> None:
+    local = str(tmp_path / "log")
+    txn_core.open_log(local).create_topic("t", 2, SCHEMA)
     for p in range(2):
-        write(url, p, [10 * p, 10 * p + 1])
-    reader = stream(url)
+        write(local, p, [10 * p, 10 * p + 1])
+    reader = stream(local)
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
     parts = list(reader.partitions(start, end))
     assert len(parts) == 1 and len(parts[0].ranges) == 2  # type: ignore[attr-defined]
+    assert sorted(read_ids(reader, parts)) == [0, 1, 10, 11]
+
+
+def test_on_a_store_whose_reads_are_round_trips_each_range_is_a_task_of_its_own(url: str) -> None:
+    """A packed task reads its ranges one after another; separate tasks overlap their round trips."""
+    for p in range(2):
+        write(url, p, [10 * p, 10 * p + 1])
+    reader = stream(url)
+    start = reader.initialOffset()
+    parts = list(reader.partitions(start, reader.latestOffset(start, ReadAllAvailable())))
+    assert [len(p.ranges) for p in parts] == [1, 1]  # type: ignore[attr-defined]
     assert sorted(read_ids(reader, parts)) == [0, 1, 10, 11]
