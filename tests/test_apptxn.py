@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +73,6 @@ def test_each_version_commits_once_and_a_replay_commits_nothing() -> None:
         second = committer.write_once(
             AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [3]}, schema=SCHEMA)
         )
-        assert second.deleted == 0  # its cleanup (the manifest) runs behind the commit: waited for here
         committed_objects = _staged(log)  # the committed units' data: their references point at them
         again = committer.write_once(
             AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [3]}, schema=SCHEMA)
@@ -474,47 +472,7 @@ def test_the_cli_writes_one_app_version_to_two_topics(tmp_path: Path, capsys: py
     assert _topic_ids(fresh, "t") == _topic_ids(fresh, "u") == [1, 2]
 
 
-def test_a_kept_unit_returns_at_its_commit_point_and_its_next_unit_waits_for_its_markers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A unit whose producer is kept returns once its PrepareCommit is durable, as Kafka's commitTransaction
-    does; its markers and cleanup run behind it. Readers see it at once (through the transaction log), and
-    the application's next unit begins only after them."""
-    import threading
-
-    from txn_core.coordinator.service import TransactionCoordinator
-
-    log = _log()
-    held = threading.Event()
-    write_markers = TransactionCoordinator.write_markers
-
-    def slow_markers(self: TransactionCoordinator, prepared: object) -> None:
-        assert held.wait(30)
-        write_markers(self, prepared)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(TransactionCoordinator, "write_markers", slow_markers)
-    with AppCommitter(log) as committer:
-        first = committer.write_once(AppVersion("loader", run_id="r", version=0), "t", pa.table({"id": [1, 2]}))
-        assert first.outcome == "committed"
-        assert isinstance(first.cleanup, Future) and not first.cleanup.done(), "returned before its markers"
-        assert _ids(log) == [1, 2], "visible from the commit point, markers or not"
-        second: list[object] = []
-        nxt = threading.Thread(
-            target=lambda: second.append(
-                committer.write_once(AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [3]}))
-            )
-        )
-        nxt.start()
-        nxt.join(0.3)
-        assert nxt.is_alive(), "the next unit waits for the previous one's markers"
-        held.set()
-        nxt.join(30)
-        assert first.deleted == 0 and [getattr(r, "outcome", None) for r in second] == ["committed"]
-    assert _ids(log) == [1, 2, 3]
-    assert not [k for k in _staged(log) if "_manifest-" in k], "every cleanup finished by close()"
-
-
-def test_a_kept_unit_whose_markers_failed_behind_it_starts_the_next_unit_from_storage(
+def test_a_kept_unit_whose_markers_failed_is_committed_and_the_next_unit_commits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from txn_core.coordinator.service import TransactionCoordinator

@@ -20,13 +20,7 @@ however often it is retried or replayed. Distributed writers stage rows as objec
    their start position, PROTOCOL.md "Offsets fence"), all at once; ``commit_transaction(progress)``: the
    progress rides on the PrepareCommit record, so output, offsets and progress are one decision.
 5. Wait for the markers; delete the unit's staged objects the commit does not name (failed or duplicate
-   attempts), then the manifest. Failures here are logged: the unit is committed. A unit whose producer is
-   kept, on a store whose requests are round trips (``Storage.overlap_reads``: not local disk), returns at
-   its commit point and finishes step 5 behind (:class:`Kept`), as Kafka's
-   ``commitTransaction`` returns once PrepareCommit is durable while the coordinator writes the markers:
-   the unit is visible from the commit point on (PROTOCOL.md "Read bound"), and every state a process
-   that dies meanwhile leaves is a state a crash after the commit point leaves anyway. The application's
-   next unit waits for it before it begins.
+   attempts), then the manifest. Failures here are logged: the unit is committed.
 
 Only staged objects the committed transaction lists become visible; a staged object is deleted only by a
 committer that knows it uncommitted (fenced first) or unreferenced by the committed unit (PROTOCOL.md
@@ -51,7 +45,6 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 from txn_core.clients.appunit import AppVersion
@@ -250,19 +243,12 @@ def _commit(
         hit("after_prepare")
         listing = submit(storage.list, unit.prefix)  # for the cleanup, overlapping the markers
         rows, objects = sum(r.rows for r in refs), len(refs)
-        if unit.write_id is not None or not storage.overlap_reads:
-            # Step 5 before returning: a one-shot write closes its producer (the markers land before it
-            # returns, so readers of the topic need not ask the transaction log; close() writes the
-            # Complete), and on a store whose requests are no round trips (local disk) step 5 costs less
-            # than a hand-off.
-            finished = _finish(producer, storage, unit, refs, manifest_key, listing, hit)
-            if unit.write_id is None:
-                keep = Kept(producer, progress)
-            return CommitResult("committed", rows, objects, finished), keep
-        # Kept: the markers and the cleanup run behind; the Complete rides on the next unit's records.
-        finishing = submit(partial(_finish, behind=True), producer, storage, unit, refs, manifest_key, listing, hit)
-        keep = Kept(producer, progress, finishing)
-        return CommitResult("committed", rows, objects, finishing), keep
+        # Step 5 before returning: the markers land before the unit returns (readers of the topic need not
+        # ask the transaction log); the Complete rides on the next unit's records (or close() writes it).
+        finished = _finish(producer, storage, unit, refs, manifest_key, listing, hit)
+        if unit.write_id is None:
+            keep = Kept(producer, progress)
+        return CommitResult("committed", rows, objects, finished), keep
     finally:
         if keep is None:
             producer.close()
@@ -286,22 +272,14 @@ def _finish(
     manifest_key: str | None,
     listing: Future[list[str]],
     hit: Callable[[str], None],
-    *,
-    behind: bool = False,
 ) -> int:
     """Step 5 of a committed unit: its markers in every partition, then its cleanup (objects deleted).
-    ``behind``: run behind the returned commit, which also writes the Complete record.
 
     Crash windows: before the markers land, readers decide the unit through the transaction log and the
     id's next ``init_transactions`` (or the coordinator's recovery) writes them; before the manifest is
     deleted, a replay of the unit finishes the cleanup from it (PROTOCOL.md "Application transactions")."""
     try:
-        if behind:
-            # and its Complete now, off the next unit's path: left to the linger it would land while the
-            # next unit writes, and that unit's PrepareCommit would queue behind it in the transaction log
-            producer.wait_for_completion()
-        else:
-            producer.wait_for_markers()
+        producer.wait_for_markers()
         hit("after_commit")
     except Exception as exc:
         logger.warning("%s: committed; its markers are not all written yet: %s", unit.prefix, exc)
@@ -535,8 +513,8 @@ def _finish_from_manifest(storage: Storage, manifest: str) -> int | None:
 
 def _heal_previous(storage: Storage, previous: Progress | None) -> None:
     """A committer starting from storage (a new process, or after a failure) finishes the cleanup of the
-    id's last committed unit if that unit's process died before it (its step 5 runs behind its commit on
-    an object store): run behind this unit, its failures logged."""
+    id's last committed unit if that unit's process died before it: run behind this unit, its failures
+    logged."""
     manifest = previous.manifest if previous is not None else None
     if not isinstance(manifest, str):
         return
