@@ -145,9 +145,9 @@ def _stage(
     """Stage one task's rows; return the references (shared by stream and batch writers).
 
     Without a key, task ``i`` of micro-batch ``n`` starts at partition ``i + n`` (``n``: a batch write's
-    ``txnVersion``, else 0), so
-    that a stream whose micro-batches run as fewer tasks than the topic has partitions (a small micro-batch
-    is one task, :func:`spark_txn_source.planning.pack_ranges`) still spreads its rows over every partition.
+    ``txnVersion``, else 0), so that a stream whose micro-batches run as fewer tasks than the topic has
+    partitions (a small micro-batch is one task, :func:`spark_txn_source.planning.pack_ranges`) still
+    spreads its rows over every partition.
     """
     tc = _task_context()
     partition_id, attempt = tc.partitionId(), tc.attemptNumber()

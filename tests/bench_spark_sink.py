@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -387,12 +388,6 @@ def copy_ratios(spark: Any, root: Path, rows: int, batch_rows: int, shape: str, 
     return txn_rates, parquet_rates, ratios
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 
 
@@ -400,7 +395,7 @@ def batch_phases(query: Any, skip: int = 2) -> dict[str, float]:
     """Median milliseconds per phase of a query's micro-batches that read rows, the first ``skip`` left out
     (warm-up); ``batches`` is how many were measured."""
     progress = [p for p in query.recentProgress if p["numInputRows"]][skip:]
-    out = {phase: _median([float(p["durationMs"].get(phase, 0)) for p in progress]) for phase in PHASES}
+    out = {phase: statistics.median([float(p["durationMs"].get(phase, 0)) for p in progress]) for phase in PHASES}
     out["batches"] = float(len(progress))
     return out
 
@@ -436,7 +431,7 @@ def report_copies(cases: list[tuple[int, int, str]], results: list[Rates]) -> No
         print(
             f"| {rows / 1e6:g}M | {batch_rows / 1e6:g}M | {shape} | {min(txn) / 1e6:.2f}-{max(txn) / 1e6:.2f}M | "
             f"{min(parquet) / 1e6:.2f}-{max(parquet) / 1e6:.2f}M | {min(ratios):.2f}-{max(ratios):.2f}x "
-            f"(median {_median(ratios):.2f}x) |"
+            f"(median {statistics.median(ratios):.2f}x) |"
         )
 
 
@@ -448,7 +443,8 @@ def report_small(rows: int, txn: list[dict[str, float]], parquet: list[dict[str,
         p = ", ".join(f"{x[phase]:.0f}" for x in parquet)
         print(f"  {phase}: txnlog {t}; parquet {p}")
     print(
-        f"txnlog / parquet per micro-batch: {min(ratios):.2f}-{max(ratios):.2f}x (median {_median(ratios):.2f}x), "
+        f"txnlog / parquet per micro-batch: {min(ratios):.2f}-{max(ratios):.2f}x "
+        f"(median {statistics.median(ratios):.2f}x), "
         f"{int(txn[0]['batches'])} micro-batches measured per run"
     )
 

@@ -475,6 +475,8 @@ def test_the_cli_writes_one_app_version_to_two_topics(tmp_path: Path, capsys: py
 def test_a_kept_unit_whose_markers_failed_is_committed_and_the_next_unit_commits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A marker write that fails once is finished by the committer (the unit is committed, whatever the
+    store said), and the kept producer commits the next unit."""
     from txn_core.coordinator.service import TransactionCoordinator
     from txn_core.errors import StorageError
 
@@ -497,9 +499,9 @@ def test_a_kept_unit_whose_markers_failed_is_committed_and_the_next_unit_commits
 
 
 def test_a_committer_starting_from_storage_finishes_the_cleanup_a_dead_committer_left() -> None:
-    """Step 5 of a kept unit runs behind its commit on an object store: a process that dies there leaves a
-    committed unit's manifest and failed attempts' objects. The id's next committer that starts from
-    storage finishes that cleanup from the manifest (behind its own unit); the committed data stays."""
+    """A committer that dies after its commit point, before its cleanup, leaves a committed unit's manifest
+    and failed attempts' objects. The id's next committer that starts from storage finishes that cleanup
+    from the manifest (behind its own unit); the committed data stays."""
     import time
 
     class DiedError(Exception):

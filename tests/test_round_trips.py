@@ -476,8 +476,8 @@ def test_a_read_committed_seek_past_the_buffer_reads_the_headers_ahead() -> None
     storage.peak = 0
     c.seek(("t", 0), bases[250])
     headers = [k for kind, k in storage.keys if kind == "read" and "/log/" in k]
-    # up to 64 in flight; one by one is 1 (a loaded machine once peaked at 25 with 2 ms reads)
-    assert len(headers) >= 250 and storage.peak >= 16, (len(headers), storage.peak)
+    # up to 64 in flight (10 ms reads: with 2 ms a loaded machine once peaked at 25)
+    assert len(headers) >= 250 and storage.peak >= 32, (len(headers), storage.peak)
     assert c.poll().column("id").to_pylist()[:2] == [0, 1]  # the records of entry 250 come first
 
 

@@ -45,7 +45,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from txn_core.clients.appunit import AppVersion
 from txn_core.clients.producer import DEFAULT_BATCH_BYTES, Producer
@@ -90,40 +90,16 @@ class GroupPosition:
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
-    """What a commit did: ``committed`` (a new transaction) or ``replayed`` (already committed: no-op).
-    ``cleanup``: the staged objects deleted after it, or the cleanup still running behind the commit."""
+    """What a commit did: ``committed`` (a new transaction) or ``replayed`` (already committed: no-op)."""
 
     outcome: str
     rows: int
     objects: int
-    cleanup: int | Future[int] = 0
-
-    @property
-    def deleted(self) -> int:
-        """Staged objects the cleanup deleted (waits for a cleanup running behind the commit; raises what
-        it raised)."""
-        return self.cleanup if isinstance(self.cleanup, int) else self.cleanup.result()
+    deleted: int
 
 
-class Kept(NamedTuple):
-    """A producer kept from the application's previous committed unit, the progress it committed, and that
-    unit's step 5 running behind it (None: finished before the commit returned)."""
-
-    producer: Producer
-    progress: Progress
-    finishing: Future[int] | None = None
-
-    def settle(self) -> bool:
-        """Wait for the previous unit's step 5; False if it failed (its markers may not be written: the
-        producer is not reused, the next unit starts from storage alone)."""
-        if self.finishing is None:
-            return True
-        try:
-            self.finishing.result()
-        except Exception as exc:  # already logged by _finish; InjectedFaultError and the like included
-            logger.info("the previous unit of %s did not finish cleanly: %s", self.producer.transactional_id, exc)
-            return False
-        return True
+#: A producer kept from the application's previous committed unit, with the progress it committed.
+Kept = tuple["Producer", Progress]
 
 
 def _no_fault(point: str) -> None:
@@ -156,12 +132,9 @@ def commit_staged(
     storage = storage or ctx.storage
     unit = unit.for_topic(topic)
     begin_hook = (lambda: before_begin(log)) if before_begin is not None else None
-    if kept is not None and not kept.settle():
-        _close_kept(kept)
-        kept = None
     if kept is not None:
         try:
-            return _commit(ctx, storage, unit, refs, topic, group, offsets, begin_hook, hit, *kept[:2])
+            return _commit(ctx, storage, unit, refs, topic, group, offsets, begin_hook, hit, *kept)
         except ProducerFencedError:  # another committer of the id ran since: start from storage alone
             pass
     refused = _refusal(unit, offsets, *_progress(ctx, unit))
@@ -242,49 +215,17 @@ def _commit(
             raise
         hit("after_prepare")
         listing = submit(storage.list, unit.prefix)  # for the cleanup, overlapping the markers
-        rows, objects = sum(r.rows for r in refs), len(refs)
-        # Step 5 before returning: the markers land before the unit returns (readers of the topic need not
-        # ask the transaction log); the Complete rides on the next unit's records (or close() writes it).
-        finished = _finish(producer, storage, unit, refs, manifest_key, listing, hit)
+        # Markers in every partition before the unit returns (readers need not ask the transaction log);
+        # the Complete record rides on the next unit's records (or close() writes it).
+        producer.wait_for_markers()
+        hit("after_commit")
+        deleted = _cleanup_committed(storage, unit, refs, manifest_key, listing)
         if unit.write_id is None:
-            keep = Kept(producer, progress)
-        return CommitResult("committed", rows, objects, finished), keep
+            keep = (producer, progress)
+        return CommitResult("committed", sum(r.rows for r in refs), len(refs), deleted), keep
     finally:
         if keep is None:
             producer.close()
-
-
-def _close_kept(kept: Kept) -> None:
-    """Close a kept producer after its last unit finished; a failure to close is logged (the units are
-    committed; the id's next ``init_transactions`` finishes what is left)."""
-    kept.settle()
-    try:
-        kept.producer.close()
-    except TxnLogError as exc:
-        logger.info("kept producer of %s not closed cleanly: %s", kept.producer.transactional_id, exc)
-
-
-def _finish(
-    producer: Producer,
-    storage: Storage,
-    unit: AppVersion,
-    refs: list[StagedRef],
-    manifest_key: str | None,
-    listing: Future[list[str]],
-    hit: Callable[[str], None],
-) -> int:
-    """Step 5 of a committed unit: its markers in every partition, then its cleanup (objects deleted).
-
-    Crash windows: before the markers land, readers decide the unit through the transaction log and the
-    id's next ``init_transactions`` (or the coordinator's recovery) writes them; before the manifest is
-    deleted, a replay of the unit finishes the cleanup from it (PROTOCOL.md "Application transactions")."""
-    try:
-        producer.wait_for_markers()
-        hit("after_commit")
-    except Exception as exc:
-        logger.warning("%s: committed; its markers are not all written yet: %s", unit.prefix, exc)
-        raise
-    return _cleanup_committed(storage, unit, refs, manifest_key, listing)
 
 
 def _refusal(
@@ -587,8 +528,8 @@ class AppCommitter(Generic[Given]):
             with self._lock:
                 old = self._kept.pop(unit.transactional_id, None)
                 self._kept[unit.transactional_id] = keep
-            if old is not None and old.producer is not keep.producer:
-                _close_kept(old)
+            if old is not None and old[0] is not keep[0]:
+                old[0].close()
         return result
 
     def abort(
@@ -629,15 +570,17 @@ class AppCommitter(Generic[Given]):
         with self._lock:
             kept = self._kept.pop(tid, None)
         if kept is not None:
-            _close_kept(kept)
+            try:
+                kept[0].close()
+            except TxnLogError as exc:
+                logger.info("kept producer of %s not closed cleanly: %s", tid, exc)
 
     def close(self) -> None:
-        """Close the kept producers once their last units finished (their last Complete records are
-        written)."""
+        """Close the kept producers (their last Complete records are written)."""
         with self._lock:
             kept, self._kept = list(self._kept.values()), {}
-        for k in kept:
-            _close_kept(k)
+        for producer, _ in kept:
+            producer.close()
 
     def __enter__(self) -> AppCommitter[Given]:
         return self

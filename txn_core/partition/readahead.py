@@ -19,7 +19,7 @@ Invariants:
   new entries pays at most one read more than reading them one by one, and one that is catching up
   reaches full depth in a few round trips.
 * **A stop slot bounds the reading ahead.** A reader told where its range ends (``stop``: no slot at or
-  past it is needed) issues no read there ahead of need; a slot asked for is read wherever it is The
+  past it is needed) issues no read there ahead of need; a slot asked for is read wherever it is. The
   slots below the stop were seen by the planner, so they are known to exist and are issued at once (as
   listed slots are, below), within the byte budget.
 * **Reads are not cancelled.** A read issued is left to finish when its result is discarded, so the
