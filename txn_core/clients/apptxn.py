@@ -39,14 +39,12 @@ version ``N`` to two topics commits it once to each (:class:`AppVersion`, scope)
 
 from __future__ import annotations
 
-import json
 import threading
-import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from txn_core.clients import appmanifest
 from txn_core.clients.appunit import AppVersion
 from txn_core.clients.producer import DEFAULT_BATCH_BYTES, Producer
 from txn_core.clients.progress import Progress
@@ -54,17 +52,15 @@ from txn_core.errors import (
     AppScopeError,
     ConfigurationError,
     GroupFencedError,
-    ObjectNotFoundError,
     ProducerFencedError,
-    StorageError,
     TransactionalIdTakenOverError,
     TxnLogError,
 )
 from txn_core.format.ids import TopicPartition, validate_name
 from txn_core.logs import get_logger
-from txn_core.partition.staging import StagedRef, delete_keys, delete_unreferenced
-from txn_core.storage.base import Storage, create_resolving
-from txn_core.storage.parallel import parallel_map, submit
+from txn_core.partition.staging import StagedRef
+from txn_core.storage.base import Storage
+from txn_core.storage.parallel import submit
 
 if TYPE_CHECKING:
     from txn_core.clients.context import LogContext, SupportsContext
@@ -73,8 +69,6 @@ if TYPE_CHECKING:
 Given = TypeVar("Given", bound="SupportsContext")
 
 logger = get_logger("txnlog.apptxn")
-
-MANIFEST_PREFIX = "_manifest-"
 
 Offsets = dict[tuple[str, int] | TopicPartition, int]
 
@@ -147,8 +141,8 @@ def commit_staged(
     except BaseException:
         producer.close()
         raise
-    if not unit.committed_by(previous):  # a replay finishes that cleanup itself (_cleanup_replay)
-        submit(_heal_previous, storage, previous)
+    if not unit.committed_by(previous):  # a replay finishes that cleanup itself (appmanifest.cleanup_replay)
+        submit(appmanifest.heal_previous, storage, previous)
     return _commit(ctx, storage, unit, refs, topic, group, offsets, begin_hook, hit, producer, previous, source)
 
 
@@ -182,12 +176,12 @@ def _commit(
         if refused is not None:
             raise refused  # another run committed between the check before fencing and the fencing
         if unit.committed_by(previous):
-            return CommitResult("replayed", 0, 0, _cleanup_replay(storage, unit, previous, refs)), None
+            return CommitResult("replayed", 0, 0, appmanifest.cleanup_replay(storage, unit, previous, refs)), None
         if before_begin is not None:
             before_begin()
-        manifest_key = _manifest_key(unit) if unit.write_id is None else None
+        manifest_key = appmanifest.manifest_key(unit) if unit.write_id is None else None
         # the manifest's create overlaps the transaction's first requests; it is durable before the commit point
-        written = submit(_write_manifest, storage, unit, refs, manifest_key) if manifest_key else None
+        written = submit(appmanifest.write_manifest, storage, unit, refs, manifest_key) if manifest_key else None
         try:
             try:
                 if refs and max(r.partition for r in refs) >= ctx.topics.get(topic, refresh=False).partitions:
@@ -211,7 +205,7 @@ def _commit(
             # decided nothing, and its manifest names nothing committed. The caller starts over from storage,
             # where the unit may turn out replayed, which would never delete this attempt's manifest.
             if manifest_key is not None:
-                _quiet_delete(storage, [manifest_key])
+                appmanifest.quiet_delete(storage, [manifest_key])
             raise
         hit("after_prepare")
         listing = submit(storage.list, unit.prefix)  # for the cleanup, overlapping the markers
@@ -219,7 +213,7 @@ def _commit(
         # the Complete record rides on the next unit's records (or close() writes it).
         producer.wait_for_markers()
         hit("after_commit")
-        deleted = _cleanup_committed(storage, unit, refs, manifest_key, listing)
+        deleted = appmanifest.cleanup_committed(storage, unit, refs, manifest_key, listing)
         if unit.write_id is None:
             keep = (producer, progress)
         return CommitResult("committed", sum(r.rows for r in refs), len(refs), deleted), keep
@@ -324,7 +318,7 @@ def abort_staged(
             return 0  # committed, or not known to be uncommitted: its objects may be data
     finally:
         producer.close()
-    return _quiet_delete(storage, [r.key for r in refs] + _manifests(storage, unit))
+    return appmanifest.quiet_delete(storage, [r.key for r in refs] + appmanifest.manifests(storage, unit))
 
 
 def _offsets_to_send(
@@ -350,130 +344,6 @@ def _offsets_to_send(
             )
         start = {tp: -1 for tp in position.end}
     return dict(position.end.items()), dict(start.items())
-
-
-# --- manifests and cleanup ------------------------------------------------------------------------
-
-
-def _manifest_key(unit: AppVersion) -> str:
-    return f"{unit.prefix}{MANIFEST_PREFIX}{uuid.uuid4().hex}.json"
-
-
-def _write_manifest(storage: Storage, unit: AppVersion, refs: list[StagedRef], key: str) -> str:
-    """Record the keys this unit is about to commit, so that a replay can finish an interrupted cleanup.
-
-    Written before the commit point; its key is part of the committed progress, so a manifest named by
-    committed progress lists exactly the committed keys of that unit.
-    """
-    body = json.dumps(
-        {
-            "transactional_id": unit.transactional_id,
-            "query_id": unit.run_id,
-            "batch_id": unit.version,
-            "keys": [r.key for r in refs],
-        }
-    ).encode()
-    create_resolving(storage, key, [body], body)
-    return key
-
-
-def _manifests(storage: Storage, unit: AppVersion) -> list[str]:
-    """Manifests under the unit's prefix. Called only once the unit is known uncommitted (after fencing):
-    such a manifest names nothing committed; deleting one at worst leaves garbage for a later cleanup."""
-    try:
-        return [unit.prefix + n for n in storage.list(unit.prefix) if n.startswith(MANIFEST_PREFIX)]
-    except StorageError:
-        return []
-
-
-def _read_manifest(storage: Storage, key: str) -> list[str] | None:
-    try:
-        value = json.loads(storage.read(key))
-    except ObjectNotFoundError:
-        return None
-    return [str(k) for k in value["keys"]]
-
-
-def _cleanup_committed(
-    storage: Storage,
-    unit: AppVersion,
-    refs: list[StagedRef],
-    manifest: str | None,
-    listing: Future[list[str]] | None = None,
-) -> int:
-    """After this process's commit of the unit: delete every unreferenced object of its prefix.
-
-    ``listing`` is the prefix's listing taken after the commit point (overlapping the markers); the
-    objects it shows that the unit did not commit are failed or duplicate attempts, deleted in parallel,
-    then the manifest. Without it the prefix is listed here.
-    """
-    keep = {r.key for r in refs}
-    if manifest is not None:
-        keep.add(manifest)
-    try:
-        if listing is None:
-            n = delete_unreferenced(storage, unit.prefix, keep)
-        else:
-            names = [unit.prefix + name for name in listing.result() if not name.endswith("/")]
-            n = len(parallel_map(storage.delete, [k for k in names if k not in keep]))
-        if manifest is not None:
-            storage.delete(manifest)
-        return n
-    except StorageError as exc:  # the unit is committed; leftovers are garbage a replay or sweep removes
-        logger.warning("cleanup of %s failed after commit: %s", unit.prefix, exc)
-        return 0
-
-
-def _cleanup_replay(storage: Storage, unit: AppVersion, progress: Progress | None, refs: list[StagedRef]) -> int:
-    """A replayed unit that is already committed: delete this attempt's objects (never committed); if the
-    committed attempt's cleanup was interrupted (its manifest still exists), finish it from the manifest."""
-    own = [r.key for r in refs]
-    manifest = progress.manifest if progress is not None and progress.version == unit.version else None
-    if isinstance(manifest, str) and manifest.startswith(unit.prefix):
-        try:
-            n = _finish_from_manifest(storage, manifest)
-            if n is not None:
-                return n
-        except StorageError as exc:
-            logger.warning("cleanup of replayed unit %s failed: %s", unit.prefix, exc)
-            return 0
-    return _quiet_delete(storage, own)
-
-
-def _finish_from_manifest(storage: Storage, manifest: str) -> int | None:
-    """Finish the interrupted cleanup of the committed unit whose manifest is ``manifest`` (named by the
-    id's committed progress): delete every object of its prefix the manifest does not list, then the
-    manifest. Objects deleted; None when the manifest is gone (the cleanup had finished)."""
-    committed = _read_manifest(storage, manifest)
-    if committed is None:
-        return None
-    n = delete_unreferenced(storage, manifest[: manifest.rindex("/") + 1], {*committed, manifest})
-    storage.delete(manifest)
-    return n
-
-
-def _heal_previous(storage: Storage, previous: Progress | None) -> None:
-    """A committer starting from storage (a new process, or after a failure) finishes the cleanup of the
-    id's last committed unit if that unit's process died before it: run behind this unit, its failures
-    logged."""
-    manifest = previous.manifest if previous is not None else None
-    if not isinstance(manifest, str):
-        return
-    try:
-        n = _finish_from_manifest(storage, manifest)
-    except StorageError as exc:
-        logger.warning("cleanup of the committed unit of %s failed: %s", manifest, exc)
-        return
-    if n is not None:
-        logger.info("finished the interrupted cleanup of the committed unit of %s (%d objects)", manifest, n)
-
-
-def _quiet_delete(storage: Storage, keys: list[str]) -> int:
-    try:
-        return delete_keys(storage, keys)
-    except StorageError as exc:
-        logger.warning("could not delete %d uncommitted staged objects: %s", len(keys), exc)
-        return 0
 
 
 # --- a committer that keeps its producers ---------------------------------------------------------
