@@ -20,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
+import jvm_archive
 from emulators import AzuriteBlob, Emulator, FakeGcs
 from servers import MotoS3, SeaweedS3
 
@@ -35,6 +36,15 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 EMULATED = [pytest.param("gcs", marks=pytest.mark.gcs), pytest.param("azure", marks=pytest.mark.azure)]
 BACKENDS = ["local", "memory", "moto", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs), *EMULATED]
 FILE_BACKENDS = ["local", "moto", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs), *EMULATED]
+#: For tests whose writers are separate processes: S3 is SeaweedFS, a server in its own process. moto's
+#: server runs inside the test process, so every worker's request waits on that one interpreter: the same
+#: test is about ten times slower there and shows nothing SeaweedFS does not; that form is the soak tier's.
+PROCESS_BACKENDS = [
+    "local",
+    pytest.param("moto", marks=pytest.mark.soak),
+    pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
+    *EMULATED,
+]
 
 
 @pytest.fixture(scope="session")
@@ -165,8 +175,12 @@ def spark() -> Iterator[Any]:
     import spark_txn_source
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers need this venv's packages
+    dump = jvm_archive.dump_options()  # no archive of Spark's classes yet: this session's JVM writes one
+    builder = SparkSession.builder
+    if dump is not None:
+        builder = builder.config("spark.driver.extraJavaOptions", dump[0])
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("txnlog-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
@@ -181,6 +195,12 @@ def spark() -> Iterator[Any]:
     _warm_up(session)
     yield session
     session.stop()
+    if dump is not None:
+        from pyspark import SparkContext
+
+        jvm_archive.finish_dump(SparkContext._gateway, dump[1])
+        SparkContext._gateway = None  # ended: a later session in this process starts a new JVM
+        SparkContext._jvm = None
 
 
 def _warm_up(session: Any) -> None:

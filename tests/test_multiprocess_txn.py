@@ -12,6 +12,8 @@ import pyarrow as pa
 import pytest
 import workers
 
+from conftest import PROCESS_BACKENDS
+
 SCHEMA = pa.schema([("id", pa.int64()), ("worker", pa.int64())])
 
 
@@ -29,11 +31,7 @@ def _run(location: Any, tmp_path: Path, jobs: list[tuple[Any, tuple[Any, ...]]])
     return outs, seen
 
 
-@pytest.mark.parametrize(
-    "shared_location",
-    ["local", pytest.param("moto", marks=pytest.mark.slow), pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)],
-    indirect=True,
-)
+@pytest.mark.parametrize("shared_location", PROCESS_BACKENDS[:3], indirect=True)  # not on the emulators
 def test_concurrent_transactional_producers_with_aborts(shared_location: Any, tmp_path: Path) -> None:
     start = time.time() + 4
     jobs = [
@@ -51,6 +49,7 @@ def test_concurrent_transactional_producers_with_aborts(shared_location: Any, tm
     assert set(seen) == committed, "a committed record was lost"
 
 
+@pytest.mark.parametrize("shared_location", PROCESS_BACKENDS, indirect=True)
 def test_two_producers_racing_on_one_transactional_id(shared_location: Any, tmp_path: Path) -> None:
     start = time.time() + 4
     jobs = [

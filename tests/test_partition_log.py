@@ -13,6 +13,7 @@ import pytest
 import workers
 
 import txn_core
+from conftest import PROCESS_BACKENDS
 from txn_core.clock import system_clock
 from txn_core.errors import CorruptDataError
 from txn_core.format import paths
@@ -87,6 +88,7 @@ def test_slot_for_offset_out_of_range() -> None:
         plog.slot_for_offset(4)
 
 
+@pytest.mark.parametrize("shared_location", PROCESS_BACKENDS, indirect=True)
 def test_multiprocess_appenders_never_collide_or_lose_an_append(shared_location: Any) -> None:
     log = shared_location.open()
     log.create_topic("mp", 1, pa.schema([("id", pa.int64()), ("worker", pa.int64())]))

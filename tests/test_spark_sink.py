@@ -280,6 +280,7 @@ def test_bad_batch_writes_fail_with_a_clear_message(
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_stream_to_an_object_store_log_with_storage_options(sspark: Any, moto_s3: Any, tmp_path: Path) -> None:
     bucket = moto_s3.new_bucket()
     url = f"s3://{bucket}/log"

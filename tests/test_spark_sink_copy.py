@@ -77,6 +77,7 @@ def group_offsets(log: txn_core.Log, group: str) -> dict[int, int]:
     return {tp.partition: o.offset for tp, o in log.groups.committed(group).items() if tp.topic == "in"}
 
 
+@pytest.mark.slow
 def test_group_offsets_describe_the_output_and_a_new_checkpoint_resumes_from_them(
     spark: Any, log: txn_core.Log, tmp_path: Path
 ) -> None:

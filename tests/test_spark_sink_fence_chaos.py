@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sink_driver import kill_driver, start_driver
 from sink_helpers import referenced_keys, staged_objects
-from test_scale_out import GROUP, HOSTILE_ENV, copy_config, new_input, run_to_end, wait_for_output
+from test_scale_out import GROUP, HOSTILE_ENV, committed_rows, copy_config, new_input, run_to_end, wait_for_output
 from test_spark_sink_chaos import check_exactly_once
 
 from conftest import make_location
@@ -57,6 +57,22 @@ def committed_a_batch(checkpoint: Path) -> bool:
     return any(p.name.isdigit() for p in (checkpoint / "commits").glob("*"))
 
 
+def wait_until_settled(log: Any, survivor: Any, checkpoint: Path, background: threading.Thread) -> None:
+    """Wait (at most a minute) until the survivor has exited, or has committed a batch, the input has stopped
+    arriving and the output has not grown for 10 s: by then it has tried to commit from the start it planned
+    its first batch at, so a start the victim held has been refused."""
+    deadline = time.monotonic() + 60
+    rows, since = -1, time.monotonic()
+    while time.monotonic() < deadline and survivor.poll() is None:
+        now = committed_rows(log)
+        if now != rows:
+            rows, since = now, time.monotonic()
+        quiet = time.monotonic() - since >= 10
+        if quiet and not background.is_alive() and committed_a_batch(checkpoint):
+            return
+        time.sleep(0.5)
+
+
 def test_two_copiers_racing_on_one_group_on_s3_copy_committed_input_exactly_once(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -73,9 +89,8 @@ def test_two_copiers_racing_on_one_group_on_s3_copy_committed_input_exactly_once
     victim_name, victim = racers[rng.randint(0, 1)]
     wait_for_output(log, victim, rows=rng.randint(300, 1200), timeout=300)
     kill_driver(victim)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and any(p.poll() is None for _, p in racers):
-        time.sleep(0.5)
+    survivor_name, survivor = next((n, p) for n, p in racers if p is not victim)
+    wait_until_settled(log, survivor, tmp_path / f"chk-{survivor_name}", background)
     for _, proc in racers:
         kill_driver(proc)  # a survivor with trigger=1 never stops by itself
     background.join()

@@ -158,6 +158,7 @@ def test_write_partition_by_is_refused_by_spark_before_the_sink_and_nothing_is_w
     assert "out" not in log.topics.list()
 
 
+@pytest.mark.matrix(keep=1)
 @pytest.mark.parametrize(
     ("pushdown", "static_sides"),
     [

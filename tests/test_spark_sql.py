@@ -282,6 +282,7 @@ def test_update_mode_is_refused_by_spark_before_the_sink_is_reached(spark: Any, 
         assert "counts" not in log.list_topics()
 
 
+@pytest.mark.slow
 def test_update_mode_aggregation_appends_each_batch_exactly_once(spark: Any, orders: str, tmp_path: Path) -> None:
     """``outputMode("update")`` through ``foreachBatch``: each batch's updated rows, one transaction each;
     a batch Spark replays commits nothing."""
@@ -329,6 +330,7 @@ def test_idempotent_batch_write_options_are_checked(spark: Any, orders: str) -> 
     assert topic_ids(orders) == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_progress_has_offsets_counts_and_observed_metrics_but_no_description_of_txnlog(
     spark: Any, orders: str, tmp_path: Path
 ) -> None:

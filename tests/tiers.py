@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from collections import defaultdict
 from typing import Any
 
+import jvm_archive
 import pytest
 
 SEED_ENV = "TXNLOG_TEST_SEED"
@@ -46,11 +48,13 @@ def pytest_configure(config: pytest.Config) -> None:
         seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1, 1_000_000))
     config.stash[_SEED] = seed
     os.environ[SEED_ENV] = str(seed)  # workers started from here inherit it too
-    if "bench" not in (config.option.markexpr or ""):
+    if not re.search(r"(?<!not )\bbench\b", config.option.markexpr or ""):  # no benchmark selected
         # Every JVM the tests start (Spark sessions, drivers, executors, Spark Connect) lives for seconds to
         # minutes: the quick compiler alone and the serial collector spend less CPU on them than the defaults
         # (a CPU-bound CI run on two cores). Benchmarks keep the JVM's defaults, as users run it.
-        os.environ.setdefault("JAVA_TOOL_OPTIONS", QUICK_JVM)
+        # With the class-data-sharing archive of Spark's classes a JVM starts in about half the time
+        # (tests/jvm_archive.py); the first run on a machine dumps it.
+        os.environ.setdefault("JAVA_TOOL_OPTIONS", f"{QUICK_JVM} {jvm_archive.use_options()}".strip())
 
 
 _SEED = pytest.StashKey[int]()
