@@ -26,6 +26,7 @@ from txn_core.format import paths
 from txn_core.format.entry import EntryKind
 from txn_core.format.slotlog import SlotLog
 from txn_core.partition import partition
+from txn_core.partition.holes import HOLE_PROBES, HOLE_PROBES_CHEAP
 from txn_core.partition.partition import PartitionLog
 from txn_core.partition.ranges import available_end, plan_range, read_range
 from txn_core.partition.reader import READ_COMMITTED
@@ -456,3 +457,18 @@ def test_damage_with_a_hole_below_a_run_of_missing_slots_does_not_hide_the_entri
     with txn_core.open_log(url).producer() as producer:
         producer.send("t", pa.table({"x": [100]}, schema=SCHEMA), partition=0)
     assert txn_core.open_log(url).partition_log(PATH).read_header(14).base_offset == 28
+
+
+def test_misses_of_neighbouring_slots_in_any_order_are_one_run_of_missing_slots() -> None:
+    """Reads issued ahead of a missing slot miss the slots past it too, and their misses come back in any
+    order. They are one run: its clock is not started again by each (a reader polling past five slots marked
+    lost got empty polls, each miss at 7 and 8 restarting the run, so the probes never reached past it), and
+    once TAIL_RECHECK_S has passed (at once here) the next miss probes every distance. A miss far from the run
+    starts a new one."""
+    storage = MemoryStorage(uuid.uuid4().hex)
+    plog = PartitionLog(storage, "p", clock=system_clock)
+    missing = plog._missing
+    assert missing._probes_at(7) == HOLE_PROBES_CHEAP  # a first miss: the cheap probes
+    assert missing._probes_at(8) == HOLE_PROBES  # the same run, its minute (0 s here) passed: all of them
+    assert missing._probes_at(20) == HOLE_PROBES_CHEAP  # another run
+    assert missing._probes_at(20) == HOLE_PROBES

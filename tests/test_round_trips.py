@@ -838,6 +838,54 @@ def test_a_transaction_id_has_one_spelling(text: str) -> None:
     assert str(TxnId.parse("2:5.3")) == "2:5.3" and str(TxnId.parse("2:5")) == "2:5"
 
 
+def test_a_consumer_polling_a_steady_stream_reads_each_polls_entries_in_one_round() -> None:
+    """ISSUE 34 item 5: at the log end the read-ahead depth falls back to the stream's pace (the entries the
+    last poll found, plus one), not to one: a poll that finds the data entry and the marker of one new
+    transaction per partition reads them and the slot past them together (it took three rounds: one, one,
+    then two slots). A poll after a quiet one still pays one read per partition."""
+    inner = MemoryStorage(uuid.uuid4().hex)
+    _history(inner, 3)
+    storage = InFlight(inner, rtt_s=0.15)  # far longer than issuing a poll's reads takes on a loaded machine
+    c = txn_core.Log(storage).consumer()
+    c.assign([("t", p) for p in range(4)])
+    while c.poll().num_rows:
+        pass
+    log = _log(MemoryStorage(inner.name))
+    p = log.producer("steady")
+    p.init_transactions()
+    rounds = []
+    for i in range(3):
+        p.begin_transaction()
+        for part in range(4):
+            p.send("t", pa.table({"id": [100 + i * 10 + part]}), partition=part)
+        p.commit_transaction()
+        p.wait_for_completion()
+        start = storage.done
+        storage.rounds.clear()
+        assert sorted(c.poll().column("id").to_pylist()) == [100 + i * 10 + part for part in range(4)]
+        for reader in c._readers.values():
+            reader.state.snapshots.finals()
+        ends = {part: len(inner.list(paths.partition_log_path("t", part) + "/log/")) for part in range(4)}
+        # the rounds of the reads of the new entries and of the first free slot (the probes for a hole past
+        # it run behind the poll)
+        rounds.append(
+            max(
+                d
+                for d, kind, key in storage.rounds
+                if kind == "read" and "/log/" in key and int(key[-20:]) <= ends[int(key.split("/")[2])]
+            )
+            - start
+        )
+    p.close()
+    assert rounds[1:] == [1, 1], rounds  # the first poll after the catch-up learns the pace
+    storage.keys.clear()
+    assert c.poll().num_rows == 0  # the slot past the last entries is known absent ahead of this poll...
+    assert c.poll().num_rows == 0  # ...and after a quiet poll, one read per partition
+    storage.keys.clear()
+    assert c.poll().num_rows == 0
+    assert sorted(k for k, key in storage.keys if "/log/" in key) == ["read"] * 4, storage.keys
+
+
 def test_a_planned_range_reads_the_entries_its_planner_saw_in_one_round() -> None:
     """ISSUE 34 item 5: a task's range carries its stop slot; the slots below it were seen by the planner,
     so the task reads them all at once (it started at one read and doubled: five rounds for 18 entries)."""

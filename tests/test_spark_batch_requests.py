@@ -37,20 +37,25 @@ def batches(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, int]]:
         patch.setattr(partition, "LOG_START_RECHECK_S", 3600.0)
         patch.setattr(partition, "TAIL_RECHECK_S", 3600.0)
         patch.setattr(snapshots, "SNAPSHOT_EVERY_MS", 3_600_000)
-        phases = run(batches=4, rows=8000, partitions=PARTITIONS, root=str(tmp_path_factory.mktemp("rtt")))
+        phases = run(batches=5, rows=8000, partitions=PARTITIONS, root=str(tmp_path_factory.mktemp("rtt")))
     return [{name: p.total for name, p in b.items()} for b in phases]
 
 
 def test_a_steady_state_batch_costs_the_same_requests_as_the_last(batches: list[dict[str, int]]) -> None:
-    steady = batches[1:]
-    assert all(b == steady[0] for b in steady), steady
+    # Per batch, not per phase: the probes past a partition's end run behind the phase that issued them and
+    # are counted in whichever phase they start. The first batch after the catch-up of the history learns
+    # the stream's pace (how many new entries each partition gets per batch, PROTOCOL.md "Reading ahead").
+    steady = [sum(b.values()) for b in batches[2:]]
+    assert all(b == steady[0] for b in steady), batches[2:]
 
 
-def test_latest_offset_reads_only_each_partitions_new_entries(batches: list[dict[str, int]]) -> None:
-    # per partition: the input transaction's data entry and marker, the next slot (not there yet) and the
-    # one after it (read ahead with it); plus the topic metadata refresh (2 existence checks) and at most
-    # one log-start re-read per partition
-    assert batches[-1]["latestOffset"] <= 4 * PARTITIONS + 2 + PARTITIONS
+def test_a_steady_state_batch_pays_each_partitions_new_entries_and_its_output(batches: list[dict[str, int]]) -> None:
+    # per partition: the input transaction's data entry and marker and the slot past them, read at once,
+    # two probes past that end, the task's reads of the two entries and its staged object, the output's
+    # DATA_REF and marker (10 per partition); plus the topic metadata refresh (2 existence checks), the
+    # manifest, the offsets entry and its marker, the claim, the PrepareCommit, the Complete, the cleanup's
+    # listing and the manifest's delete (8)
+    assert sum(batches[-1].values()) <= 10 * PARTITIONS + 2 + 8
 
 
 def test_planning_reads_one_header_per_partition(batches: list[dict[str, int]]) -> None:

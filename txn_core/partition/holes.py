@@ -17,7 +17,9 @@ Invariants:
 * **A reader learns of a hole in bounded time**: a miss below the tail it knows, or within
   ``LOG_START_RECHECK_S`` (two missing slots or fewer, :data:`HOLE_PROBES_CHEAP` beside its periodic
   segment listing) or ``TAIL_RECHECK_S`` (a longer run, all of :data:`HOLE_PROBES`; or a slot the reader
-  kept finding absent at the end, below), not a round trip more.
+  kept finding absent at the end, below), not a round trip more. Misses of slots within the cheap probes'
+  reach of each other are one run, in whatever order they come back (reads issued ahead miss the slots
+  past the one asked for): they do not start the run's clock again.
 * **A quiet end costs one request per poll.** A slot found absent after a full look (a segment listing and
   a log start at most ``LOG_START_RECHECK_S`` old, nothing after it) and missed again less than
   ``TAIL_RECHECK_S`` later is still the end, with no listing: it was absent then, and had it been created
@@ -154,10 +156,12 @@ class MissingSlots:
 
     def _probes_at(self, slot: int) -> Sequence[int]:
         """The distances a reader missing ``slot`` probes past it: HOLE_PROBES_CHEAP, and all of HOLE_PROBES once
-        every TAIL_RECHECK_S while it keeps missing the same slot (a run of several missing slots)."""
+        every TAIL_RECHECK_S while it keeps missing in the same run of missing slots. A miss within the cheap
+        probes' reach of the run's first miss is the same run: reads issued ahead miss the slots after the
+        one asked for, and their misses come back in any order: none of them starts the run's clock again."""
         now = self.monotonic()
         since = self._missing_since
-        if since is None or since[0] != slot:
+        if since is None or abs(slot - since[0]) > HOLE_PROBES_CHEAP[-1]:
             self._missing_since = (slot, now)
             return HOLE_PROBES_CHEAP
         if now - since[1] < self.tail_recheck_s():

@@ -14,10 +14,15 @@ Invariants:
   by the next call, so nothing past a problem is ever handed out first.
 * **Adaptive depth, bounded memory.** Past listed slots (below), the depth starts at 1 and doubles with
   each successful result from the second in a row on, up to ``max_depth``; it is capped so that the reads
-  in flight hold about ``max_bytes`` (by the sizes seen so far). A missing slot (the log end) drops it back
-  to 1: a reader that has caught up pays one request per call to learn that nothing is new, one that finds one or two
-  new entries pays at most one read more than reading them one by one, and one that is catching up
-  reaches full depth in a few round trips.
+  in flight hold about ``max_bytes`` (by the sizes seen so far). A missing slot (the log end) sets it to
+  the number of entries the run before it returned, plus one, when that run began at a miss (a catch-up
+  from a seek or from opening sets it to 1): a reader polling a steady stream that finds
+  ``k`` new entries per call reads them and the slot past them in one round trip at the next call (at
+  most ``k`` reads more than reading one by one when fewer came; the depth grows again only past that
+  window); one that found nothing pays one request per call to learn that nothing is new; one that is
+  catching up reaches full depth in a few round trips. Reads issued ahead of a missing slot miss too
+  when it starts a run of missing slots (a hole): :mod:`txn_core.partition.holes` counts such misses,
+  returning in any order, as one run.
 * **A stop slot bounds the reading ahead.** A reader told where its range ends (``stop``: no slot at or
   past it is needed) issues no read there ahead of need; a slot asked for is read wherever it is. The
   slots below the stop were seen by the planner, so they are known to exist and are issued at once (as
@@ -96,6 +101,9 @@ class _Ahead(Generic[T]):
         self._planning: int | None = None
         self._depth = 1
         self._streak = 0
+        self._run = 0  # results handed out since the last miss
+        self._paced = False  # the run began at a miss (a reader at the end): its length is the stream's pace
+        self._hold = 0  # results of the window a miss sized still to come before the depth grows again
         self._avg_bytes = float(HEADER_SIZE)
 
     @property
@@ -109,7 +117,8 @@ class _Ahead(Generic[T]):
             self._ready.clear()
             self._inflight.clear()  # left to finish (see module doc); their results are dropped
             self._next = self._issued = slot
-            self._depth, self._streak = 1, 0
+            self._depth, self._streak, self._run, self._hold = 1, 0, 0, 0
+            self._paced = False
 
     def _issue(self) -> None:
         """Issue reads up to the depth and byte budget: spans of segments at once, loose slots by depth."""
@@ -161,7 +170,11 @@ class _Ahead(Generic[T]):
             except BaseException:
                 self._inflight.clear()
                 self._issued = self._next
-                self._depth, self._streak = 1, 0
+                # the next call reads as many slots at once as this run found, and the one past them
+                pace = self._run if self._paced else 0  # a catch-up from a seek or open says nothing of it
+                self._depth, self._streak, self._run = max(1, min(self.max_depth, pace + 1)), 0, 0
+                self._paced = True
+                self._hold = self._depth  # no growth within that window: its last read may well miss
                 raise
             if len(items) < count:  # a segment ended before the span: read on from where it ended
                 self._inflight.clear()
@@ -169,7 +182,9 @@ class _Ahead(Generic[T]):
             self._ready.extend(items)
             self._ready_rolled = count > 1 or self.plog.segments.plan(slot, 1, 0)[0] > 0
             self._streak += 1
-            if self._streak >= 2:
+            if self._hold:
+                self._hold -= 1
+            elif self._streak >= 2:
                 self._depth = min(self.max_depth, self._depth * 2)
         item = self._ready.popleft()
         if len(self._ready) % REISSUE_EVERY == 0 and self._ready:
@@ -177,6 +192,7 @@ class _Ahead(Generic[T]):
         if not self._ready_rolled:  # a segment's slots are found through its index, and lie below the tail
             self.plog.remember(self._next, self._header(item))
         self._next += 1
+        self._run += 1
         self._avg_bytes += (self._size(item) - self._avg_bytes) / 8
         return item
 
