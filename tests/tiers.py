@@ -23,7 +23,6 @@ import jvm_archive
 import pytest
 
 SEED_ENV = "TXNLOG_TEST_SEED"
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -53,8 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
         # minutes: the quick compiler alone and the serial collector spend less CPU on them than the defaults
         # (a CPU-bound CI run on two cores). Benchmarks keep the JVM's defaults, as users run it.
         # With the class-data-sharing archive of Spark's classes a JVM starts in about half the time
-        # (tests/jvm_archive.py); the first run on a machine dumps it.
-        os.environ.setdefault("JAVA_TOOL_OPTIONS", f"{QUICK_JVM} {jvm_archive.use_options()}".strip())
+        # (tests/jvm_archive.py; `make jvm-archive` writes it).
+        os.environ.setdefault("JAVA_TOOL_OPTIONS", f"{jvm_archive.QUICK_JVM} {jvm_archive.use_options()}".strip())
 
 
 _SEED = pytest.StashKey[int]()
