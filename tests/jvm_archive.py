@@ -63,6 +63,8 @@ def archive_path() -> Path | None:
 
 def use_options() -> str:
     """``JAVA_TOOL_OPTIONS`` additions that map the archive, or "" when there is none yet."""
+    if not any(CACHE.glob("*.jsa")):  # no archive: do not import pyspark at every test run's start
+        return ""
     path = archive_path()
     if path is None or not path.exists():
         return ""

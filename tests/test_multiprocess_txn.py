@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 import workers
 
-from conftest import PROCESS_BACKENDS
+from conftest import EMULATED, PROCESS_BACKENDS
 
 SCHEMA = pa.schema([("id", pa.int64()), ("worker", pa.int64())])
 
@@ -31,7 +31,7 @@ def _run(location: Any, tmp_path: Path, jobs: list[tuple[Any, tuple[Any, ...]]])
     return outs, seen
 
 
-@pytest.mark.parametrize("shared_location", PROCESS_BACKENDS[:3], indirect=True)  # not on the emulators
+@pytest.mark.parametrize("shared_location", [b for b in PROCESS_BACKENDS if b not in EMULATED], indirect=True)
 def test_concurrent_transactional_producers_with_aborts(shared_location: Any, tmp_path: Path) -> None:
     start = time.time() + 4
     jobs = [

@@ -64,9 +64,9 @@ def wait_until_settled(log: Any, survivor: Any, checkpoint: Path, background: th
     deadline = time.monotonic() + 60
     rows, since = -1, time.monotonic()
     while time.monotonic() < deadline and survivor.poll() is None:
-        now = committed_rows(log)
-        if now != rows:
-            rows, since = now, time.monotonic()
+        count = committed_rows(log)
+        if count != rows:
+            rows, since = count, time.monotonic()
         quiet = time.monotonic() - since >= 10
         if quiet and not background.is_alive() and committed_a_batch(checkpoint):
             return
