@@ -203,6 +203,8 @@ def commit_batch(
             (time.perf_counter() - started) * 1000,
         )
         if counting is not None and opts.stats_dir:
+            if result.outcome == "committed":
+                result.deleted  # noqa: B018 (the markers and cleanup running behind: counted with the commit)
             counting.write_stats(
                 opts.stats_dir,
                 unit.staging_batch,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ def test_each_version_commits_once_and_a_replay_commits_nothing() -> None:
         second = committer.write_once(
             AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [3]}, schema=SCHEMA)
         )
+        assert second.deleted == 0  # its cleanup (the manifest) runs behind the commit: waited for here
         committed_objects = _staged(log)  # the committed units' data: their references point at them
         again = committer.write_once(
             AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [3]}, schema=SCHEMA)
@@ -158,6 +160,9 @@ def test_a_run_whose_id_another_run_took_over_commits_nothing_and_leaves_the_oth
     old.write_once(AppVersion("shared", run_id="old", version=1), "t", pa.table({"id": [2]}, schema=SCHEMA))
     taken = new.write_once(AppVersion("shared", run_id="new", version=0), "t", pa.table({"id": [10]}, schema=SCHEMA))
     assert taken.outcome == "committed", "a run's first unit may take an id over (sequential reuse)"
+    # its markers and Complete (which bumps the epoch, as every completed transaction does) run behind the
+    # returned commit on an object store: settled before the epoch is read
+    assert taken.deleted == 0
     epoch = log.describe_transaction("shared.t").producer_epoch
 
     with pytest.raises(txn_core.TransactionalIdTakenOverError, match="run 'new''s version 0") as refused:
@@ -472,11 +477,55 @@ def test_the_cli_writes_one_app_version_to_two_topics(tmp_path: Path, capsys: py
     assert _topic_ids(fresh, "t") == _topic_ids(fresh, "u") == [1, 2]
 
 
+def test_a_kept_unit_returns_at_its_commit_point_and_its_next_unit_waits_for_its_markers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A unit whose producer is kept returns once its PrepareCommit is durable, as Kafka's commitTransaction
+    does; its markers and cleanup run behind it. Readers see it at once (through the transaction log), and
+    the application's next unit begins only after them."""
+    import threading
+
+    from txn_core.clients.producer import completion
+    from txn_core.coordinator.service import TransactionCoordinator
+
+    log = _log()
+    held = threading.Event()
+    write_markers = TransactionCoordinator.write_markers
+
+    def slow_markers(self: TransactionCoordinator, prepared: object) -> None:
+        assert held.wait(30)
+        write_markers(self, prepared)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TransactionCoordinator, "write_markers", slow_markers)
+    # records as dear as an object store's: the producer hands its markers to its completer thread
+    # (memory's records are cheap enough that it would write them on its own thread, inside the commit)
+    monkeypatch.setattr(completion, "FAST_RECORD_S", 0.0)
+    with AppCommitter(log) as committer:
+        first = committer.write_once(AppVersion("loader", run_id="r", version=0), "t", pa.table({"id": [1, 2]}))
+        assert first.outcome == "committed"
+        assert isinstance(first.cleanup, Future) and not first.cleanup.done(), "returned before its markers"
+        assert _ids(log) == [1, 2], "visible from the commit point, markers or not"
+        second: list[object] = []
+        nxt = threading.Thread(
+            target=lambda: second.append(
+                committer.write_once(AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [3]}))
+            )
+        )
+        nxt.start()
+        nxt.join(0.3)
+        assert nxt.is_alive(), "the next unit waits for the previous one's markers"
+        held.set()
+        nxt.join(30)
+        assert first.deleted == 0 and [getattr(r, "outcome", None) for r in second] == ["committed"]
+    assert _ids(log) == [1, 2, 3]
+    assert not [k for k in _staged(log) if "_manifest-" in k], "every cleanup finished by close()"
+
+
 def test_a_kept_unit_whose_markers_failed_is_committed_and_the_next_unit_commits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A marker write that fails once is finished by the committer (the unit is committed, whatever the
-    store said), and the kept producer commits the next unit."""
+    """A marker write that fails once (behind the returned commit on an object store) leaves the unit
+    committed, whatever the store said, and the application's next unit commits."""
     from txn_core.coordinator.service import TransactionCoordinator
     from txn_core.errors import StorageError
 

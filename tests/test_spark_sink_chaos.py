@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from sink_driver import kill_driver, start_driver, wait_driver
-from sink_helpers import garbage, ids, open_transactions, read_topic
+from sink_helpers import garbage, ids, open_transactions, read_topic, staged_objects
 
 import txn_core
 from txn_core.format import paths
@@ -140,6 +140,11 @@ def kill_round(
     assert code == -9, f"round {i} ({mode}) was not killed: " + (log_dir / f"driver-{i}.log").read_text()[-3000:]
 
 
+def _batch_of(key: str) -> int:
+    """The batch number of a staged object's key (``staging/<owner>/<query id>.<batch>/<name>``)."""
+    return int(key.split("/")[2].rsplit(".", 1)[1])
+
+
 def check_exactly_once(log: txn_core.Log, producer: InputProducer, group_id: str) -> dict[str, int]:
     """The copy's output is exactly the committed input, in order per key, with the group at the input's end
     and nothing left open or staged. Returns the row counts."""
@@ -156,7 +161,17 @@ def check_exactly_once(log: txn_core.Log, producer: InputProducer, group_id: str
     group = {tp.partition: o.offset for tp, o in log.groups.committed(group_id).items()}
     assert group == ends, "the group's offsets are at the input's end"
     assert open_transactions(log, "out") == []
-    assert garbage(log, "out") == [], "every staged object left is referenced by the output"
+    left = garbage(log, "out")
+    if left and log.storage.overlap_reads:
+        # On an object store a batch's markers and cleanup run behind its returned commit (txn_core
+        # PROTOCOL.md "Application transactions"): a driver that exits right after its last batch leaves
+        # that batch's cleanup to the query's next run, or to sweep-staging. Nothing older may be left.
+        last = max(_batch_of(k) for k in staged_objects(log))
+        assert {_batch_of(k) for k in left} == {last}, left
+        maintenance.sweep_staging(log, older_than_ms=0, check_min_age=False)
+        assert ids(read_topic(log, "out")) == got, "the sweep deleted only what nothing references"
+        left = garbage(log, "out")
+    assert left == [], "every staged object left is referenced by the output"
     return {"committed": len(producer.committed), "aborted": len(producer.aborted), "output": len(got)}
 
 

@@ -122,7 +122,7 @@ def test_replay_finishes_a_cleanup_the_crashed_committer_never_ran(out: txn_core
     leftover = stage(out, b1, 0, 30, attempt=0)  # a failed attempt's objects
     refs = stage(out, b1, 0, 30, attempt=1)
     with pytest.raises(InjectedFaultError):
-        commit_batch(options(out, **{"testing.fault": "after_commit"}), b1, refs)
+        commit_batch(options(out, **{"testing.fault": "after_prepare"}), b1, refs)
     assert {r.key for r in leftover} <= set(staged_objects(out)), "the crash came before the cleanup"
     assert any("_manifest-" in k for k in garbage(out, "out"))
     assert abort_batch(options(out), b1, refs) == 0, "Spark's abort must not delete a committed batch"

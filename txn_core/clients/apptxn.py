@@ -20,7 +20,13 @@ however often it is retried or replayed. Distributed writers stage rows as objec
    their start position, PROTOCOL.md "Offsets fence"), all at once; ``commit_transaction(progress)``: the
    progress rides on the PrepareCommit record, so output, offsets and progress are one decision.
 5. Wait for the markers; delete the unit's staged objects the commit does not name (failed or duplicate
-   attempts), then the manifest. Failures here are logged: the unit is committed.
+   attempts), then the manifest. Failures here are logged: the unit is committed. A unit whose producer is
+   kept, on a store whose requests are round trips (``Storage.overlap_reads``: not local disk), returns at
+   its commit point and finishes step 5 behind (:class:`Kept`), as Kafka's
+   ``commitTransaction`` returns once PrepareCommit is durable while the coordinator writes the markers:
+   the unit is visible from the commit point on (PROTOCOL.md "Read bound"), and every state a process
+   that dies meanwhile leaves is a state a crash after the commit point leaves anyway. The application's
+   next unit waits for it before it begins.
 
 Only staged objects the committed transaction lists become visible; a staged object is deleted only by a
 committer that knows it uncommitted (fenced first) or unreferenced by the committed unit (PROTOCOL.md
@@ -41,8 +47,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 from txn_core.clients import appmanifest
 from txn_core.clients.appunit import AppVersion
@@ -84,16 +92,40 @@ class GroupPosition:
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
-    """What a commit did: ``committed`` (a new transaction) or ``replayed`` (already committed: no-op)."""
+    """What a commit did: ``committed`` (a new transaction) or ``replayed`` (already committed: no-op).
+    ``cleanup``: the staged objects deleted after it, or the cleanup still running behind the commit."""
 
     outcome: str
     rows: int
     objects: int
-    deleted: int
+    cleanup: int | Future[int] = 0
+
+    @property
+    def deleted(self) -> int:
+        """Staged objects the cleanup deleted (waits for a cleanup running behind the commit; raises what
+        it raised)."""
+        return self.cleanup if isinstance(self.cleanup, int) else self.cleanup.result()
 
 
-#: A producer kept from the application's previous committed unit, with the progress it committed.
-Kept = tuple["Producer", Progress]
+class Kept(NamedTuple):
+    """A producer kept from the application's previous committed unit, the progress it committed, and that
+    unit's step 5 running behind it (None: finished before the commit returned)."""
+
+    producer: Producer
+    progress: Progress
+    finishing: Future[int] | None = None
+
+    def settle(self) -> bool:
+        """Wait for the previous unit's step 5; False if it failed (its markers may not be written: the
+        producer is not reused, the next unit starts from storage alone)."""
+        if self.finishing is None:
+            return True
+        try:
+            self.finishing.result()
+        except Exception as exc:  # already logged by _finish; InjectedFaultError and the like included
+            logger.info("the previous unit of %s did not finish cleanly: %s", self.producer.transactional_id, exc)
+            return False
+        return True
 
 
 def _no_fault(point: str) -> None:
@@ -126,9 +158,12 @@ def commit_staged(
     storage = storage or ctx.storage
     unit = unit.for_topic(topic)
     begin_hook = (lambda: before_begin(log)) if before_begin is not None else None
+    if kept is not None and not kept.settle():
+        _close_kept(kept)
+        kept = None
     if kept is not None:
         try:
-            return _commit(ctx, storage, unit, refs, topic, group, offsets, begin_hook, hit, *kept)
+            return _commit(ctx, storage, unit, refs, topic, group, offsets, begin_hook, hit, *kept[:2])
         except ProducerFencedError:  # another committer of the id ran since: start from storage alone
             pass
     refused = _refusal(unit, offsets, *_progress(ctx, unit))
@@ -209,17 +244,64 @@ def _commit(
             raise
         hit("after_prepare")
         listing = submit(storage.list, unit.prefix)  # for the cleanup, overlapping the markers
-        # Markers in every partition before the unit returns (readers need not ask the transaction log);
-        # the Complete record rides on the next unit's records (or close() writes it).
-        producer.wait_for_markers()
-        hit("after_commit")
-        deleted = appmanifest.cleanup_committed(storage, unit, refs, manifest_key, listing)
-        if unit.write_id is None:
-            keep = (producer, progress)
-        return CommitResult("committed", sum(r.rows for r in refs), len(refs), deleted), keep
+        rows, objects = sum(r.rows for r in refs), len(refs)
+        if unit.write_id is not None or not storage.overlap_reads:
+            # Step 5 before returning: a one-shot write closes its producer (the markers land before it
+            # returns, so readers of the topic need not ask the transaction log; close() writes the
+            # Complete), and on a store whose requests are no round trips (local disk) step 5 costs less
+            # than a hand-off.
+            finished = _finish(producer, storage, unit, refs, manifest_key, listing, hit)
+            if unit.write_id is None:
+                keep = Kept(producer, progress)
+            return CommitResult("committed", rows, objects, finished), keep
+        # Kept: the markers, the Complete and the cleanup run behind.
+        finishing = submit(partial(_finish, behind=True), producer, storage, unit, refs, manifest_key, listing, hit)
+        keep = Kept(producer, progress, finishing)
+        return CommitResult("committed", rows, objects, finishing), keep
     finally:
         if keep is None:
             producer.close()
+
+
+def _close_kept(kept: Kept) -> None:
+    """Close a kept producer after its last unit finished; a failure to close is logged (the units are
+    committed; the id's next ``init_transactions`` finishes what is left)."""
+    kept.settle()
+    try:
+        kept.producer.close()
+    except TxnLogError as exc:
+        logger.info("kept producer of %s not closed cleanly: %s", kept.producer.transactional_id, exc)
+
+
+def _finish(
+    producer: Producer,
+    storage: Storage,
+    unit: AppVersion,
+    refs: list[StagedRef],
+    manifest_key: str | None,
+    listing: Future[list[str]],
+    hit: Callable[[str], None],
+    *,
+    behind: bool = False,
+) -> int:
+    """Step 5 of a committed unit: its markers in every partition, then its cleanup (objects deleted).
+    ``behind``: run behind the returned commit, which also writes the Complete record.
+
+    Crash windows: before the markers land, readers decide the unit through the transaction log and the
+    id's next ``init_transactions`` (or the coordinator's recovery) writes them; before the manifest is
+    deleted, a replay of the unit finishes the cleanup from it (PROTOCOL.md "Application transactions")."""
+    try:
+        if behind:
+            # and its Complete now, off the next unit's path: left to the linger it would land while the
+            # next unit writes, and that unit's PrepareCommit would queue behind it in the transaction log
+            producer.wait_for_completion()
+        else:
+            producer.wait_for_markers()
+        hit("after_commit")
+    except Exception as exc:
+        logger.warning("%s: committed; its markers are not all written yet: %s", unit.prefix, exc)
+        raise
+    return appmanifest.cleanup_committed(storage, unit, refs, manifest_key, listing)
 
 
 def _refusal(
@@ -398,8 +480,8 @@ class AppCommitter(Generic[Given]):
             with self._lock:
                 old = self._kept.pop(unit.transactional_id, None)
                 self._kept[unit.transactional_id] = keep
-            if old is not None and old[0] is not keep[0]:
-                old[0].close()
+            if old is not None and old.producer is not keep.producer:
+                _close_kept(old)
         return result
 
     def abort(
@@ -440,17 +522,15 @@ class AppCommitter(Generic[Given]):
         with self._lock:
             kept = self._kept.pop(tid, None)
         if kept is not None:
-            try:
-                kept[0].close()
-            except TxnLogError as exc:
-                logger.info("kept producer of %s not closed cleanly: %s", tid, exc)
+            _close_kept(kept)
 
     def close(self) -> None:
-        """Close the kept producers (their last Complete records are written)."""
+        """Close the kept producers once their last units finished (their last Complete records are
+        written)."""
         with self._lock:
             kept, self._kept = list(self._kept.values()), {}
-        for producer, _ in kept:
-            producer.close()
+        for k in kept:
+            _close_kept(k)
 
     def __enter__(self) -> AppCommitter[Given]:
         return self
