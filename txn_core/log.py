@@ -15,9 +15,8 @@ from txn_core.clients.context import LogContext
 from txn_core.clients.idle import DEFAULT_IDLE_BACKOFF_MAX_MS
 from txn_core.clients.topics import TopicConfig, TopicMeta
 from txn_core.clock import Clock, system_clock
-from txn_core.errors import ConfigurationError, ObjectNotFoundError
-from txn_core.format import envelope, paths
 from txn_core.format.ids import TxnId
+from txn_core.format.logformat import DEFAULT_COORDINATOR_PARTITIONS, LogFormat
 from txn_core.ops import describe
 from txn_core.ops.describe import (
     DamagedEntryDescription,
@@ -31,8 +30,12 @@ from txn_core.storage import Storage, open_storage
 
 if TYPE_CHECKING:
     from txn_core.clients.consumer import Consumer
+    from txn_core.clients.groups import GroupStore
     from txn_core.clients.producer import Producer
     from txn_core.clients.subscriptions import Subscription, SubscriptionConsumer
+    from txn_core.clients.topics import TopicStore
+    from txn_core.coordinator.service import TransactionCoordinator
+    from txn_core.coordinator.txnlog import CoordinatorViews
     from txn_core.ops.admin import HangingTransaction, TransactionDescription, TransactionListing
     from txn_core.ops.damage import DamagedEntry
     from txn_core.partition.lost import LostEntry
@@ -45,13 +48,6 @@ __all__ = [
     "TopicDescription",
     "open_log",
 ]
-
-FORMAT_VERSION = 1
-DEFAULT_COORDINATOR_PARTITIONS = 16
-
-
-#: What the root of a log holds (PROTOCOL.md "Layout"); anything else there means it is someone else's.
-LOG_TOP_LEVEL = frozenset({"_txnlog/", "topics/", "groups/", "subscriptions/", "staging/", "segments/"})
 
 
 def open_log(
@@ -96,55 +92,48 @@ class Log:
         self.storage = storage
         self.url = storage.url
         self.clock: Clock = clock or system_clock
-        self.coordinator_partitions = self._ensure_format(coordinator_partitions, create, allow_non_empty)
-        #: what every client and operation of this log is given (nothing below the facade sees the Log)
-        self.context = LogContext.build(storage, coordinator_partitions=self.coordinator_partitions, clock=self.clock)
-        self.topics = self.context.topics
-        self.coordinator = self.context.coordinator
-        self.views = self.context.views
-        self.groups = self.context.groups
+        #: the format object: on an object store its read overlaps a reader's first requests (logformat)
+        self._format = LogFormat(
+            storage,
+            self.clock,
+            create=create,
+            allow_non_empty=allow_non_empty,
+            coordinator_partitions=coordinator_partitions,
+        )
+        self._context = LogContext.build(
+            storage, coordinator_partitions=lambda: self._format.coordinator_partitions, clock=self.clock
+        )
+
+    @property
+    def context(self) -> LogContext:
+        """What every client and operation of this log is given (nothing below the facade sees the Log);
+        the format object is settled first (:meth:`LogFormat.check`)."""
+        self._format.check()
+        return self._context
+
+    @property
+    def coordinator_partitions(self) -> int:
+        """The log's own coordinator partition count (from its format object)."""
+        return self._format.coordinator_partitions
+
+    @property
+    def topics(self) -> TopicStore:
+        return self.context.topics
+
+    @property
+    def coordinator(self) -> TransactionCoordinator:
+        return self.context.coordinator
+
+    @property
+    def views(self) -> CoordinatorViews:
+        return self.context.views
+
+    @property
+    def groups(self) -> GroupStore:
+        return self.context.groups
 
     def __repr__(self) -> str:
         return f"Log({self.url!r})"
-
-    def _ensure_format(self, coordinator_partitions: int, create: bool, allow_non_empty: bool) -> int:
-        if not 1 <= coordinator_partitions <= 4096:
-            raise ConfigurationError(f"coordinator_partitions must be in [1, 4096], got {coordinator_partitions}")
-        try:
-            value = envelope.read_json(self.storage, paths.FORMAT_KEY, envelope.ObjectKind.FORMAT)
-        except ObjectNotFoundError:
-            if not create:
-                raise ConfigurationError(
-                    f"no txnlog at {self.storage.url} (it has no {paths.FORMAT_KEY}): check the URL and the storage "
-                    "options; a reader never creates a log (producers and txn_core.open_log do)"
-                ) from None
-            if not allow_non_empty:
-                foreign = [n for n in self.storage.list("") if n not in LOG_TOP_LEVEL]
-                if foreign:
-                    shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-                    raise ConfigurationError(
-                        f"{self.storage.url} is not a txnlog log but holds other files ({shown}); refusing to "
-                        "create a log beside them. Use an empty directory or prefix, or opt in with "
-                        "open_log(..., allow_non_empty=True) (Spark sink: option allowNonEmptyPath=true)."
-                    ) from None
-            envelope.create_json(
-                self.storage,
-                paths.FORMAT_KEY,
-                envelope.ObjectKind.FORMAT,
-                {
-                    "format": "txnlog",
-                    "version": FORMAT_VERSION,
-                    "coordinator_partitions": coordinator_partitions,
-                    "created_ms": self.clock(),
-                },
-            )
-            value = envelope.read_json(self.storage, paths.FORMAT_KEY, envelope.ObjectKind.FORMAT)
-        if value.get("format") != "txnlog" or int(value.get("version", 0)) > FORMAT_VERSION:
-            raise ConfigurationError(
-                f"{self.storage.describe()} holds a txnlog of format version {value.get('version')}; this "
-                f"txnlog reads version {FORMAT_VERSION}. Upgrade txnlog."
-            )
-        return int(value["coordinator_partitions"])
 
     # --- internals shared by producers, consumers and admin ------------------------------------
 
@@ -231,8 +220,9 @@ class Log:
         from txn_core.clients.consumer import Consumer
 
         return Consumer(
-            self.context,
+            self._context,  # its first round overlaps the format object's read, and waits for it
             group_id,
+            ready=self._format.check,
             isolation_level=isolation_level,
             auto_offset_reset=auto_offset_reset,
             skip_damaged=skip_damaged,

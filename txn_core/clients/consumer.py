@@ -70,7 +70,10 @@ class Consumer:
         window_bytes: int = 64 << 20,
         skip_damaged: bool = False,
         idle_backoff_max_ms: int = DEFAULT_IDLE_BACKOFF_MAX_MS,
+        ready: Callable[[], None] | None = None,
     ) -> None:
+        """``ready``: the log's format check (:class:`txn_core.format.logformat.LogFormat`), which the first
+        :meth:`assign` overlaps with its own requests and waits for before it reports anything."""
         ctx = log.context
         if isolation_level not in ISOLATION_LEVELS:
             raise ConfigurationError(f"isolation_level must be one of {ISOLATION_LEVELS}, got {isolation_level!r}")
@@ -99,6 +102,7 @@ class Consumer:
         self._lock = threading.RLock()
         #: when quiet partitions are read again (txn_core.clients.idle)
         self._idle = IdleBackoff(idle_backoff_max_ms)
+        self._ready = ready
 
     def _check_open(self) -> None:
         if self._closed:
@@ -133,15 +137,22 @@ class Consumer:
                 return reader
 
             # The topics' metadata and each partition's opening (listings, snapshot) are independent:
-            # overlap them all. A partition the metadata does not have is refused before anything is kept
-            # (its opening only read).
+            # overlap them all, and with the log's format check at the first assign. A partition the
+            # metadata does not have is refused before anything is kept (its opening only read); the format
+            # check's error comes first (results are taken in order).
+            ready, self._ready = self._ready, None
             jobs: list[Callable[[], object]] = [
+                ready or (lambda: None),
                 lambda: self._topic_metas(tps),
                 *(functools.partial(open_reader, tp) for tp in tps),
             ]
-            opened = parallel_map(lambda job: job(), jobs)
-            metas = cast("dict[str, TopicMeta]", opened[0])
-            readers = cast("list[PartitionReader]", opened[1:])
+            try:
+                opened = parallel_map(lambda job: job(), jobs)
+            except BaseException:
+                self._ready = ready  # the next assign checks again
+                raise
+            metas = cast("dict[str, TopicMeta]", opened[1])
+            readers = cast("list[PartitionReader]", opened[2:])
             schemas = [metas[tp.topic].schema for tp in tps]
             try:
                 unified = pa.unify_schemas(schemas) if schemas else None

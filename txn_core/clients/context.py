@@ -12,6 +12,7 @@ anything that has a context (:class:`SupportsContext`): a ``Log`` or the context
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,11 +34,11 @@ class LogContext:
 
     Invariants: one per :class:`txn_core.Log`; ``partition_logs`` holds one :class:`PartitionLog` per path,
     shared by every client of this context; ``coordinator_partitions`` is the log's own (from its format
-    object), never the caller's wish."""
+    object, :mod:`txn_core.format.logformat`, read when first needed), never the caller's wish."""
 
     storage: Storage
     clock: Clock
-    coordinator_partitions: int
+    partitions_of: Callable[[], int]
     topics: TopicStore
     partition_logs: PartitionLogs
     partition_states: PartitionStates
@@ -45,16 +46,18 @@ class LogContext:
     groups: GroupStore
 
     @classmethod
-    def build(cls, storage: Storage, *, coordinator_partitions: int, clock: Clock) -> LogContext:
-        """The context of the log at ``storage``, whose format object says ``coordinator_partitions``."""
+    def build(cls, storage: Storage, *, coordinator_partitions: int | Callable[[], int], clock: Clock) -> LogContext:
+        """The context of the log at ``storage``, whose format object says ``coordinator_partitions`` (or
+        a function that answers it when first asked)."""
+        partitions_of = coordinator_partitions if callable(coordinator_partitions) else lambda: coordinator_partitions
         logs = PartitionLogs(storage, clock=clock)
-        views = CoordinatorViews(storage, coordinator_partitions, clock)
-        coordinator = TransactionCoordinator(storage, views, logs.get, coordinator_partitions, clock)
+        views = CoordinatorViews(storage, clock)
+        coordinator = TransactionCoordinator(storage, views, logs.get, partitions_of, clock)
         states = PartitionStates(logs, coordinator)
         return cls(
             storage=storage,
             clock=clock,
-            coordinator_partitions=coordinator_partitions,
+            partitions_of=partitions_of,
             topics=TopicStore(storage, clock=clock),
             partition_logs=logs,
             partition_states=states,
@@ -69,6 +72,11 @@ class LogContext:
     @property
     def url(self) -> str:
         return self.storage.url
+
+    @property
+    def coordinator_partitions(self) -> int:
+        """The log's coordinator partition count (from its format object)."""
+        return self.partitions_of()
 
     @property
     def views(self) -> CoordinatorViews:

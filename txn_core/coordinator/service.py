@@ -84,14 +84,19 @@ class TransactionCoordinator:
         storage: Storage,
         views: CoordinatorViews,
         logs: Callable[[str], PartitionLog],
-        partitions: int,
+        partitions: Callable[[], int],
         clock: Clock,
     ) -> None:
         self.storage = storage
         self.views = views
         self.logs = logs
-        self.partitions = partitions
+        self._partitions = partitions
         self.clock = clock
+
+    @property
+    def partitions(self) -> int:
+        """The log's coordinator partition count (from its format object, read when first needed)."""
+        return self._partitions()
 
     def view_for(self, tid: str) -> CoordinatorPartition:
         return self.views.get(coordinator_for(tid, self.partitions))

@@ -435,7 +435,6 @@ class CoordinatorViews:
     """The coordinator partitions of one log, created lazily (one per process and log)."""
 
     storage: Storage
-    count: int
     clock: Clock
     _views: dict[int, CoordinatorPartition] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
