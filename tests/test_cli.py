@@ -403,7 +403,7 @@ def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Pat
     got = c.receive(10)
     c.acknowledge([0, 1, 4, 5])  # 2-3 and 6 not: the mark-delete is 2
     c.close()
-    log.subscribe("orders", 1, "audit").close()
+    audit = log.subscribe("orders", 1, "audit", subscription_type="exclusive", consumer_name="auditor")
     newer = int(got["_timestamp"][4].as_py().timestamp() * 1000)
     retained = maintenance.apply_retention(
         log, "orders", retention_ms=20, now_ms=newer + 5, min_age_ms=0, check_min_age=False
@@ -411,11 +411,17 @@ def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Pat
     assert retained[0].new_start == 4  # 2-3 removed unacknowledged; 4-5 acknowledged; 6 not
     listed = here("subscriptions", "list", url, "--json").json()
     assert listed == [
-        {"topic": "orders", "partition": 0, "subscription": "billing"},
-        {"topic": "orders", "partition": 1, "subscription": "audit"},
+        {"topic": "orders", "partition": 0, "subscription": "billing", "type": "shared"},
+        {"topic": "orders", "partition": 1, "subscription": "audit", "type": "exclusive"},
     ]
     before = here("subscriptions", "describe", url, "orders", "0", "billing", "--json").json()
     assert before["mark_delete"] == 2 and before["backlog"] == 5 and before["acked_above_mark_delete"] == 2
+    assert before["type"] == "shared" and before["active_consumer"] is None
+    held = here("subscriptions", "describe", url, "orders", "1", "audit")
+    assert held.out.splitlines()[1].split()[3:5] == ["exclusive", audit.consumer_id], held.out
+    audit.close()
+    released = here("subscriptions", "describe", url, "orders", "1", "audit", "--json").json()
+    assert released["type"] == "exclusive" and released["active_consumer"] is None
     skipped = txnlog("subscriptions", "skip-lost", url, "orders", "0", "billing")
     assert "moved the subscription from 2 to 6, past offsets retention removed" in skipped.out, skipped.out
     again = here("subscriptions", "skip-lost", url, "orders", "0", "billing", "--json").json()

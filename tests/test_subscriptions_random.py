@@ -23,19 +23,16 @@ SCHEMA = pa.schema([("id", pa.int64())])
 T = 10_000
 
 
-@pytest.mark.matrix(keep=3)
-@pytest.mark.parametrize("seed", range(10))
-def test_random_consumers_and_transactions_keep_every_invariant(seed: int) -> None:
-    rng = random.Random(seed)
-    clock = FakeClock()
-    name = f"rand-{seed}-{uuid.uuid4().hex}"
-    log = txn_core.Log(MemoryStorage(name), clock=clock)
+def _log_with_input(seed: int, rng: random.Random, clock: FakeClock) -> tuple[txn_core.Log, int]:
+    """A log whose topic ``in`` holds plain entries and transactions, some aborted (markers and aborted data
+    to skip); returns it and the partition's end offset."""
+    log = txn_core.Log(MemoryStorage(f"rand-{seed}-{uuid.uuid4().hex}"), clock=clock)
     log.create_topic("in", 1, SCHEMA)
     plain, inp = log.producer(), log.producer("input", transaction_timeout_ms=T)
     inp.init_transactions()
     for i in range(0, 120, 6):
         ids = list(range(i, i + rng.randint(1, 6)))
-        if rng.random() < 0.25:  # transactional input, some aborted: markers and aborted data to skip
+        if rng.random() < 0.25:
             inp.begin_transaction()
             inp.send("in", pa.table({"id": ids}), partition=0)
             (inp.abort_transaction if rng.random() < 0.4 else inp.commit_transaction)()
@@ -43,7 +40,29 @@ def test_random_consumers_and_transactions_keep_every_invariant(seed: int) -> No
             plain.send("in", pa.table({"id": ids}), partition=0)
             plain.flush()
     inp.wait_for_completion()
-    end = log.partition_log("topics/in/00000").end_offset()
+    return log, log.partition_log("topics/in/00000").end_offset()
+
+
+def _drain_to_the_end(last: txn_core.SubscriptionConsumer, acked: set[int], end: int) -> None:
+    """Receive and acknowledge everything left: nothing acknowledged comes again; the state ends empty."""
+    for _ in range(200):
+        got = last.receive(50)
+        if not got.num_rows and last.state().mark_delete == end:
+            break
+        assert not set(got.column("_offset").to_pylist()) & acked
+        last.acknowledge(got)
+        acked.update(got.column("_offset").to_pylist())
+    st = last.state()
+    st._check()
+    assert st.mark_delete == end and not st.txns and not st.acked and not st.pending
+
+
+@pytest.mark.matrix(keep=3)
+@pytest.mark.parametrize("seed", range(10))
+def test_random_consumers_and_transactions_keep_every_invariant(seed: int) -> None:
+    rng = random.Random(seed)
+    clock = FakeClock()
+    log, end = _log_with_input(seed, rng, clock)
 
     size = rng.choice([4, 8, 16])
 
@@ -129,14 +148,122 @@ def test_random_consumers_and_transactions_keep_every_invariant(seed: int) -> No
     for pi in list(in_txn):
         end_txn(pi, commit=True)
     clock.now += 2 * T
-    last = consumer(9)
-    for _ in range(200):
-        got = last.receive(50)
-        if not got.num_rows and last.state().mark_delete == end:
-            break
-        assert not set(got.column("_offset").to_pylist()) & acked
-        last.acknowledge(got)
-        acked.update(got.column("_offset").to_pylist())
-    st = last.state()
-    st._check()
-    assert st.mark_delete == end and not st.txns and not st.acked and not st.pending
+    _drain_to_the_end(consumer(9), acked, end)
+
+
+@pytest.mark.matrix(keep=3)
+@pytest.mark.parametrize("seed", range(10))
+def test_random_exclusive_consumers_joining_leaving_and_killed_keep_one_holder(seed: int) -> None:
+    """Three consumer processes of an Exclusive subscription start, close, are killed (left to their hold)
+    and pause past their session; they acknowledge plainly and in transactions. A model of the hold says who
+    may subscribe and receive: a subscribe or receive succeeds exactly when the model says so, a refusal
+    names the model's holder, and no record comes while acknowledged or pending."""
+    rng = random.Random(seed)
+    clock = FakeClock()
+    log, end = _log_with_input(seed, rng, clock)
+    session, size = 4_000, rng.choice([4, 16])
+
+    def subscribe(i: int) -> txn_core.SubscriptionConsumer:
+        return log.subscribe(
+            "in", 0, "x", consumer_name=f"c{i}", ack_timeout_ms=T, range_size=size,
+            subscription_type="exclusive", session_timeout_ms=session,
+        )  # fmt: skip
+
+    subscribe(9).close()
+
+    procs: list[txn_core.SubscriptionConsumer | None] = [None, None, None]
+    holder: tuple[str, int, int] | None = None  # model: (consumer id, acquired, expires)
+    acked: set[int] = set()
+    txn = log.producer("t", transaction_timeout_ms=T)
+    txn.init_transactions()
+    in_txn: list[int] | None = None
+
+    def valid_holder() -> str | None:
+        return holder[0] if holder is not None and clock.now < holder[2] else None
+
+    def take(cid: str) -> None:
+        nonlocal holder
+        if holder is None or holder[0] != cid or clock.now >= holder[2] or clock.now >= holder[1] + session // 2:
+            holder = (cid, clock.now, clock.now + session)
+
+    def end_txn(commit: bool) -> None:
+        nonlocal in_txn, txn
+        offs, in_txn = in_txn or [], None
+        try:
+            (txn.commit_transaction if commit else txn.abort_transaction)()
+            txn.wait_for_completion()
+        except txn_core.ProducerFencedError:  # timed out meanwhile: aborted
+            txn = log.producer("t", transaction_timeout_ms=T)
+            txn.init_transactions()
+            return
+        if commit:
+            acked.update(offs)
+
+    for step in range(250):
+        i = rng.randrange(3)
+        c = procs[i]
+        op = rng.random()
+        if c is None:
+            if op < 0.5:
+                expected = valid_holder()
+                try:
+                    procs[i] = c = subscribe(i)
+                except txn_core.ConsumerBusyError as exc:
+                    assert expected is not None and exc.holder == expected, (seed, step)
+                    continue
+                assert expected is None, (seed, step, expected)
+                take(c.consumer_id)
+        elif op < 0.35:
+            expected = valid_holder()
+            try:
+                got = c.receive(rng.randint(1, 6)).column("_offset").to_pylist()
+            except txn_core.ConsumerBusyError as exc:
+                assert expected not in (None, c.consumer_id) and exc.holder == expected, (seed, step)
+                continue
+            assert expected in (None, c.consumer_id), (seed, step, expected)
+            take(c.consumer_id)
+            st = c.state()
+            assert all(o not in acked and st.status(o) is AckStatus.UNACKED for o in got), (seed, step)
+        elif op < 0.5 and c.unacknowledged():
+            offs = rng.sample(c.unacknowledged(), rng.randint(1, len(c.unacknowledged())))
+            try:
+                c.acknowledge(offs)
+                acked.update(offs)
+            except TransactionConflictError:
+                pass  # held by the transaction (after a takeover, a record can reach two consumers)
+        elif op < 0.62 and c.unacknowledged():
+            if in_txn is None:
+                txn.begin_transaction()
+                in_txn = []
+            offs = rng.sample(c.unacknowledged(), 1)
+            try:
+                c.acknowledge(offs, transaction=txn)
+                in_txn += offs
+            except TransactionConflictError:
+                end_txn(commit=False)
+            except txn_core.ProducerFencedError:
+                in_txn = None
+                txn = log.producer("t", transaction_timeout_ms=T)
+                txn.init_transactions()
+        elif op < 0.7 and in_txn is not None:
+            end_txn(commit=rng.random() < 0.6)
+        elif op < 0.8:
+            clock.now += rng.choice([1000, session // 2, session, T])
+        elif op < 0.9:
+            c.close()  # leaves
+            if valid_holder() == c.consumer_id:
+                holder = None
+            procs[i] = None
+        else:
+            procs[i] = None  # killed: its hold and leases lapse by themselves
+        st = log.subscription("in", 0, "x").state()
+        st._check()
+        assert all(st.status(o) is AckStatus.ACKED for o in acked), (seed, step)
+
+    if in_txn is not None:
+        end_txn(commit=True)
+    for c in procs:
+        if c is not None:
+            c.close()
+    clock.now += 2 * T
+    _drain_to_the_end(subscribe(9), acked, end)

@@ -26,10 +26,12 @@ if TYPE_CHECKING:
     from txn_core.clients.producer import Producer, RecordMetadata
     from txn_core.clients.subscriptions import (
         AckStatus,
+        ConsumerBusyError,
         Subscription,
         SubscriptionConsumer,
         SubscriptionNotFoundError,
         SubscriptionState,
+        SubscriptionType,
     )
     from txn_core.errors import (
         AppScopeError,
@@ -90,6 +92,7 @@ _EXPORTS: dict[str, str] = {
     "CommitResult": "txn_core.clients.apptxn",
     "CommitStateUnknownError": "txn_core.errors",
     "CompletionFailedError": "txn_core.errors",
+    "ConsumerBusyError": "txn_core.clients.subscriptions",
     "ConcurrentTransactionsError": "txn_core.errors",
     "ConfigurationError": "txn_core.errors",
     "Consumer": "txn_core.clients.consumer",
@@ -128,6 +131,7 @@ _EXPORTS: dict[str, str] = {
     "SubscriptionConsumer": "txn_core.clients.subscriptions",
     "SubscriptionNotFoundError": "txn_core.clients.subscriptions",
     "SubscriptionState": "txn_core.clients.subscriptions",
+    "SubscriptionType": "txn_core.clients.subscriptions",
     "TopicDescription": "txn_core.ops.describe",
     "TopicExistsError": "txn_core.errors",
     "TopicNotFoundError": "txn_core.errors",
@@ -178,6 +182,7 @@ __all__ = [
     "ConcurrentTransactionsError",
     "ConfigurationError",
     "Consumer",
+    "ConsumerBusyError",
     "CoordinatorState",
     "CorruptDataError",
     "DamagedEntryDescription",
@@ -209,6 +214,7 @@ __all__ = [
     "SubscriptionConsumer",
     "SubscriptionNotFoundError",
     "SubscriptionState",
+    "SubscriptionType",
     "TopicDescription",
     "TopicExistsError",
     "TopicNotFoundError",

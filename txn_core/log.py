@@ -255,9 +255,13 @@ class Log:
         range_size: int | None = None,
         max_unacked: int = 1000,
         trim_min_age_ms: int = 10 * 60 * 1000,
+        subscription_type: str = "shared",
+        session_timeout_ms: int = 30_000,
     ) -> SubscriptionConsumer:
-        """A consumer of the named subscription on one topic partition (created unless ``create=False``),
-        shared with every other consumer of it; acknowledgements may be transactional. See
+        """A consumer of the named subscription on one topic partition (created unless ``create=False``):
+        ``subscription_type`` "shared" (with every other consumer of it) or "exclusive" (one consumer at a
+        time; a second gets ``ConsumerBusyError`` until the first closes or goes ``session_timeout_ms``
+        without a ``receive``). Acknowledgements may be transactional. See
         :class:`txn_core.clients.subscriptions.SubscriptionConsumer`."""
         from txn_core.clients.subscriptions import SubscriptionConsumer
 
@@ -274,6 +278,8 @@ class Log:
             range_size=range_size,
             max_unacked=max_unacked,
             trim_min_age_ms=trim_min_age_ms,
+            subscription_type=subscription_type,
+            session_timeout_ms=session_timeout_ms,
         )
 
     def subscription(self, topic: str, partition: int, subscription: str) -> Subscription:

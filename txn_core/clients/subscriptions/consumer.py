@@ -18,8 +18,11 @@ transactional acknowledgements (PROTOCOL.md "Subscriptions").
             p.abort_transaction()
             c.redeliver_unacknowledged()
 
-Any number of consumers, in any processes, may consume one subscription; each record is delivered to one
-of them at a time (range leases, see :mod:`.dispatcher`), and delivered again when it is not acknowledged
+Any number of consumers, in any processes, may consume one Shared subscription (the default type); each
+record is delivered to one of them at a time (range leases, see :mod:`.dispatcher`). An Exclusive one
+(``subscription_type="exclusive"``) takes one consumer at a time: a second is refused with
+:class:`ConsumerBusyError` naming the first, until the first closes or stops calling ``receive`` for its
+``session_timeout_ms`` (its hold, see :mod:`.hold`, lapses). A record is delivered again when it is not acknowledged
 within the ack timeout, when it is negatively acknowledged, or when the transaction holding its
 acknowledgement aborts. A transactional acknowledgement is appended to the ack log inside the producer's
 current transaction; the consumer replays the log up to it and raises :class:`TransactionConflictError`
@@ -40,12 +43,15 @@ import pyarrow as pa
 from txn_core.clients.subscriptions import trim as trimming
 from txn_core.clients.subscriptions.acklog import AckLog
 from txn_core.clients.subscriptions.dispatcher import Dispatcher
+from txn_core.clients.subscriptions.errors import ConsumerBusyError
+from txn_core.clients.subscriptions.hold import Hold
 from txn_core.clients.subscriptions.records import AckOp, AckRecord, entry_acks
 from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
 from txn_core.clients.subscriptions.store import (
     DEFAULT_RANGE_SIZE,
     SubscriptionMeta,
     SubscriptionRef,
+    SubscriptionType,
     create_meta,
     read_meta,
     validate_ref,
@@ -76,8 +82,10 @@ def open_meta(
     create: bool,
     initial_position: str,
     range_size: int | None,
+    subscription_type: SubscriptionType = SubscriptionType.SHARED,
 ) -> SubscriptionMeta:
-    """The subscription's metadata, creating it if asked (checks the topic partition exists)."""
+    """The subscription's metadata, creating it if asked (checks the topic partition exists and that the
+    stored type is the one asked for)."""
     ctx = log.context
     ref = validate_ref(topic, partition, name)
     meta = ctx.topics.get(topic)
@@ -95,7 +103,15 @@ def open_meta(
             initial = ctx.partition_log(path).log_start(refresh=True).offset
         else:  # the last stable offset: a transaction open at the log end is delivered once it commits
             initial = available_end(ctx.partition_state(path, shared=False), READ_COMMITTED)  # its own: not thread-safe
-        stored = create_meta(ctx.storage, SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, ctx.clock()))
+        stored = create_meta(
+            ctx.storage,
+            SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, ctx.clock(), subscription_type),
+        )
+    if stored.type is not subscription_type:
+        raise ConfigurationError(
+            f"{ref} was created as {stored.type.value}; it cannot be opened as {subscription_type.value}. "
+            f"Subscribe with subscription_type={stored.type.value!r}, or use another subscription name"
+        )
     if range_size is not None and stored.range_size != range_size:
         raise ConfigurationError(
             f"{ref} was created with range_size {stored.range_size}; it cannot be opened with {range_size}"
@@ -121,8 +137,11 @@ class SubscriptionConsumer:
         range_size: int | None = None,
         max_unacked: int = 1000,
         trim_min_age_ms: int = trimming.MIN_ENTRY_AGE_MS,
+        subscription_type: str | SubscriptionType = SubscriptionType.SHARED,
+        session_timeout_ms: int = 30_000,
     ) -> None:
         ctx = log.context
+        kind = SubscriptionType.parse(subscription_type)
         if consumer_name is not None:
             validate_name("consumer", consumer_name)
         for what, value, low in (
@@ -130,13 +149,21 @@ class SubscriptionConsumer:
             ("nack_delay_ms", nack_delay_ms, 0),
             ("max_unacked", max_unacked, 1),
             ("trim_min_age_ms", trim_min_age_ms, 0),
+            ("session_timeout_ms", session_timeout_ms, 2),
         ):
             if not is_int(value) or value < low:
                 raise ConfigurationError(f"{what} must be an int >= {low}, got {value!r}")
         check_min_age_of("trim_min_age_ms: trimming the ack log", trim_min_age_ms, SAFE_ENTRY_AGE_MS, flag=None)
         self.ctx = ctx
         self.meta = open_meta(
-            ctx, topic, partition, subscription, create=create, initial_position=initial_position, range_size=range_size
+            ctx,
+            topic,
+            partition,
+            subscription,
+            create=create,
+            initial_position=initial_position,
+            range_size=range_size,
+            subscription_type=kind,
         )
         self.ref: SubscriptionRef = self.meta.ref
         self.consumer_id = f"{consumer_name or 'consumer'}-{uuid.uuid4().hex[:12]}"
@@ -155,6 +182,10 @@ class SubscriptionConsumer:
         self._last_trim = ctx.clock()
         self._closed = False
         self._lock = threading.RLock()
+        self._hold: Hold | None = None
+        if kind is SubscriptionType.EXCLUSIVE:
+            self._hold = Hold(ctx.storage, self.ref, self.consumer_id, session_timeout_ms)
+            self._hold.keep(self._last_trim)  # ConsumerBusyError: someone else holds it
 
     def __repr__(self) -> str:
         return f"SubscriptionConsumer({self.ref}, id={self.consumer_id!r})"
@@ -180,6 +211,7 @@ class SubscriptionConsumer:
             with self._lock:
                 self._check_open()
                 now = self.ctx.clock()
+                self._keep_hold(now)
                 try:
                     table = self._dispatch.receive(max_records, now)
                 except DataLossError as exc:
@@ -195,6 +227,19 @@ class SubscriptionConsumer:
             if table.num_rows or time.monotonic() >= deadline:
                 return table
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _keep_hold(self, now: int) -> None:
+        """Of an Exclusive subscription: confirm (take, renew) this consumer's hold before delivering. A
+        consumer that lost it gives its range leases up, so the holder delivers their records at once; what it
+        has in flight it may still acknowledge (a transactional acknowledgement of a record the holder also
+        acknowledges loses by the conflict rule)."""
+        if self._hold is None:
+            return
+        try:
+            self._hold.keep(now)
+        except ConsumerBusyError:
+            self._dispatch.release_all(now)
+            raise
 
     def _maintain(self, now: int) -> None:
         if self.acklog.snapshot_due(now):
@@ -308,6 +353,8 @@ class SubscriptionConsumer:
             if skips:
                 self.acklog.append(AckRecord(AckOp.SKIP, skips=skips, consumer=self.consumer_id))
             self._dispatch.release_all(now)
+            if self._hold is not None:
+                self._hold.release(now)
 
     def __enter__(self) -> SubscriptionConsumer:
         return self

@@ -7,9 +7,16 @@ from typing import TYPE_CHECKING
 
 from txn_core.clients.subscriptions import trim as trimming
 from txn_core.clients.subscriptions.acklog import AckLog
+from txn_core.clients.subscriptions.hold import HOLD_RANGE, HoldStore
 from txn_core.clients.subscriptions.leases import LeaseStore
 from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
-from txn_core.clients.subscriptions.store import SubscriptionMeta, list_subscriptions, read_meta, validate_ref
+from txn_core.clients.subscriptions.store import (
+    SubscriptionMeta,
+    SubscriptionType,
+    list_subscriptions,
+    read_meta,
+    validate_ref,
+)
 from txn_core.format import paths
 from txn_core.format.ids import TxnId
 from txn_core.partition.ages import SAFE_ENTRY_AGE_MS, check_min_age_of
@@ -32,6 +39,9 @@ class SubscriptionDescription:
     ack_log_end_slot: int
     accepted: int
     void: int
+    type: SubscriptionType
+    active_consumer: str | None  # Exclusive: the consumer holding the subscription now (None: nobody)
+    active_until_ms: int | None  # when its hold lapses unless renewed
 
 
 class Subscription:
@@ -43,6 +53,7 @@ class Subscription:
         self.ref = self.meta.ref
         self.acklog = AckLog(ctx, self.meta)
         self.leases = LeaseStore(ctx.storage, self.ref, self.meta.range_size)
+        self.holds = HoldStore(ctx.storage, self.ref)
 
     def state(self) -> SubscriptionState:
         """The state, caught up; open transactions past their timeout are aborted on the way."""
@@ -59,6 +70,9 @@ class Subscription:
         lso = pstate.read_bound()
         start = self.acklog.plog.log_start(refresh=True)
         end_slot, _ = self.acklog.plog.tail(refresh=True)
+        hold = self.holds.latest(HOLD_RANGE) if self.meta.type is SubscriptionType.EXCLUSIVE else None
+        if hold is not None and not hold.valid(self.ctx.clock()):
+            hold = None
         return SubscriptionDescription(
             self.ref.topic,
             self.ref.partition,
@@ -72,6 +86,9 @@ class Subscription:
             end_slot,
             st.accepted_count,
             st.void_count,
+            self.meta.type,
+            hold.owner if hold is not None else None,
+            hold.expires_ms if hold is not None else None,
         )
 
     def skip_lost(self) -> int:
