@@ -422,6 +422,11 @@ def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Pat
     audit.close()
     released = here("subscriptions", "describe", url, "orders", "1", "audit", "--json").json()
     assert released["type"] == "exclusive" and released["active_consumer"] is None
+    standby = log.subscribe("orders", 1, "backup", subscription_type="failover", consumer_name="standby")
+    failover = here("subscriptions", "describe", url, "orders", "1", "backup")
+    assert failover.out.splitlines()[1].split()[3:5] == ["failover", "(none)"], failover.out  # nothing received
+    assert f"  consumers: {standby.consumer_id}" in failover.out
+    standby.close()
     skipped = txnlog("subscriptions", "skip-lost", url, "orders", "0", "billing")
     assert "moved the subscription from 2 to 6, past offsets retention removed" in skipped.out, skipped.out
     again = here("subscriptions", "skip-lost", url, "orders", "0", "billing", "--json").json()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
@@ -151,6 +152,96 @@ def test_random_consumers_and_transactions_keep_every_invariant(seed: int) -> No
     _drain_to_the_end(consumer(9), acked, end)
 
 
+SESSION = 4_000
+
+
+def _typed_run(
+    seed: int, kind: str
+) -> tuple[random.Random, FakeClock, txn_core.Log, int, Callable[[int], txn_core.SubscriptionConsumer]]:
+    """The seeded input and a ``subscribe(i)`` opening consumer ``c<i>`` of a subscription of type ``kind``
+    (created, with no consumer)."""
+    rng = random.Random(seed)
+    clock = FakeClock()
+    log, end = _log_with_input(seed, rng, clock)
+    size = rng.choice([4, 16])
+
+    def subscribe(i: int) -> txn_core.SubscriptionConsumer:
+        return log.subscribe(
+            "in", 0, kind, consumer_name=f"c{i}", ack_timeout_ms=T, range_size=size,
+            subscription_type=kind, session_timeout_ms=SESSION,
+        )  # fmt: skip
+
+    subscribe(9).close()
+    return rng, clock, log, end, subscribe
+
+
+class _Acks:
+    """Plain and transactional acknowledgements of one transactional producer, with the model of what is
+    acknowledged (``acked``: plain ones that succeeded, transactional ones whose transaction committed)."""
+
+    def __init__(self, log: txn_core.Log, rng: random.Random) -> None:
+        self.log, self.rng = log, rng
+        self.acked: set[int] = set()
+        self.open: list[int] | None = None  # offsets acknowledged in the open transaction
+        self.txn = self._producer()
+
+    def _producer(self) -> txn_core.Producer:
+        p = self.log.producer("t", transaction_timeout_ms=T)
+        p.init_transactions()
+        return p
+
+    def act(self, c: txn_core.SubscriptionConsumer) -> None:
+        """One random step: acknowledge plainly, or in the transaction, or end the transaction."""
+        r = self.rng.random()
+        if r < 0.4 and c.unacknowledged():
+            self.plain(c)
+        elif r < 0.8 and c.unacknowledged():
+            self.in_transaction(c)
+        elif self.open is not None:
+            self.end(commit=self.rng.random() < 0.6)
+
+    def plain(self, c: txn_core.SubscriptionConsumer) -> None:
+        offs = self.rng.sample(c.unacknowledged(), self.rng.randint(1, len(c.unacknowledged())))
+        try:
+            c.acknowledge(offs)
+            self.acked.update(offs)
+        except TransactionConflictError:
+            pass  # held by the transaction (after a takeover, a record can reach two consumers)
+
+    def in_transaction(self, c: txn_core.SubscriptionConsumer) -> None:
+        if self.open is None:
+            self.txn.begin_transaction()
+            self.open = []
+        offs = self.rng.sample(c.unacknowledged(), 1)
+        try:
+            c.acknowledge(offs, transaction=self.txn)
+            self.open += offs
+        except TransactionConflictError:
+            self.end(commit=False)
+        except txn_core.ProducerFencedError:  # timed out meanwhile
+            self.open, self.txn = None, self._producer()
+
+    def finish(self, consumers: list[txn_core.SubscriptionConsumer | None], clock: FakeClock) -> None:
+        """Commit the open transaction, close the consumers, let every lease lapse."""
+        if self.open is not None:
+            self.end(commit=True)
+        for c in consumers:
+            if c is not None:
+                c.close()
+        clock.now += 2 * T
+
+    def end(self, commit: bool) -> None:
+        offs, self.open = self.open or [], None
+        try:
+            (self.txn.commit_transaction if commit else self.txn.abort_transaction)()
+            self.txn.wait_for_completion()
+        except txn_core.ProducerFencedError:  # timed out meanwhile: aborted
+            self.txn = self._producer()
+            return
+        if commit:
+            self.acked.update(offs)
+
+
 @pytest.mark.matrix(keep=3)
 @pytest.mark.parametrize("seed", range(10))
 def test_random_exclusive_consumers_joining_leaving_and_killed_keep_one_holder(seed: int) -> None:
@@ -158,25 +249,12 @@ def test_random_exclusive_consumers_joining_leaving_and_killed_keep_one_holder(s
     and pause past their session; they acknowledge plainly and in transactions. A model of the hold says who
     may subscribe and receive: a subscribe or receive succeeds exactly when the model says so, a refusal
     names the model's holder, and no record comes while acknowledged or pending."""
-    rng = random.Random(seed)
-    clock = FakeClock()
-    log, end = _log_with_input(seed, rng, clock)
-    session, size = 4_000, rng.choice([4, 16])
-
-    def subscribe(i: int) -> txn_core.SubscriptionConsumer:
-        return log.subscribe(
-            "in", 0, "x", consumer_name=f"c{i}", ack_timeout_ms=T, range_size=size,
-            subscription_type="exclusive", session_timeout_ms=session,
-        )  # fmt: skip
-
-    subscribe(9).close()
-
+    rng, clock, log, end, subscribe = _typed_run(seed, "exclusive")
+    session = SESSION
     procs: list[txn_core.SubscriptionConsumer | None] = [None, None, None]
     holder: tuple[str, int, int] | None = None  # model: (consumer id, acquired, expires)
-    acked: set[int] = set()
-    txn = log.producer("t", transaction_timeout_ms=T)
-    txn.init_transactions()
-    in_txn: list[int] | None = None
+    acks = _Acks(log, rng)
+    acked = acks.acked
 
     def valid_holder() -> str | None:
         return holder[0] if holder is not None and clock.now < holder[2] else None
@@ -185,19 +263,6 @@ def test_random_exclusive_consumers_joining_leaving_and_killed_keep_one_holder(s
         nonlocal holder
         if holder is None or holder[0] != cid or clock.now >= holder[2] or clock.now >= holder[1] + session // 2:
             holder = (cid, clock.now, clock.now + session)
-
-    def end_txn(commit: bool) -> None:
-        nonlocal in_txn, txn
-        offs, in_txn = in_txn or [], None
-        try:
-            (txn.commit_transaction if commit else txn.abort_transaction)()
-            txn.wait_for_completion()
-        except txn_core.ProducerFencedError:  # timed out meanwhile: aborted
-            txn = log.producer("t", transaction_timeout_ms=T)
-            txn.init_transactions()
-            return
-        if commit:
-            acked.update(offs)
 
     for step in range(250):
         i = rng.randrange(3)
@@ -224,29 +289,8 @@ def test_random_exclusive_consumers_joining_leaving_and_killed_keep_one_holder(s
             take(c.consumer_id)
             st = c.state()
             assert all(o not in acked and st.status(o) is AckStatus.UNACKED for o in got), (seed, step)
-        elif op < 0.5 and c.unacknowledged():
-            offs = rng.sample(c.unacknowledged(), rng.randint(1, len(c.unacknowledged())))
-            try:
-                c.acknowledge(offs)
-                acked.update(offs)
-            except TransactionConflictError:
-                pass  # held by the transaction (after a takeover, a record can reach two consumers)
-        elif op < 0.62 and c.unacknowledged():
-            if in_txn is None:
-                txn.begin_transaction()
-                in_txn = []
-            offs = rng.sample(c.unacknowledged(), 1)
-            try:
-                c.acknowledge(offs, transaction=txn)
-                in_txn += offs
-            except TransactionConflictError:
-                end_txn(commit=False)
-            except txn_core.ProducerFencedError:
-                in_txn = None
-                txn = log.producer("t", transaction_timeout_ms=T)
-                txn.init_transactions()
-        elif op < 0.7 and in_txn is not None:
-            end_txn(commit=rng.random() < 0.6)
+        elif op < 0.7:
+            acks.act(c)
         elif op < 0.8:
             clock.now += rng.choice([1000, session // 2, session, T])
         elif op < 0.9:
@@ -256,14 +300,82 @@ def test_random_exclusive_consumers_joining_leaving_and_killed_keep_one_holder(s
             procs[i] = None
         else:
             procs[i] = None  # killed: its hold and leases lapse by themselves
-        st = log.subscription("in", 0, "x").state()
+        st = log.subscription("in", 0, "exclusive").state()
         st._check()
         assert all(st.status(o) is AckStatus.ACKED for o in acked), (seed, step)
 
-    if in_txn is not None:
-        end_txn(commit=True)
-    for c in procs:
-        if c is not None:
-            c.close()
-    clock.now += 2 * T
+    acks.finish(procs, clock)
+    _drain_to_the_end(subscribe(9), acked, end)
+
+
+@pytest.mark.matrix(keep=3)
+@pytest.mark.parametrize("seed", range(10))
+def test_random_failover_members_joining_leaving_and_killed_keep_one_active(seed: int) -> None:
+    """Three consumer processes of a Failover subscription start, close, are killed (left to their session)
+    and pause; they acknowledge plainly and in transactions. Records reach only the consumer holding the
+    hold, never two at once, never while acknowledged or pending; once everything settles (sessions and
+    leases of the dead lapsed) only the first live member by name receives; at the end everything is
+    acknowledged exactly once."""
+    rng, clock, log, end, subscribe = _typed_run(seed, "failover")
+    session = SESSION
+    sub = log.subscription("in", 0, "failover")
+    procs: list[txn_core.SubscriptionConsumer | None] = [None, None, None]
+    acks = _Acks(log, rng)
+    acked = acks.acked
+    held: dict[int, tuple[str, int]] = {}  # offset -> (consumer id, delivery time)
+    settled = 0
+
+    def receive(c: txn_core.SubscriptionConsumer) -> list[int]:
+        got: list[int] = c.receive(rng.randint(1, 6)).column("_offset").to_pylist()
+        if got:
+            assert sub.describe().active_consumer == c.consumer_id, (seed, step)
+        st = c.state()
+        live = {p.consumer_id: p for p in procs if p is not None}
+        for o in got:
+            assert o not in acked and st.status(o) is AckStatus.UNACKED, (seed, step, o)
+            other = held.get(o)
+            first_holder = live.get(other[0]) if other is not None and other[0] != c.consumer_id else None
+            if other is not None and first_holder is not None and o in first_holder.unacknowledged():
+                assert clock.now - other[1] >= T // 2, f"{o} delivered to {other[0]} and {c.consumer_id}"
+            held[o] = (c.consumer_id, clock.now)
+        return got
+
+    for step in range(250):
+        i = rng.randrange(3)
+        c = procs[i]
+        op = rng.random()
+        if c is None:
+            if op < 0.5:
+                procs[i] = subscribe(i)
+        elif op < 0.3:
+            receive(c)
+        elif op < 0.62:
+            acks.act(c)
+        elif op < 0.72:
+            clock.now += rng.choice([200, 1000, session // 2, session])
+        elif op < 0.8:
+            # Settle: the dead's sessions and everyone's leases lapse; every live member receives (and so
+            # counts again: a member that paused past its session did not meanwhile); once each has listed the
+            # members again, only the first live one by name may receive.
+            clock.now += T + session
+            live = [p for p in procs if p is not None]
+            for p in rng.sample(live, len(live)):
+                receive(p)
+            clock.now += session // 4
+            first = min(p.consumer_id for p in live)
+            for p in rng.sample(live, len(live)) * 2:
+                if receive(p):
+                    assert p.consumer_id == first, (seed, step, p.consumer_id, first)
+            settled += 1
+        elif op < 0.9:
+            c.close()  # leaves
+            procs[i] = None
+        else:
+            procs[i] = None  # killed: its membership, hold and leases lapse by themselves
+        st = sub.state()
+        st._check()
+        assert all(st.status(o) is AckStatus.ACKED for o in acked), (seed, step)
+
+    assert settled
+    acks.finish(procs, clock)
     _drain_to_the_end(subscribe(9), acked, end)

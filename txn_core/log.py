@@ -259,9 +259,10 @@ class Log:
         session_timeout_ms: int = 30_000,
     ) -> SubscriptionConsumer:
         """A consumer of the named subscription on one topic partition (created unless ``create=False``):
-        ``subscription_type`` "shared" (with every other consumer of it) or "exclusive" (one consumer at a
+        ``subscription_type`` "shared" (with every other consumer of it), "exclusive" (one consumer at a
         time; a second gets ``ConsumerBusyError`` until the first closes or goes ``session_timeout_ms``
-        without a ``receive``). Acknowledgements may be transactional. See
+        without a ``receive``) or "failover" (one active consumer, chosen by name and partition; the next
+        takes over when it closes or its session lapses). Acknowledgements may be transactional. See
         :class:`txn_core.clients.subscriptions.SubscriptionConsumer`."""
         from txn_core.clients.subscriptions import SubscriptionConsumer
 

@@ -40,10 +40,11 @@ def register(sub: SubParsers, common: Parser) -> None:
         (
             "describe",
             "type, active consumer, mark-delete position, pending acknowledgements, backlog",
-            "The subscription's type (shared or exclusive) and, for an exclusive one, the consumer holding it "
-            "now; its state replayed from its ack log: the mark-delete position (every offset below "
-            "it is acknowledged), records acknowledged above it, open transactions holding acknowledgements, "
-            "and the backlog (offsets between the mark-delete position and the last stable offset).",
+            "The subscription's type (shared, exclusive or failover) and, for an exclusive or failover one, the "
+            "consumer delivering now (and a failover one's consumers); its state replayed from its ack log: the "
+            "mark-delete position (every offset below it is acknowledged), records acknowledged above it, open "
+            "transactions holding acknowledgements, and the backlog (offsets between the mark-delete position and "
+            "the last stable offset).",
             describe,
         ),
         (
@@ -118,6 +119,8 @@ def describe(args: argparse.Namespace) -> int:
     header = ["topic", "partition", "subscription", "type", "active consumer", "mark-delete", "acked above"]
     row = [d.topic, d.partition, d.name, d.type.value, active, d.mark_delete, d.acked_above_mark_delete]
     print_table([*header, "pending txns", "backlog"], [[*row, len(d.pending), d.backlog]])
+    if d.type is SubscriptionType.FAILOVER:
+        print(f"  consumers: {', '.join(d.consumers) or '(none)'}")
     for txn, offsets in sorted(d.pending.items(), key=lambda item: str(item[0])):
         print(f"  transaction {txn} holds {len(offsets)} record(s)")
     return 0

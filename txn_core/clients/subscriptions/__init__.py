@@ -4,8 +4,9 @@
 Modules, one concept each: :mod:`.bitsets` (ack sets and the AND / flip / OR procedure), :mod:`.records`
 (ack-log record format), :mod:`.state` (the replayed cursor and pending acks, with ``_check``),
 :mod:`.acklog` (append, replay, verdicts), :mod:`.store` (layout, metadata, snapshots), :mod:`.leases` and
-:mod:`.dispatcher` (shared dispatch), :mod:`.hold` (the one consumer of an Exclusive subscription),
-:mod:`.trim` (bounded growth), :mod:`.consumer` (the API) and
+:mod:`.dispatcher` (shared dispatch), :mod:`.hold` (the one consumer delivering an Exclusive or Failover
+subscription), :mod:`.members` (a Failover subscription's members and its active one), :mod:`.seats` (who
+delivers, by type), :mod:`.trim` (bounded growth), :mod:`.consumer` (the API) and
 :mod:`.subscription` (administration).
 """
 

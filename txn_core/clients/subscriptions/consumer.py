@@ -22,7 +22,10 @@ Any number of consumers, in any processes, may consume one Shared subscription (
 record is delivered to one of them at a time (range leases, see :mod:`.dispatcher`). An Exclusive one
 (``subscription_type="exclusive"``) takes one consumer at a time: a second is refused with
 :class:`ConsumerBusyError` naming the first, until the first closes or stops calling ``receive`` for its
-``session_timeout_ms`` (its hold, see :mod:`.hold`, lapses). A record is delivered again when it is not acknowledged
+``session_timeout_ms`` (its hold, see :mod:`.hold`, lapses). A Failover one (``subscription_type="failover"``)
+takes any number of consumers, of which one is active: the ``partition % n``-th of their ids sorted (so
+by consumer name); when it closes or its session lapses the next one takes over from the acknowledged
+position (see :mod:`.seats`). A record is delivered again when it is not acknowledged
 within the ack timeout, when it is negatively acknowledged, or when the transaction holding its
 acknowledgement aborts. A transactional acknowledgement is appended to the ack log inside the producer's
 current transaction; the consumer replays the log up to it and raises :class:`TransactionConflictError`
@@ -43,9 +46,8 @@ import pyarrow as pa
 from txn_core.clients.subscriptions import trim as trimming
 from txn_core.clients.subscriptions.acklog import AckLog
 from txn_core.clients.subscriptions.dispatcher import Dispatcher
-from txn_core.clients.subscriptions.errors import ConsumerBusyError
-from txn_core.clients.subscriptions.hold import Hold
 from txn_core.clients.subscriptions.records import AckOp, AckRecord, entry_acks
+from txn_core.clients.subscriptions.seats import seat_for
 from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
 from txn_core.clients.subscriptions.store import (
     DEFAULT_RANGE_SIZE,
@@ -182,10 +184,8 @@ class SubscriptionConsumer:
         self._last_trim = ctx.clock()
         self._closed = False
         self._lock = threading.RLock()
-        self._hold: Hold | None = None
-        if kind is SubscriptionType.EXCLUSIVE:
-            self._hold = Hold(ctx.storage, self.ref, self.consumer_id, session_timeout_ms)
-            self._hold.keep(self._last_trim)  # ConsumerBusyError: someone else holds it
+        self._seat = seat_for(self.meta, self.consumer_id, session_timeout_ms, self._dispatch)
+        self._seat.join(self._last_trim)  # Exclusive: ConsumerBusyError if someone else holds it
 
     def __repr__(self) -> str:
         return f"SubscriptionConsumer({self.ref}, id={self.consumer_id!r})"
@@ -211,9 +211,12 @@ class SubscriptionConsumer:
             with self._lock:
                 self._check_open()
                 now = self.ctx.clock()
-                self._keep_hold(now)
                 try:
-                    table = self._dispatch.receive(max_records, now)
+                    table = (
+                        self._dispatch.receive(max_records, now)
+                        if self._seat.may_deliver(now)
+                        else self._dispatch.schema.empty_table()
+                    )
                 except DataLossError as exc:
                     raise DataLossError(
                         f"{self.ref}: {exc}. Retention removed records this subscription had not acknowledged; "
@@ -227,19 +230,6 @@ class SubscriptionConsumer:
             if table.num_rows or time.monotonic() >= deadline:
                 return table
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-
-    def _keep_hold(self, now: int) -> None:
-        """Of an Exclusive subscription: confirm (take, renew) this consumer's hold before delivering. A
-        consumer that lost it gives its range leases up, so the holder delivers their records at once; what it
-        has in flight it may still acknowledge (a transactional acknowledgement of a record the holder also
-        acknowledges loses by the conflict rule)."""
-        if self._hold is None:
-            return
-        try:
-            self._hold.keep(now)
-        except ConsumerBusyError:
-            self._dispatch.release_all(now)
-            raise
 
     def _maintain(self, now: int) -> None:
         if self.acklog.snapshot_due(now):
@@ -353,8 +343,7 @@ class SubscriptionConsumer:
             if skips:
                 self.acklog.append(AckRecord(AckOp.SKIP, skips=skips, consumer=self.consumer_id))
             self._dispatch.release_all(now)
-            if self._hold is not None:
-                self._hold.release(now)
+            self._seat.leave(now)
 
     def __enter__(self) -> SubscriptionConsumer:
         return self

@@ -382,6 +382,16 @@ class Dispatcher:
             self._bounds.popitem(0)
         return header.base_offset, header.record_count
 
+    def release_idle(self, now: int) -> None:
+        """Release every range with nothing in flight under its lease (stepping down: what is in flight stays
+        this consumer's until settled or its lease lapses, so it reaches no one else meanwhile)."""
+        busy = {d.range for o, d in self.inflight.items() if self._current(o)}
+        for k, lease in list(self.owned.items()):
+            if k not in busy:
+                if lease.valid(now):
+                    self.leases.release(lease, now)
+                self._drop(k)
+
     def release_all(self, now: int) -> None:
         for lease in list(self.owned.values()):
             if lease.valid(now):

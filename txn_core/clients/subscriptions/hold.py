@@ -1,5 +1,5 @@
-"""The hold: which one consumer may consume an Exclusive subscription now (PROTOCOL.md "Subscription
-types", "Exclusive").
+"""The hold: which one consumer may deliver the records of an Exclusive or Failover subscription now
+(PROTOCOL.md "Subscription types", "Exclusive", "Failover").
 
 The hold is a lease like a dispatch range's (:mod:`.leases`), in its own slot log ``hold/<020d gen>`` of
 immutable objects ``{"range": 0, "gen", "owner", "acquired_ms", "expires_ms", "released"}``; ``owner`` is
@@ -44,8 +44,8 @@ class HoldStore(LeaseStore):
 
 
 class Hold:
-    """One consumer's claim on an Exclusive subscription (see module doc). Not thread-safe: the consumer
-    locks."""
+    """One consumer's claim on an Exclusive or Failover subscription (see module doc). Not thread-safe: the
+    consumer locks."""
 
     def __init__(self, storage: Storage, ref: SubscriptionRef, owner: str, ttl_ms: int) -> None:
         self.ref = ref
@@ -85,7 +85,7 @@ class Hold:
         return ConsumerBusyError(
             f"{what}holds it until {_utc(until)} ({max(0, until - now_ms)} ms from now, unless it renews it). Close "
             "that consumer, or wait for its hold to lapse (it is renewed by its receive calls), or use another "
-            "subscription name (a Shared subscription takes several consumers)",
+            "subscription name (a Shared or Failover subscription takes several consumers)",
             holder=name,
             expires_ms=until,
         )

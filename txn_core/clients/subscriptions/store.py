@@ -11,8 +11,9 @@ Under ``subscriptions/<topic>/<05d partition>/<name>/``:
 ``state/<020d slot>.<013d ms>`` a snapshot of the subscription state before ack-log slot ``slot``,
                                 written at ``ms`` (envelope kind 10, JSON)
 ``leases/<020d range>-<020d g>``  dispatch lease generation ``g`` of an offset range (see ``leases.py``)
-``hold/<020d g>``               generation ``g`` of the consumer holding an Exclusive subscription
-                                (see ``hold.py``)
+``hold/<020d g>``               generation ``g`` of the hold of an Exclusive or Failover subscription: who
+                                delivers now (see ``hold.py``)
+``members/<id>.<013d ms>``      a Failover subscription's member ``id``, counting until ``ms`` (``members.py``)
 ==============================  ===================================================================
 
 Snapshots carry their write time in their name so that the trimmer can pick, from one LIST, the newest
@@ -45,6 +46,7 @@ class SubscriptionType(enum.Enum):
 
     SHARED = "shared"  # any number of consumers, records spread over them by range leases
     EXCLUSIVE = "exclusive"  # one consumer; a second is refused while the first holds the subscription
+    FAILOVER = "failover"  # any number of consumers; one of them, chosen by name and partition, is active
 
     @classmethod
     def parse(cls, value: str | SubscriptionType) -> SubscriptionType:
@@ -89,6 +91,10 @@ class SubscriptionRef:
     @property
     def hold(self) -> str:
         return self.root + "hold/"
+
+    @property
+    def members(self) -> str:
+        return self.root + "members/"
 
     def __str__(self) -> str:
         return f"subscription {self.name!r} of {self.topic}-{self.partition}"

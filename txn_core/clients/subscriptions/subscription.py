@@ -9,6 +9,7 @@ from txn_core.clients.subscriptions import trim as trimming
 from txn_core.clients.subscriptions.acklog import AckLog
 from txn_core.clients.subscriptions.hold import HOLD_RANGE, HoldStore
 from txn_core.clients.subscriptions.leases import LeaseStore
+from txn_core.clients.subscriptions.members import list_members
 from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
 from txn_core.clients.subscriptions.store import (
     SubscriptionMeta,
@@ -40,8 +41,9 @@ class SubscriptionDescription:
     accepted: int
     void: int
     type: SubscriptionType
-    active_consumer: str | None  # Exclusive: the consumer holding the subscription now (None: nobody)
+    active_consumer: str | None  # Exclusive, Failover: the consumer holding the subscription now (None: nobody)
     active_until_ms: int | None  # when its hold lapses unless renewed
+    consumers: tuple[str, ...]  # Failover: the members that count now, sorted
 
 
 class Subscription:
@@ -70,9 +72,12 @@ class Subscription:
         lso = pstate.read_bound()
         start = self.acklog.plog.log_start(refresh=True)
         end_slot, _ = self.acklog.plog.tail(refresh=True)
-        hold = self.holds.latest(HOLD_RANGE) if self.meta.type is SubscriptionType.EXCLUSIVE else None
-        if hold is not None and not hold.valid(self.ctx.clock()):
+        now = self.ctx.clock()
+        hold = self.holds.latest(HOLD_RANGE) if self.meta.type is not SubscriptionType.SHARED else None
+        if hold is not None and not hold.valid(now):
             hold = None
+        failover = self.meta.type is SubscriptionType.FAILOVER
+        members = tuple(list_members(self.ctx.storage, self.ref, now)) if failover else ()
         return SubscriptionDescription(
             self.ref.topic,
             self.ref.partition,
@@ -89,6 +94,7 @@ class Subscription:
             self.meta.type,
             hold.owner if hold is not None else None,
             hold.expires_ms if hold is not None else None,
+            members,
         )
 
     def skip_lost(self) -> int:
