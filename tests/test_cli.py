@@ -436,6 +436,27 @@ def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Pat
     one_error_line(here("subscriptions", "skip-lost", url, "orders", "2", "billing", code=1), "no partition 2")
 
 
+def test_subscriptions_describe_counts_dead_letters(tmp_path: Path, here: Callable[..., Result]) -> None:
+    url = str(tmp_path / "log")
+    log = txn_core.open_log(url)
+    log.create_topic("jobs", 1, pa.schema([("id", pa.int64())]))
+    p = log.producer()
+    p.send("jobs", pa.table({"id": [1, 2]}), partition=0)
+    p.close()
+    none = here("subscriptions", "describe", url, "jobs", "0", "runner", code=1)
+    c = log.subscribe("jobs", 0, "runner", nack_delay_ms=0, dead_letter_policy=txn_core.DeadLetterPolicy(0))
+    c.negative_acknowledge(c.receive(10))
+    assert not c.receive(10).num_rows  # both dead-lettered
+    c.close()
+    text = here("subscriptions", "describe", url, "jobs", "0", "runner")
+    assert "  dead letters: 2 in jobs-runner-DLQ" in text.out, text.out
+    described = here("subscriptions", "describe", url, "jobs", "0", "runner", "--json").json()
+    assert (described["dead_letter_topic"], described["dead_lettered"]) == ("jobs-runner-DLQ", 2)
+    other = here("subscriptions", "describe", url, "jobs", "0", "runner", "--dead-letter-topic", "elsewhere", "--json")
+    assert (other.json()["dead_letter_topic"], other.json()["dead_lettered"]) == ("elsewhere", None)
+    assert "'runner'" in none.err
+
+
 # --- dump ----------------------------------------------------------------------------------------
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pytest
 from fakeclock import FakeClock
 
 import txn_core
-from txn_core import AckStatus, TransactionConflictError
+from txn_core import AckStatus, DeadLetterPolicy, RedeliveryBackoff, TransactionConflictError
 from txn_core.storage import MemoryStorage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -221,7 +221,7 @@ class _Acks:
         except txn_core.ProducerFencedError:  # timed out meanwhile
             self.open, self.txn = None, self._producer()
 
-    def finish(self, consumers: list[txn_core.SubscriptionConsumer | None], clock: FakeClock) -> None:
+    def finish(self, consumers: Sequence[txn_core.SubscriptionConsumer | None], clock: FakeClock) -> None:
         """Commit the open transaction, close the consumers, let every lease lapse."""
         if self.open is not None:
             self.end(commit=True)
@@ -379,3 +379,66 @@ def test_random_failover_members_joining_leaving_and_killed_keep_one_active(seed
     assert settled
     acks.finish(procs, clock)
     _drain_to_the_end(subscribe(9), acked, end)
+
+
+@pytest.mark.matrix(keep=3)
+@pytest.mark.parametrize("seed", range(10))
+def test_random_redeliveries_end_in_the_application_or_the_dead_letter_topic_never_both(seed: int) -> None:
+    """Consumers with a dead-letter policy and a negative-ack back-off negatively acknowledge, let ack
+    timeouts pass, acknowledge plainly and in transactions, and are killed and restarted. No consumer hands
+    a record to the application more than ``1 + max_redeliveries`` times; no record is both acknowledged by
+    the application and dead-lettered; at the end every record is in exactly one of the two."""
+    rng = random.Random(seed)
+    clock = FakeClock()
+    log, end = _log_with_input(seed, rng, clock)
+    reader = log.consumer()
+    reader.assign([("in", 0)])
+    ids: dict[int, int] = {}  # offset -> id of the committed input
+    while (t := reader.poll()).num_rows:
+        ids.update(zip(t.column("_offset").to_pylist(), t.column("id").to_pylist(), strict=True))
+    max_redeliveries = rng.choice([0, 1, 3])
+    backoff = RedeliveryBackoff(rng.choice([0, 500]), 4_000)
+
+    def consumer(i: int) -> txn_core.SubscriptionConsumer:
+        return log.subscribe(
+            "in", 0, "d", consumer_name=f"c{i}", ack_timeout_ms=T, range_size=8, nack_backoff=backoff,
+            dead_letter_policy=DeadLetterPolicy(max_redeliveries, transaction_timeout_ms=T),
+        )  # fmt: skip
+
+    consumers = [consumer(i) for i in range(2)]
+    handed: list[dict[int, int]] = [{}, {}]  # per consumer instance: offset -> times handed to the application
+    acks = _Acks(log, rng)
+
+    for step in range(250):
+        i = rng.randrange(2)
+        c = consumers[i]
+        op = rng.random()
+        if op < 0.35:
+            for o in c.receive(rng.randint(1, 6)).column("_offset").to_pylist():
+                handed[i][o] = handed[i].get(o, 0) + 1
+                assert handed[i][o] <= 1 + max_redeliveries, (seed, step, o)
+        elif op < 0.5 and c.unacknowledged():
+            c.negative_acknowledge(rng.sample(c.unacknowledged(), rng.randint(1, len(c.unacknowledged()))))
+        elif op < 0.75:
+            acks.act(c)
+        elif op < 0.9:
+            clock.now += rng.choice([500, 2_000, T])
+        else:
+            consumers[i], handed[i] = consumer(i), {}  # killed and restarted: counts start again
+        st = consumers[0].state()
+        st._check()
+        assert all(st.status(o) is AckStatus.ACKED for o in acks.acked), (seed, step)
+
+    acks.finish(consumers, clock)
+    last = log.subscribe("in", 0, "d", consumer_name="last", ack_timeout_ms=T)
+    _drain_to_the_end(last, acks.acked, end)
+    dead_ids: list[int] = []
+    if "in-d-DLQ" in log.list_topics():
+        dead = log.consumer()
+        dead.assign([("in-d-DLQ", 0)])
+        while (t := dead.poll()).num_rows:
+            dead_ids += t.column("id").to_pylist()
+    app_ids = [ids[o] for o in acks.acked if o in ids]
+    assert len(set(dead_ids)) == len(dead_ids), f"dead-lettered twice: {dead_ids}"
+    assert not set(dead_ids) & set(app_ids), f"both acknowledged and dead-lettered: {set(dead_ids) & set(app_ids)}"
+    assert sorted(dead_ids + app_ids) == sorted(ids.values())

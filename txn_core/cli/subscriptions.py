@@ -44,7 +44,7 @@ def register(sub: SubParsers, common: Parser) -> None:
             "consumer delivering now (and a failover one's consumers); its state replayed from its ack log: the "
             "mark-delete position (every offset below it is acknowledged), records acknowledged above it, open "
             "transactions holding acknowledgements, and the backlog (offsets between the mark-delete position and "
-            "the last stable offset).",
+            "the last stable offset); the records moved to its dead-letter topic.",
             describe,
         ),
         (
@@ -68,6 +68,12 @@ def register(sub: SubParsers, common: Parser) -> None:
         p.add_argument("topic", metavar="TOPIC")
         p.add_argument("partition", metavar="PARTITION", type=non_negative_int)
         p.add_argument("name", metavar="SUBSCRIPTION")
+        if verb == "describe":
+            p.add_argument(
+                "--dead-letter-topic",
+                metavar="TOPIC",
+                help="where its consumers' dead letters go (default: TOPIC-SUBSCRIPTION-DLQ, Pulsar's name)",
+            )
         p.set_defaults(func=func)
 
 
@@ -107,7 +113,7 @@ def _subscription(log: Log, args: argparse.Namespace) -> Subscription:
 def describe(args: argparse.Namespace) -> int:
     log = open_existing(args)
     with Progress(f"replaying subscription {args.name}"):
-        d = _subscription(log, args).describe()
+        d = _subscription(log, args).describe(dead_letter_topic=args.dead_letter_topic)
     if args.json:
         value = dataclasses.asdict(d)
         value["pending"] = {str(t): list(o) for t, o in d.pending.items()}
@@ -121,6 +127,8 @@ def describe(args: argparse.Namespace) -> int:
     print_table([*header, "pending txns", "backlog"], [[*row, len(d.pending), d.backlog]])
     if d.type is SubscriptionType.FAILOVER:
         print(f"  consumers: {', '.join(d.consumers) or '(none)'}")
+    if d.dead_lettered is not None:
+        print(f"  dead letters: {d.dead_lettered} in {d.dead_letter_topic}")
     for txn, offsets in sorted(d.pending.items(), key=lambda item: str(item[0])):
         print(f"  transaction {txn} holds {len(offsets)} record(s)")
     return 0

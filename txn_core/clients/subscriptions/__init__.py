@@ -6,12 +6,13 @@ Modules, one concept each: :mod:`.bitsets` (ack sets and the AND / flip / OR pro
 :mod:`.acklog` (append, replay, verdicts), :mod:`.store` (layout, metadata, snapshots), :mod:`.leases` and
 :mod:`.dispatcher` (shared dispatch), :mod:`.hold` (the one consumer delivering an Exclusive or Failover
 subscription), :mod:`.members` (a Failover subscription's members and its active one), :mod:`.seats` (who
-delivers, by type), :mod:`.trim` (bounded growth), :mod:`.consumer` (the API) and
-:mod:`.subscription` (administration).
+delivers, by type), :mod:`.redelivery` and :mod:`.deadletter` (back-off, dead letters), :mod:`.trim`
+(bounded growth), :mod:`.consumer` (the API) and :mod:`.subscription` (administration).
 """
 
 from txn_core.clients.subscriptions.consumer import SubscriptionConsumer
 from txn_core.clients.subscriptions.errors import ConsumerBusyError, SubscriptionNotFoundError
+from txn_core.clients.subscriptions.redelivery import DeadLetterPolicy, RedeliveryBackoff
 from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
 from txn_core.clients.subscriptions.store import SubscriptionType, list_subscriptions
 from txn_core.clients.subscriptions.subscription import Subscription, SubscriptionDescription, trim_all
@@ -20,6 +21,8 @@ from txn_core.clients.subscriptions.trim import TrimResult
 __all__ = [
     "AckStatus",
     "ConsumerBusyError",
+    "DeadLetterPolicy",
+    "RedeliveryBackoff",
     "Subscription",
     "SubscriptionConsumer",
     "SubscriptionDescription",

@@ -25,9 +25,13 @@ record is delivered to one of them at a time (range leases, see :mod:`.dispatche
 ``session_timeout_ms`` (its hold, see :mod:`.hold`, lapses). A Failover one (``subscription_type="failover"``)
 takes any number of consumers, of which one is active: the ``partition % n``-th of their ids sorted (so
 by consumer name); when it closes or its session lapses the next one takes over from the acknowledged
-position (see :mod:`.seats`). A record is delivered again when it is not acknowledged
-within the ack timeout, when it is negatively acknowledged, or when the transaction holding its
-acknowledgement aborts. A transactional acknowledgement is appended to the ack log inside the producer's
+position (see :mod:`.seats`).
+
+A record is delivered again when it is not acknowledged within the ack timeout, when it is negatively
+acknowledged (after ``nack_delay_ms``, or a growing delay with ``nack_backoff``), or when the transaction
+holding its acknowledgement aborts; with a ``dead_letter_policy`` a record delivered too often goes to the
+dead-letter topic instead, in the transaction that acknowledges it (see :mod:`.redelivery`,
+:mod:`.deadletter`). A transactional acknowledgement is appended to the ack log inside the producer's
 current transaction; the consumer replays the log up to it and raises :class:`TransactionConflictError`
 (and makes the transaction abortable) if an earlier record in the log already acknowledged or holds one
 of its records.
@@ -45,8 +49,10 @@ import pyarrow as pa
 
 from txn_core.clients.subscriptions import trim as trimming
 from txn_core.clients.subscriptions.acklog import AckLog
+from txn_core.clients.subscriptions.deadletter import DeadLetters
 from txn_core.clients.subscriptions.dispatcher import Dispatcher
 from txn_core.clients.subscriptions.records import AckOp, AckRecord, entry_acks
+from txn_core.clients.subscriptions.redelivery import DeadLetterPolicy, RedeliveryBackoff
 from txn_core.clients.subscriptions.seats import seat_for
 from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
 from txn_core.clients.subscriptions.store import (
@@ -141,6 +147,8 @@ class SubscriptionConsumer:
         trim_min_age_ms: int = trimming.MIN_ENTRY_AGE_MS,
         subscription_type: str | SubscriptionType = SubscriptionType.SHARED,
         session_timeout_ms: int = 30_000,
+        nack_backoff: RedeliveryBackoff | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ) -> None:
         ctx = log.context
         kind = SubscriptionType.parse(subscription_type)
@@ -155,6 +163,14 @@ class SubscriptionConsumer:
         ):
             if not is_int(value) or value < low:
                 raise ConfigurationError(f"{what} must be an int >= {low}, got {value!r}")
+        if nack_backoff is not None and not isinstance(nack_backoff, RedeliveryBackoff):
+            raise ConfigurationError(
+                f"nack_backoff must be a RedeliveryBackoff(min_delay_ms, max_delay_ms) or None, got {nack_backoff!r}"
+            )
+        if dead_letter_policy is not None and not isinstance(dead_letter_policy, DeadLetterPolicy):
+            raise ConfigurationError(
+                f"dead_letter_policy must be a DeadLetterPolicy(max_redeliveries) or None, got {dead_letter_policy!r}"
+            )
         check_min_age_of("trim_min_age_ms: trimming the ack log", trim_min_age_ms, SAFE_ENTRY_AGE_MS, flag=None)
         self.ctx = ctx
         self.meta = open_meta(
@@ -180,6 +196,10 @@ class SubscriptionConsumer:
             nack_delay_ms=nack_delay_ms,
             max_unacked=max_unacked,
             max_ranges=8,
+            backoff=nack_backoff,
+        )
+        self._dead = (
+            None if dead_letter_policy is None else DeadLetters(ctx, self.ref, self.consumer_id, dead_letter_policy)
         )
         self._last_trim = ctx.clock()
         self._closed = False
@@ -223,6 +243,8 @@ class SubscriptionConsumer:
                         "they cannot be delivered. Call skip_lost() to give them up and go on from the log "
                         "start (recorded in the ack log: every consumer of the subscription goes on from there)"
                     ) from exc
+                if table.num_rows and self._dead is not None:
+                    table = self._divert(table, self._dead)
                 skips = self._dispatch.take_skips() if not table.num_rows else ()
                 if skips:
                     self.acklog.append(AckRecord(AckOp.SKIP, skips=skips, consumer=self.consumer_id))
@@ -230,6 +252,19 @@ class SubscriptionConsumer:
             if table.num_rows or time.monotonic() >= deadline:
                 return table
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _divert(self, table: pa.Table, dead_letters: DeadLetters) -> pa.Table:
+        """Move the records delivered more than ``1 + max_redeliveries`` times to the dead-letter topic (one
+        transaction that writes them and acknowledges them); the rest is the application's."""
+        limit = dead_letters.policy.max_redeliveries
+        counts = self._dispatch.counts
+        over = [counts.redeliveries(o) > limit for o in table.column("_offset").to_pylist()]
+        if not any(over):
+            return table
+        dead = table.filter(pa.array(over))
+        if not dead_letters.move(dead, lambda records, producer: self.acknowledge(records, transaction=producer)):
+            self._dispatch.redeliver(dead.column("_offset").to_pylist())  # lost to another acknowledgement
+        return table.filter(pa.array([not x for x in over]))
 
     def _maintain(self, now: int) -> None:
         if self.acklog.snapshot_due(now):
@@ -344,6 +379,8 @@ class SubscriptionConsumer:
                 self.acklog.append(AckRecord(AckOp.SKIP, skips=skips, consumer=self.consumer_id))
             self._dispatch.release_all(now)
             self._seat.leave(now)
+            if self._dead is not None:
+                self._dead.close()
 
     def __enter__(self) -> SubscriptionConsumer:
         return self
