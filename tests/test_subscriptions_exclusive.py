@@ -148,6 +148,7 @@ def test_a_transaction_of_a_killed_holder_keeps_its_records_from_the_next_one(en
     done.begin_transaction()
     first.acknowledge(got[:4], transaction=done)
     done.commit_transaction()
+    done.wait_for_completion()
     dying = log.producer("dying", transaction_timeout_ms=ACK_TIMEOUT * 3)
     dying.init_transactions()
     dying.begin_transaction()

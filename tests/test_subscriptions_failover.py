@@ -89,6 +89,7 @@ def test_when_the_active_member_dies_the_next_takes_over_after_its_session_and_l
     committed.begin_transaction()
     a.acknowledge(got[:4], transaction=committed)
     committed.commit_transaction()
+    committed.wait_for_completion()
     dying = log.producer("dying", transaction_timeout_ms=3 * ACK_TIMEOUT)
     dying.init_transactions()
     dying.begin_transaction()
@@ -122,17 +123,23 @@ def test_a_member_that_joins_ahead_takes_over_without_a_record_reaching_both(env
     assert a.state().mark_delete == 12
 
 
-def test_a_standby_member_writes_only_its_membership(env: Any) -> None:
+def test_a_standby_member_writes_nothing_between_its_renewals(env: Any) -> None:
+    """A standby polls (reading the members and the hold) but creates no lease, hold or member object until
+    half its session is spent; then it renews its membership and deletes the old object."""
     log, clock = env
     a, b = _member(log, "a"), _member(log, "b")
     a.receive(100)
-    before = (
-        sorted(log.storage.list("subscriptions/in/00000/f/leases/")),
-        log.storage.list("subscriptions/in/00000/f/hold/"),
-    )
-    for _ in range(4):
-        clock.now += SESSION // 2
+    root = "subscriptions/in/00000/f/"
+
+    def objects() -> list[list[str]]:
+        return [sorted(log.storage.list(root + d)) for d in ("leases/", "hold/", "members/")]
+
+    before = objects()
+    for _ in range(7):
+        clock.now += SESSION // 16
         assert not b.receive(100).num_rows
-        a.receive(0 + 1)
-    assert sorted(log.storage.list("subscriptions/in/00000/f/leases/")) == before[0]
-    assert len(log.storage.list("subscriptions/in/00000/f/members/")) == 2  # renewed, the old ones deleted
+    assert objects() == before
+    clock.now += SESSION // 16
+    assert not b.receive(100).num_rows  # half its session spent: renewed
+    leases, holds, members = objects()
+    assert (leases, holds) == (before[0], before[1]) and len(members) == 2 and members != before[2]

@@ -3,7 +3,8 @@ transaction (PROTOCOL.md "Subscriptions", "Redelivery and dead letters").
 
 The consumer's dead-letter producer (transactional id ``<consumer id>-dlq``) begins a transaction, sends
 the records (the source topic's columns, to the same partition index of the dead-letter topic), appends
-their acknowledgement to the ack log inside that transaction, and commits. Invariant: a dead letter is
+their acknowledgement to the ack log inside that transaction, commits, and waits for the markers (so the
+acknowledgement has applied when the receive that moved them returns). Invariant: a dead letter is
 visible exactly when its acknowledgement is applied, so a record is never both dead-lettered and delivered
 again, nor lost:
 
@@ -27,6 +28,7 @@ from txn_core.clients.subscriptions.redelivery import DeadLetterPolicy
 from txn_core.clients.subscriptions.store import SubscriptionRef
 from txn_core.clients.topics import TopicConfig
 from txn_core.errors import ConfigurationError, TopicExistsError, TransactionConflictError, TxnLogError
+from txn_core.logs import get_logger
 from txn_core.partition.records import METADATA_FIELDS
 
 if TYPE_CHECKING:
@@ -34,6 +36,9 @@ if TYPE_CHECKING:
 
     from txn_core.clients.context import SupportsContext
     from txn_core.clients.producer import Producer
+
+
+logger = get_logger(__name__)
 
 
 class DeadLetters:
@@ -90,6 +95,10 @@ class DeadLetters:
                 producer.abort_transaction()
             raise
         self.written += records.num_rows
+        try:  # the markers, so the acknowledgement applies before the receive that moved them returns
+            producer.wait_for_completion()
+        except TxnLogError as exc:  # decided all the same: the next call or any replica completes it
+            logger.warning("%s: dead letters committed, markers not yet written: %s", self.ref, exc)
         return True
 
     def close(self) -> None:
