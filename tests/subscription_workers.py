@@ -21,9 +21,10 @@ def exactly_once_worker(
     batch: int,
     pause_s: float,
     seed: int,
+    subscription_type: str = "shared",
 ) -> None:
-    """Consume ``in`` through the shared subscription ``work``, write each record's id to ``out`` and
-    acknowledge it in the same transaction, until ``stop_file`` exists. Restarted after a SIGKILL with the
+    """Consume ``in`` through the subscription ``work`` (of ``subscription_type``), write each record's id to
+    ``out`` and acknowledge it in the same transaction, until ``stop_file`` exists. Restarted after a SIGKILL with the
     same ``wid`` (so the same transactional id: ``init_transactions`` fences the dead predecessor)."""
     import txn_core
 
@@ -36,7 +37,10 @@ def exactly_once_worker(
         return p
 
     p = new_producer()
-    c = log.subscribe("in", 0, "work", consumer_name=f"w{wid}", ack_timeout_ms=ack_timeout_ms, create=False)
+    c = log.subscribe(
+        "in", 0, "work", consumer_name=f"w{wid}", ack_timeout_ms=ack_timeout_ms, create=False,
+        subscription_type=subscription_type, session_timeout_ms=ack_timeout_ms,
+    )  # fmt: skip
     while not os.path.exists(stop_file):
         recs = c.receive(batch, timeout_s=0.2)
         if not recs.num_rows:

@@ -403,7 +403,7 @@ def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Pat
     got = c.receive(10)
     c.acknowledge([0, 1, 4, 5])  # 2-3 and 6 not: the mark-delete is 2
     c.close()
-    log.subscribe("orders", 1, "audit").close()
+    audit = log.subscribe("orders", 1, "audit", subscription_type="exclusive", consumer_name="auditor")
     newer = int(got["_timestamp"][4].as_py().timestamp() * 1000)
     retained = maintenance.apply_retention(
         log, "orders", retention_ms=20, now_ms=newer + 5, min_age_ms=0, check_min_age=False
@@ -411,11 +411,22 @@ def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Pat
     assert retained[0].new_start == 4  # 2-3 removed unacknowledged; 4-5 acknowledged; 6 not
     listed = here("subscriptions", "list", url, "--json").json()
     assert listed == [
-        {"topic": "orders", "partition": 0, "subscription": "billing"},
-        {"topic": "orders", "partition": 1, "subscription": "audit"},
+        {"topic": "orders", "partition": 0, "subscription": "billing", "type": "shared"},
+        {"topic": "orders", "partition": 1, "subscription": "audit", "type": "exclusive"},
     ]
     before = here("subscriptions", "describe", url, "orders", "0", "billing", "--json").json()
     assert before["mark_delete"] == 2 and before["backlog"] == 5 and before["acked_above_mark_delete"] == 2
+    assert before["type"] == "shared" and before["active_consumer"] is None
+    held = here("subscriptions", "describe", url, "orders", "1", "audit")
+    assert held.out.splitlines()[1].split()[3:5] == ["exclusive", audit.consumer_id], held.out
+    audit.close()
+    released = here("subscriptions", "describe", url, "orders", "1", "audit", "--json").json()
+    assert released["type"] == "exclusive" and released["active_consumer"] is None
+    standby = log.subscribe("orders", 1, "backup", subscription_type="failover", consumer_name="standby")
+    failover = here("subscriptions", "describe", url, "orders", "1", "backup")
+    assert failover.out.splitlines()[1].split()[3:5] == ["failover", "(none)"], failover.out  # nothing received
+    assert f"  consumers: {standby.consumer_id}" in failover.out
+    standby.close()
     skipped = txnlog("subscriptions", "skip-lost", url, "orders", "0", "billing")
     assert "moved the subscription from 2 to 6, past offsets retention removed" in skipped.out, skipped.out
     again = here("subscriptions", "skip-lost", url, "orders", "0", "billing", "--json").json()
@@ -423,6 +434,27 @@ def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Pat
     assert txn_core.open_log(url).subscribe("orders", 0, "billing").receive(10)["id"].to_pylist() == [6]
     one_error_line(here("subscriptions", "describe", url, "orders", "0", "bill", code=1), "'bill'", "billing")
     one_error_line(here("subscriptions", "skip-lost", url, "orders", "2", "billing", code=1), "no partition 2")
+
+
+def test_subscriptions_describe_counts_dead_letters(tmp_path: Path, here: Callable[..., Result]) -> None:
+    url = str(tmp_path / "log")
+    log = txn_core.open_log(url)
+    log.create_topic("jobs", 1, pa.schema([("id", pa.int64())]))
+    p = log.producer()
+    p.send("jobs", pa.table({"id": [1, 2]}), partition=0)
+    p.close()
+    none = here("subscriptions", "describe", url, "jobs", "0", "runner", code=1)
+    c = log.subscribe("jobs", 0, "runner", nack_delay_ms=0, dead_letter_policy=txn_core.DeadLetterPolicy(0))
+    c.negative_acknowledge(c.receive(10))
+    assert not c.receive(10).num_rows  # both dead-lettered
+    c.close()
+    text = here("subscriptions", "describe", url, "jobs", "0", "runner")
+    assert "  dead letters: 2 in jobs-runner-DLQ" in text.out, text.out
+    described = here("subscriptions", "describe", url, "jobs", "0", "runner", "--json").json()
+    assert (described["dead_letter_topic"], described["dead_lettered"]) == ("jobs-runner-DLQ", 2)
+    other = here("subscriptions", "describe", url, "jobs", "0", "runner", "--dead-letter-topic", "elsewhere", "--json")
+    assert (other.json()["dead_letter_topic"], other.json()["dead_lettered"]) == ("elsewhere", None)
+    assert "'runner'" in none.err
 
 
 # --- dump ----------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ SCHEMA = pa.schema([("id", pa.int64())])
 OUT_SCHEMA = pa.schema([("id", pa.int64()), ("worker", pa.int64())])
 
 
-def _setup(url: str, n: int, rng: random.Random) -> tuple[list[int], int]:
+def _setup(url: str, n: int, rng: random.Random, subscription_type: str) -> tuple[list[int], int]:
     """Input: plain entries of 1-7 records and transactions, some aborted. Returns (committed ids, end)."""
     log = txn_core.open_log(url)
     log.create_topic("in", 1, SCHEMA)
@@ -51,16 +51,26 @@ def _setup(url: str, n: int, rng: random.Random) -> tuple[list[int], int]:
         committed += ids
     tx.close()
     plain.close()
-    log.subscribe("in", 0, "work", range_size=16).close()
+    log.subscribe("in", 0, "work", range_size=16, subscription_type=subscription_type).close()
     return committed, log.partition_log("topics/in/00000").end_offset()
 
 
 def _run(
-    tmp_path: Path, *, workers: int, records: int, kills: int, freezes: int, seed: int, budget_s: float
+    tmp_path: Path,
+    *,
+    workers: int,
+    records: int,
+    kills: int,
+    freezes: int,
+    seed: int,
+    budget_s: float,
+    subscription_type: str = "shared",
 ) -> dict[str, Any]:
+    """Run ``workers`` workers until every fault landed and they caught up. Faults hit a random worker; in a
+    Failover subscription, kills hit the active one (the only one with work in hand)."""
     rng = random.Random(seed)
     url = f"file://{tmp_path}/log"
-    expected, end = _setup(url, records, rng)
+    expected, end = _setup(url, records, rng, subscription_type)
     stop = str(tmp_path / "stop")
     ctx = mp.get_context("spawn")
     ack_timeout_ms, txn_timeout_ms = 1_500, 3_000
@@ -68,7 +78,7 @@ def _run(
     def start(w: int) -> Any:
         proc = ctx.Process(
             target=subscription_workers.exactly_once_worker,
-            args=(url, None, w, stop, ack_timeout_ms, txn_timeout_ms, 4, 0.03, rng.random()),
+            args=(url, None, w, stop, ack_timeout_ms, txn_timeout_ms, 4, 0.03, rng.random(), subscription_type),
         )
         proc.start()
         return proc
@@ -102,6 +112,11 @@ def _run(
                 continue  # a fault only after progress since the last one: faults land mid-work
             last_md = md
             w = rng.randrange(workers)
+            if subscription_type == "failover":
+                active = sub.describe().active_consumer
+                if active is None:
+                    continue  # between two active ones: wait for the next
+                w = int(active.split("-")[0][1:])  # consumer ids are "w<worker>-<random>"
             if done_kills < kills:
                 os.kill(procs[w].pid, signal.SIGKILL)
                 procs[w].join()
@@ -161,3 +176,15 @@ def test_many_workers_killed_and_frozen_stay_exactly_once(tmp_path: Path, seed: 
     result = _run(tmp_path, workers=4, records=3000, kills=12, freezes=2, seed=seed, budget_s=400)
     _check(result)
     assert result["kills"] == 12 and result["freezes"] == 2
+
+
+@pytest.mark.chaos
+def test_failover_active_consumer_killed_hands_over_exactly_once(tmp_path: Path) -> None:
+    """Three members of a Failover subscription; the active one is hard-killed (SIGKILL) again and again,
+    and once frozen past its session: the next member takes over from the acknowledged position with no
+    record lost and none processed twice."""
+    result = _run(
+        tmp_path, workers=3, records=1500, kills=6, freezes=1, seed=3, budget_s=300, subscription_type="failover"
+    )
+    _check(result)
+    assert result["kills"] == 6 and result["freezes"] == 1

@@ -32,7 +32,12 @@ if TYPE_CHECKING:
     from txn_core.clients.consumer import Consumer
     from txn_core.clients.groups import GroupStore
     from txn_core.clients.producer import Producer
-    from txn_core.clients.subscriptions import Subscription, SubscriptionConsumer
+    from txn_core.clients.subscriptions import (
+        DeadLetterPolicy,
+        RedeliveryBackoff,
+        Subscription,
+        SubscriptionConsumer,
+    )
     from txn_core.clients.topics import TopicStore
     from txn_core.coordinator.service import TransactionCoordinator
     from txn_core.coordinator.txnlog import CoordinatorViews
@@ -245,9 +250,19 @@ class Log:
         range_size: int | None = None,
         max_unacked: int = 1000,
         trim_min_age_ms: int = 10 * 60 * 1000,
+        subscription_type: str = "shared",
+        session_timeout_ms: int = 30_000,
+        nack_backoff: RedeliveryBackoff | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ) -> SubscriptionConsumer:
-        """A consumer of the named subscription on one topic partition (created unless ``create=False``),
-        shared with every other consumer of it; acknowledgements may be transactional. See
+        """A consumer of the named subscription on one topic partition (created unless ``create=False``):
+        ``subscription_type`` "shared" (with every other consumer of it), "exclusive" (one consumer at a
+        time; a second gets ``ConsumerBusyError`` until the first closes or goes ``session_timeout_ms``
+        without a ``receive``) or "failover" (one active consumer, chosen by name and partition; the next
+        takes over when it closes or its session lapses). Acknowledgements may be transactional.
+        ``nack_backoff`` (a ``RedeliveryBackoff``) grows the delay of repeated negative acknowledgements;
+        ``dead_letter_policy`` (a ``DeadLetterPolicy``) moves a record delivered too often to a dead-letter
+        topic, in the transaction that acknowledges it. See
         :class:`txn_core.clients.subscriptions.SubscriptionConsumer`."""
         from txn_core.clients.subscriptions import SubscriptionConsumer
 
@@ -264,6 +279,10 @@ class Log:
             range_size=range_size,
             max_unacked=max_unacked,
             trim_min_age_ms=trim_min_age_ms,
+            subscription_type=subscription_type,
+            session_timeout_ms=session_timeout_ms,
+            nack_backoff=nack_backoff,
+            dead_letter_policy=dead_letter_policy,
         )
 
     def subscription(self, topic: str, partition: int, subscription: str) -> Subscription:

@@ -8,7 +8,7 @@ import dataclasses
 from txn_core.cli.common import Parser, SubParsers, add_noun, add_verb, get_topic, non_negative_int, open_existing
 from txn_core.cli.output import Progress, print_json, print_table
 from txn_core.clients.subscriptions.errors import SubscriptionNotFoundError
-from txn_core.clients.subscriptions.store import list_subscriptions
+from txn_core.clients.subscriptions.store import SubscriptionRef, SubscriptionType, list_subscriptions, read_meta
 from txn_core.clients.subscriptions.subscription import Subscription
 from txn_core.errors import ConfigurationError
 from txn_core.log import Log
@@ -39,10 +39,12 @@ def register(sub: SubParsers, common: Parser) -> None:
     for verb, help_text, description, func in (
         (
             "describe",
-            "mark-delete position, pending acknowledgements, backlog",
-            "The subscription's state replayed from its ack log: the mark-delete position (every offset below "
-            "it is acknowledged), records acknowledged above it, open transactions holding acknowledgements, "
-            "and the backlog (offsets between the mark-delete position and the last stable offset).",
+            "type, active consumer, mark-delete position, pending acknowledgements, backlog",
+            "The subscription's type (shared, exclusive or failover) and, for an exclusive or failover one, the "
+            "consumer delivering now (and a failover one's consumers); its state replayed from its ack log: the "
+            "mark-delete position (every offset below it is acknowledged), records acknowledged above it, open "
+            "transactions holding acknowledgements, and the backlog (offsets between the mark-delete position and "
+            "the last stable offset); the records moved to its dead-letter topic.",
             describe,
         ),
         (
@@ -66,6 +68,12 @@ def register(sub: SubParsers, common: Parser) -> None:
         p.add_argument("topic", metavar="TOPIC")
         p.add_argument("partition", metavar="PARTITION", type=non_negative_int)
         p.add_argument("name", metavar="SUBSCRIPTION")
+        if verb == "describe":
+            p.add_argument(
+                "--dead-letter-topic",
+                metavar="TOPIC",
+                help="where its consumers' dead letters go (default: TOPIC-SUBSCRIPTION-DLQ, Pulsar's name)",
+            )
         p.set_defaults(func=func)
 
 
@@ -75,11 +83,13 @@ def list_all(args: argparse.Namespace) -> int:
     rows: list[list[object]] = []
     for topic in topics:
         for partition in range(get_topic(log, topic).partitions):
-            rows.extend([topic, partition, name] for name in list_subscriptions(log.storage, topic, partition))
+            for name in list_subscriptions(log.storage, topic, partition):
+                kind = read_meta(log.storage, SubscriptionRef(topic, partition, name)).type.value
+                rows.append([topic, partition, name, kind])
     if args.json:
-        print_json([{"topic": t, "partition": p, "subscription": n} for t, p, n in rows])
+        print_json([{"topic": t, "partition": p, "subscription": n, "type": k} for t, p, n, k in rows])
         return 0
-    print_table(["topic", "partition", "subscription"], rows, empty=f"no subscriptions in {log.url}")
+    print_table(["topic", "partition", "subscription", "type"], rows, empty=f"no subscriptions in {log.url}")
     return 0
 
 
@@ -103,17 +113,22 @@ def _subscription(log: Log, args: argparse.Namespace) -> Subscription:
 def describe(args: argparse.Namespace) -> int:
     log = open_existing(args)
     with Progress(f"replaying subscription {args.name}"):
-        d = _subscription(log, args).describe()
+        d = _subscription(log, args).describe(dead_letter_topic=args.dead_letter_topic)
     if args.json:
         value = dataclasses.asdict(d)
         value["pending"] = {str(t): list(o) for t, o in d.pending.items()}
         value["pending_cumulative"] = {str(t): c for t, c in d.pending_cumulative.items()}
+        value["type"] = d.type.value
         print_json(value)
         return 0
-    print_table(
-        ["topic", "partition", "subscription", "mark-delete", "acked above", "pending txns", "backlog"],
-        [[d.topic, d.partition, d.name, d.mark_delete, d.acked_above_mark_delete, len(d.pending), d.backlog]],
-    )
+    active = "" if d.type is SubscriptionType.SHARED else (d.active_consumer or "(none)")
+    header = ["topic", "partition", "subscription", "type", "active consumer", "mark-delete", "acked above"]
+    row = [d.topic, d.partition, d.name, d.type.value, active, d.mark_delete, d.acked_above_mark_delete]
+    print_table([*header, "pending txns", "backlog"], [[*row, len(d.pending), d.backlog]])
+    if d.type is SubscriptionType.FAILOVER:
+        print(f"  consumers: {', '.join(d.consumers) or '(none)'}")
+    if d.dead_lettered is not None:
+        print(f"  dead letters: {d.dead_lettered} in {d.dead_letter_topic}")
     for txn, offsets in sorted(d.pending.items(), key=lambda item: str(item[0])):
         print(f"  transaction {txn} holds {len(offsets)} record(s)")
     return 0

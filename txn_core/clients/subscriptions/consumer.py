@@ -18,10 +18,20 @@ transactional acknowledgements (PROTOCOL.md "Subscriptions").
             p.abort_transaction()
             c.redeliver_unacknowledged()
 
-Any number of consumers, in any processes, may consume one subscription; each record is delivered to one
-of them at a time (range leases, see :mod:`.dispatcher`), and delivered again when it is not acknowledged
-within the ack timeout, when it is negatively acknowledged, or when the transaction holding its
-acknowledgement aborts. A transactional acknowledgement is appended to the ack log inside the producer's
+Any number of consumers, in any processes, may consume one Shared subscription (the default type); each
+record is delivered to one of them at a time (range leases, see :mod:`.dispatcher`). An Exclusive one
+(``subscription_type="exclusive"``) takes one consumer at a time: a second is refused with
+:class:`ConsumerBusyError` naming the first, until the first closes or stops calling ``receive`` for its
+``session_timeout_ms`` (its hold, see :mod:`.hold`, lapses). A Failover one (``subscription_type="failover"``)
+takes any number of consumers, of which one is active: the ``partition % n``-th of their ids sorted (so
+by consumer name); when it closes or its session lapses the next one takes over from the acknowledged
+position (see :mod:`.seats`).
+
+A record is delivered again when it is not acknowledged within the ack timeout, when it is negatively
+acknowledged (after ``nack_delay_ms``, or a growing delay with ``nack_backoff``), or when the transaction
+holding its acknowledgement aborts; with a ``dead_letter_policy`` a record delivered too often goes to the
+dead-letter topic instead, in the transaction that acknowledges it (see :mod:`.redelivery`,
+:mod:`.deadletter`). A transactional acknowledgement is appended to the ack log inside the producer's
 current transaction; the consumer replays the log up to it and raises :class:`TransactionConflictError`
 (and makes the transaction abortable) if an earlier record in the log already acknowledged or holds one
 of its records.
@@ -39,13 +49,17 @@ import pyarrow as pa
 
 from txn_core.clients.subscriptions import trim as trimming
 from txn_core.clients.subscriptions.acklog import AckLog
+from txn_core.clients.subscriptions.deadletter import DeadLetters
 from txn_core.clients.subscriptions.dispatcher import Dispatcher
 from txn_core.clients.subscriptions.records import AckOp, AckRecord, entry_acks
+from txn_core.clients.subscriptions.redelivery import DeadLetterPolicy, RedeliveryBackoff
+from txn_core.clients.subscriptions.seats import seat_for
 from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
 from txn_core.clients.subscriptions.store import (
     DEFAULT_RANGE_SIZE,
     SubscriptionMeta,
     SubscriptionRef,
+    SubscriptionType,
     create_meta,
     read_meta,
     validate_ref,
@@ -76,8 +90,10 @@ def open_meta(
     create: bool,
     initial_position: str,
     range_size: int | None,
+    subscription_type: SubscriptionType = SubscriptionType.SHARED,
 ) -> SubscriptionMeta:
-    """The subscription's metadata, creating it if asked (checks the topic partition exists)."""
+    """The subscription's metadata, creating it if asked (checks the topic partition exists and that the
+    stored type is the one asked for)."""
     ctx = log.context
     ref = validate_ref(topic, partition, name)
     meta = ctx.topics.get(topic)
@@ -95,7 +111,15 @@ def open_meta(
             initial = ctx.partition_log(path).log_start(refresh=True).offset
         else:  # the last stable offset: a transaction open at the log end is delivered once it commits
             initial = available_end(ctx.partition_state(path, shared=False), READ_COMMITTED)  # its own: not thread-safe
-        stored = create_meta(ctx.storage, SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, ctx.clock()))
+        stored = create_meta(
+            ctx.storage,
+            SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, ctx.clock(), subscription_type),
+        )
+    if stored.type is not subscription_type:
+        raise ConfigurationError(
+            f"{ref} was created as {stored.type.value}; it cannot be opened as {subscription_type.value}. "
+            f"Subscribe with subscription_type={stored.type.value!r}, or use another subscription name"
+        )
     if range_size is not None and stored.range_size != range_size:
         raise ConfigurationError(
             f"{ref} was created with range_size {stored.range_size}; it cannot be opened with {range_size}"
@@ -121,8 +145,13 @@ class SubscriptionConsumer:
         range_size: int | None = None,
         max_unacked: int = 1000,
         trim_min_age_ms: int = trimming.MIN_ENTRY_AGE_MS,
+        subscription_type: str | SubscriptionType = SubscriptionType.SHARED,
+        session_timeout_ms: int = 30_000,
+        nack_backoff: RedeliveryBackoff | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ) -> None:
         ctx = log.context
+        kind = SubscriptionType.parse(subscription_type)
         if consumer_name is not None:
             validate_name("consumer", consumer_name)
         for what, value, low in (
@@ -130,13 +159,29 @@ class SubscriptionConsumer:
             ("nack_delay_ms", nack_delay_ms, 0),
             ("max_unacked", max_unacked, 1),
             ("trim_min_age_ms", trim_min_age_ms, 0),
+            ("session_timeout_ms", session_timeout_ms, 2),
         ):
             if not is_int(value) or value < low:
                 raise ConfigurationError(f"{what} must be an int >= {low}, got {value!r}")
+        if nack_backoff is not None and not isinstance(nack_backoff, RedeliveryBackoff):
+            raise ConfigurationError(
+                f"nack_backoff must be a RedeliveryBackoff(min_delay_ms, max_delay_ms) or None, got {nack_backoff!r}"
+            )
+        if dead_letter_policy is not None and not isinstance(dead_letter_policy, DeadLetterPolicy):
+            raise ConfigurationError(
+                f"dead_letter_policy must be a DeadLetterPolicy(max_redeliveries) or None, got {dead_letter_policy!r}"
+            )
         check_min_age_of("trim_min_age_ms: trimming the ack log", trim_min_age_ms, SAFE_ENTRY_AGE_MS, flag=None)
         self.ctx = ctx
         self.meta = open_meta(
-            ctx, topic, partition, subscription, create=create, initial_position=initial_position, range_size=range_size
+            ctx,
+            topic,
+            partition,
+            subscription,
+            create=create,
+            initial_position=initial_position,
+            range_size=range_size,
+            subscription_type=kind,
         )
         self.ref: SubscriptionRef = self.meta.ref
         self.consumer_id = f"{consumer_name or 'consumer'}-{uuid.uuid4().hex[:12]}"
@@ -151,10 +196,16 @@ class SubscriptionConsumer:
             nack_delay_ms=nack_delay_ms,
             max_unacked=max_unacked,
             max_ranges=8,
+            backoff=nack_backoff,
+        )
+        self._dead = (
+            None if dead_letter_policy is None else DeadLetters(ctx, self.ref, self.consumer_id, dead_letter_policy)
         )
         self._last_trim = ctx.clock()
         self._closed = False
         self._lock = threading.RLock()
+        self._seat = seat_for(self.meta, self.consumer_id, session_timeout_ms, self._dispatch)
+        self._seat.join(self._last_trim)  # Exclusive: ConsumerBusyError if someone else holds it
 
     def __repr__(self) -> str:
         return f"SubscriptionConsumer({self.ref}, id={self.consumer_id!r})"
@@ -181,13 +232,19 @@ class SubscriptionConsumer:
                 self._check_open()
                 now = self.ctx.clock()
                 try:
-                    table = self._dispatch.receive(max_records, now)
+                    table = (
+                        self._dispatch.receive(max_records, now)
+                        if self._seat.may_deliver(now)
+                        else self._dispatch.schema.empty_table()
+                    )
                 except DataLossError as exc:
                     raise DataLossError(
                         f"{self.ref}: {exc}. Retention removed records this subscription had not acknowledged; "
                         "they cannot be delivered. Call skip_lost() to give them up and go on from the log "
                         "start (recorded in the ack log: every consumer of the subscription goes on from there)"
                     ) from exc
+                if table.num_rows and self._dead is not None:
+                    table = self._divert(table, self._dead)
                 skips = self._dispatch.take_skips() if not table.num_rows else ()
                 if skips:
                     self.acklog.append(AckRecord(AckOp.SKIP, skips=skips, consumer=self.consumer_id))
@@ -195,6 +252,19 @@ class SubscriptionConsumer:
             if table.num_rows or time.monotonic() >= deadline:
                 return table
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _divert(self, table: pa.Table, dead_letters: DeadLetters) -> pa.Table:
+        """Move the records delivered more than ``1 + max_redeliveries`` times to the dead-letter topic (one
+        transaction that writes them and acknowledges them); the rest is the application's."""
+        limit = dead_letters.policy.max_redeliveries
+        counts = self._dispatch.counts
+        over = [counts.redeliveries(o) > limit for o in table.column("_offset").to_pylist()]
+        if not any(over):
+            return table
+        dead = table.filter(pa.array(over))
+        if not dead_letters.move(dead, lambda records, producer: self.acknowledge(records, transaction=producer)):
+            self._dispatch.redeliver(dead.column("_offset").to_pylist())  # lost to another acknowledgement
+        return table.filter(pa.array([not x for x in over]))
 
     def _maintain(self, now: int) -> None:
         if self.acklog.snapshot_due(now):
@@ -308,6 +378,9 @@ class SubscriptionConsumer:
             if skips:
                 self.acklog.append(AckRecord(AckOp.SKIP, skips=skips, consumer=self.consumer_id))
             self._dispatch.release_all(now)
+            self._seat.leave(now)
+            if self._dead is not None:
+                self._dead.close()
 
     def __enter__(self) -> SubscriptionConsumer:
         return self

@@ -31,6 +31,7 @@ from sortedcontainers import SortedDict
 from txn_core.clients.subscriptions.acklog import AckLog
 from txn_core.clients.subscriptions.leases import Lease, LeaseStore
 from txn_core.clients.subscriptions.records import ranges_of
+from txn_core.clients.subscriptions.redelivery import DeliveryCounts, RedeliveryBackoff
 from txn_core.clients.subscriptions.state import AckStatus
 from txn_core.clients.subscriptions.store import SubscriptionMeta
 from txn_core.errors import DataLossError, InvalidOffsetError, OffsetOutOfRangeError
@@ -71,6 +72,7 @@ class Dispatcher:
         nack_delay_ms: int,
         max_unacked: int,
         max_ranges: int,
+        backoff: RedeliveryBackoff | None = None,
     ) -> None:
         self.ctx = ctx = log.context
         self.meta = meta
@@ -78,6 +80,8 @@ class Dispatcher:
         self.owner = owner
         self.ack_timeout_ms = ack_timeout_ms
         self.nack_delay_ms = nack_delay_ms
+        self.backoff = backoff
+        self.counts = DeliveryCounts()
         self.max_unacked = max_unacked
         self.max_ranges = max_ranges
         self.size = meta.range_size
@@ -106,6 +110,7 @@ class Dispatcher:
             del self.inflight[o]
         for o in [o for o in self.nacked if o < state.mark_delete]:
             del self.nacked[o]
+        self.counts.forget_below(state.mark_delete)
         for k in [k for k, lease in self.owned.items() if not lease.valid(now)]:
             self._drop(k)
         for k in [k for k, lease in self.others.items() if not lease.valid(now)]:
@@ -282,6 +287,7 @@ class Dispatcher:
                 stop = o
                 break
             keep.append(i)
+            self.counts.delivered(o)
             self.inflight[o] = Delivery(k, lease.gen, now)
             self.nacked.pop(o, None)
             revisit.discard(o)
@@ -355,19 +361,27 @@ class Dispatcher:
             d = self.inflight.pop(o, None)
             if pending and d is not None:
                 self.revisit.setdefault(d.range, set()).add(o)
+            elif not pending:
+                self.counts.forget(o)
 
     def nack(self, offsets: Iterable[int], now: int) -> None:
         for o in offsets:
             d = self.inflight.pop(o)
-            self.nacked[o] = now + self.nack_delay_ms
+            redelivery = self.counts.redeliveries(o) + 1
+            self.nacked[o] = now + (self.backoff.delay_ms(redelivery) if self.backoff else self.nack_delay_ms)
             self.revisit.setdefault(d.range, set()).add(o)
 
     def redeliver_all(self, now: int) -> None:
         """Make every record in flight deliverable again (at once) — e.g. after aborting a transaction."""
-        for o, d in list(self.inflight.items()):
-            del self.inflight[o]
-            self.nacked.pop(o, None)
-            self.revisit.setdefault(d.range, set()).add(o)
+        self.redeliver(list(self.inflight))
+
+    def redeliver(self, offsets: Iterable[int]) -> None:
+        """Make these records, if in flight, deliverable again at once."""
+        for o in offsets:
+            d = self.inflight.pop(o, None)
+            if d is not None:
+                self.nacked.pop(o, None)
+                self.revisit.setdefault(d.range, set()).add(o)
 
     def bounds(self, offset: int) -> tuple[int, int]:
         """``(base, count)`` of the topic entry holding ``offset`` (cached; one header read per entry)."""
@@ -381,6 +395,16 @@ class Dispatcher:
         if len(self._bounds) > 65536:
             self._bounds.popitem(0)
         return header.base_offset, header.record_count
+
+    def release_idle(self, now: int) -> None:
+        """Release every range with nothing in flight under its lease (stepping down: what is in flight stays
+        this consumer's until settled or its lease lapses, so it reaches no one else meanwhile)."""
+        busy = {d.range for o, d in self.inflight.items() if self._current(o)}
+        for k, lease in list(self.owned.items()):
+            if k not in busy:
+                if lease.valid(now):
+                    self.leases.release(lease, now)
+                self._drop(k)
 
     def release_all(self, now: int) -> None:
         for lease in list(self.owned.values()):

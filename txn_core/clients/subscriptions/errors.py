@@ -10,3 +10,15 @@ from txn_core.errors import TxnLogError
 
 class SubscriptionNotFoundError(TxnLogError, LookupError):
     """The subscription does not exist. The message lists the subscriptions of that topic partition."""
+
+
+class ConsumerBusyError(TxnLogError):
+    """An Exclusive subscription is held by another consumer (Pulsar's ``ConsumerBusyException``).
+
+    ``holder`` is that consumer's id (its name and a random suffix), ``expires_ms`` when its hold lapses
+    unless renewed (log clock, milliseconds since the epoch)."""
+
+    def __init__(self, message: str, *, holder: str, expires_ms: int) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.expires_ms = expires_ms

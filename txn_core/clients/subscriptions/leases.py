@@ -85,6 +85,7 @@ class LeaseStore:
         self._hint: dict[int, int] = {}  # range -> a generation known to exist
 
     def _slots(self, k: int) -> SlotLog:
+        """The slot log of range ``k``'s lease generations (a subclass may lay them out differently)."""
         return SlotLog(self.storage, f"{self.prefix}{k:020d}-")
 
     def latest(self, k: int) -> Lease | None:

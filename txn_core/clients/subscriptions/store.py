@@ -11,6 +11,9 @@ Under ``subscriptions/<topic>/<05d partition>/<name>/``:
 ``state/<020d slot>.<013d ms>`` a snapshot of the subscription state before ack-log slot ``slot``,
                                 written at ``ms`` (envelope kind 10, JSON)
 ``leases/<020d range>-<020d g>``  dispatch lease generation ``g`` of an offset range (see ``leases.py``)
+``hold/<020d g>``               generation ``g`` of the hold of an Exclusive or Failover subscription: who
+                                delivers now (see ``hold.py``)
+``members/<id>.<013d ms>``      a Failover subscription's member ``id``, counting until ``ms`` (``members.py``)
 ==============================  ===================================================================
 
 Snapshots carry their write time in their name so that the trimmer can pick, from one LIST, the newest
@@ -19,6 +22,7 @@ snapshot older than the minimum entry age without reading any of them.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +33,30 @@ from txn_core.format import envelope, paths
 from txn_core.format.ids import is_int, validate_name
 from txn_core.storage.base import Storage
 
+#: Metadata of a Shared subscription is written as version 1 (readable by every release); of any other type
+#: as version 2, which releases that know only Shared refuse, so they never consume it as a shared one.
 META_VERSION = 1
+META_VERSION_TYPED = 2
 DEFAULT_RANGE_SIZE = 256
 _KIND = envelope.ObjectKind.SUBSCRIPTION
+
+
+class SubscriptionType(enum.Enum):
+    """Who may consume a subscription at once (Pulsar's subscription types; PROTOCOL.md "Subscription types")."""
+
+    SHARED = "shared"  # any number of consumers, records spread over them by range leases
+    EXCLUSIVE = "exclusive"  # one consumer; a second is refused while the first holds the subscription
+    FAILOVER = "failover"  # any number of consumers; one of them, chosen by name and partition, is active
+
+    @classmethod
+    def parse(cls, value: str | SubscriptionType) -> SubscriptionType:
+        if isinstance(value, SubscriptionType):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            choices = ", ".join(repr(t.value) for t in cls)
+            raise ConfigurationError(f"subscription_type must be one of {choices}, got {value!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +88,14 @@ class SubscriptionRef:
     def leases(self) -> str:
         return self.root + "leases/"
 
+    @property
+    def hold(self) -> str:
+        return self.root + "hold/"
+
+    @property
+    def members(self) -> str:
+        return self.root + "members/"
+
     def __str__(self) -> str:
         return f"subscription {self.name!r} of {self.topic}-{self.partition}"
 
@@ -75,9 +108,10 @@ class SubscriptionMeta:
     initial_offset: int  # the mark-delete position of a new subscription
     range_size: int  # offsets per dispatch lease range
     created_ms: int
+    type: SubscriptionType = SubscriptionType.SHARED
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        value: dict[str, Any] = {
             "version": META_VERSION,
             "topic": self.ref.topic,
             "partition": self.ref.partition,
@@ -86,13 +120,19 @@ class SubscriptionMeta:
             "range_size": self.range_size,
             "created_ms": self.created_ms,
         }
+        if self.type is not SubscriptionType.SHARED:
+            value["version"] = META_VERSION_TYPED
+            value["type"] = self.type.value
+        return value
 
     @classmethod
     def from_json(cls, ref: SubscriptionRef, v: dict[str, Any], key: str) -> SubscriptionMeta:
         try:
-            if int(v["version"]) != META_VERSION or v["name"] != ref.name or v["topic"] != ref.topic:
+            version = int(v["version"])
+            if version not in (META_VERSION, META_VERSION_TYPED) or v["name"] != ref.name or v["topic"] != ref.topic:
                 raise CorruptDataError(f"{key}: metadata does not describe {ref}", key)
-            return cls(ref, int(v["initial_offset"]), int(v["range_size"]), int(v["created_ms"]))
+            kind = SubscriptionType(v["type"]) if version == META_VERSION_TYPED else SubscriptionType.SHARED
+            return cls(ref, int(v["initial_offset"]), int(v["range_size"]), int(v["created_ms"]), kind)
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptDataError(f"{key}: malformed subscription metadata: {exc!r}", key) from exc
 

@@ -7,12 +7,22 @@ from typing import TYPE_CHECKING
 
 from txn_core.clients.subscriptions import trim as trimming
 from txn_core.clients.subscriptions.acklog import AckLog
+from txn_core.clients.subscriptions.hold import HOLD_RANGE, HoldStore
 from txn_core.clients.subscriptions.leases import LeaseStore
+from txn_core.clients.subscriptions.members import list_members
+from txn_core.clients.subscriptions.redelivery import DeadLetterPolicy
 from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
-from txn_core.clients.subscriptions.store import SubscriptionMeta, list_subscriptions, read_meta, validate_ref
+from txn_core.clients.subscriptions.store import (
+    SubscriptionMeta,
+    SubscriptionType,
+    list_subscriptions,
+    read_meta,
+    validate_ref,
+)
 from txn_core.format import paths
 from txn_core.format.ids import TxnId
 from txn_core.partition.ages import SAFE_ENTRY_AGE_MS, check_min_age_of
+from txn_core.partition.reader import READ_COMMITTED, PartitionReader
 
 if TYPE_CHECKING:
     from txn_core.clients.context import SupportsContext
@@ -32,6 +42,12 @@ class SubscriptionDescription:
     ack_log_end_slot: int
     accepted: int
     void: int
+    type: SubscriptionType
+    active_consumer: str | None  # Exclusive, Failover: the consumer holding the subscription now (None: nobody)
+    active_until_ms: int | None  # when its hold lapses unless renewed
+    consumers: tuple[str, ...]  # Failover: the members that count now, sorted
+    dead_letter_topic: str  # where its consumers' dead letters go (by default; see DeadLetterPolicy)
+    dead_lettered: int | None  # committed records in that topic's partition of this one (None: no such topic)
 
 
 class Subscription:
@@ -43,6 +59,7 @@ class Subscription:
         self.ref = self.meta.ref
         self.acklog = AckLog(ctx, self.meta)
         self.leases = LeaseStore(ctx.storage, self.ref, self.meta.range_size)
+        self.holds = HoldStore(ctx.storage, self.ref)
 
     def state(self) -> SubscriptionState:
         """The state, caught up; open transactions past their timeout are aborted on the way."""
@@ -51,7 +68,9 @@ class Subscription:
     def status(self, offset: int) -> AckStatus:
         return self.state().status(offset)
 
-    def describe(self) -> SubscriptionDescription:
+    def describe(self, *, dead_letter_topic: str | None = None) -> SubscriptionDescription:
+        """The state, type, active consumer and members, and the dead letters in ``dead_letter_topic``
+        (default ``<topic>-<subscription>-DLQ``; pass the one a :class:`DeadLetterPolicy` names)."""
         st = self.state()
         topic_path = paths.partition_log_path(self.ref.topic, self.ref.partition)
         pstate = self.ctx.partition_state(topic_path)
@@ -59,6 +78,12 @@ class Subscription:
         lso = pstate.read_bound()
         start = self.acklog.plog.log_start(refresh=True)
         end_slot, _ = self.acklog.plog.tail(refresh=True)
+        now = self.ctx.clock()
+        hold = self.holds.latest(HOLD_RANGE) if self.meta.type is not SubscriptionType.SHARED else None
+        if hold is not None and not hold.valid(now):
+            hold = None
+        failover = self.meta.type is SubscriptionType.FAILOVER
+        members = tuple(list_members(self.ctx.storage, self.ref, now)) if failover else ()
         return SubscriptionDescription(
             self.ref.topic,
             self.ref.partition,
@@ -72,7 +97,28 @@ class Subscription:
             end_slot,
             st.accepted_count,
             st.void_count,
+            self.meta.type,
+            hold.owner if hold is not None else None,
+            hold.expires_ms if hold is not None else None,
+            members,
+            *self._dead_letters(dead_letter_topic),
         )
+
+    def _dead_letters(self, topic: str | None) -> tuple[str, int | None]:
+        """The dead-letter topic and how many committed records its partition of this one holds (one read of
+        that partition: dead letters are few)."""
+        name = DeadLetterPolicy(0, topic).topic_for(self.ref)
+        if name not in self.ctx.topics.list(include_internal=True):
+            return name, None
+        partitions = self.ctx.topics.get(name).partitions
+        partition = self.ref.partition % partitions
+        path = paths.partition_log_path(name, partition)
+        reader = PartitionReader(self.ctx.partition_state(path, shared=False), name, partition, READ_COMMITTED)
+        reader.seek(self.ctx.partition_log(path).log_start(refresh=True).offset)
+        count = 0
+        while batches := reader.poll():
+            count += sum(b.num_rows for b in batches)
+        return name, count
 
     def skip_lost(self) -> int:
         """Give up the records retention removed before they were acknowledged, for every consumer (see
