@@ -96,7 +96,7 @@ class LogView:
         self.opts = opts
         self.log = open_existing_log(opts.path, opts.storage_options)
         self.url = self.log.url
-        self.metas: dict[str, TopicMeta] = {t: self.log.topics.get(t) for t in opts.topics}
+        self.metas: dict[str, TopicMeta] = self.log.topic_metas(opts.topics)  # beside the format check
         self._states: dict[TopicPartition, PartitionState] = {}
         #: startingOffsets=group: the group's committed offset each partition started from (-1: none), as
         #: recorded in the first batch's end offset for the sink's offsets fence (offsets.py)

@@ -4,7 +4,9 @@ first, before anything is written or reported."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -87,3 +89,38 @@ def test_a_new_log_is_created_by_its_first_use_and_read_by_a_fresh_consumer() ->
     c.assign([("t", 0)])
     assert c.poll().column("id").to_pylist() == [1, 2]
     assert fresh.coordinator_partitions == 3
+
+
+class _FormatWaitsForMeta(MemoryStorage):
+    """The format object's read waits (at most 5 s) until a topic's metadata is being read: it returns at
+    once only when the two overlap."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.meta_read = threading.Event()
+        self.overlapped: bool | None = None
+
+    def _seen(self, key: str) -> None:
+        if "/meta/" in key:
+            self.meta_read.set()
+        elif key == paths.FORMAT_KEY and self.overlapped is None:
+            self.overlapped = self.meta_read.wait(5)
+
+    def read(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        self._seen(key)
+        return super().read(key, start, end)
+
+    def read_buffer(self, key: str) -> Any:
+        self._seen(key)
+        return super().read_buffer(key)
+
+
+def test_a_readers_topic_metadata_is_read_beside_the_format_object_and_its_error_comes_first() -> None:
+    name = uuid.uuid4().hex
+    with txn_core.Log(MemoryStorage(name)) as log:
+        log.create_topic("t", 2, SCHEMA)
+    storage = _FormatWaitsForMeta(name)
+    metas = txn_core.Log(storage, create=False).topic_metas(["t"])
+    assert metas["t"].partitions == 2 and storage.overlapped is True
+    with pytest.raises(ConfigurationError, match="no txnlog at"):
+        txn_core.Log(MemoryStorage(uuid.uuid4().hex), create=False).topic_metas(["t"])

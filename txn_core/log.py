@@ -7,7 +7,9 @@ number of processes and machines, may use one URL at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
@@ -27,6 +29,7 @@ from txn_core.ops.describe import (
 from txn_core.partition.partition import PartitionLog
 from txn_core.partition.state import PartitionState
 from txn_core.storage import Storage, open_storage
+from txn_core.storage.parallel import parallel_map
 
 if TYPE_CHECKING:
     from txn_core.clients.consumer import Consumer
@@ -165,6 +168,13 @@ class Log:
 
     def list_topics(self) -> list[str]:
         return self.topics.list()
+
+    def topic_metas(self, names: Sequence[str]) -> dict[str, TopicMeta]:
+        """The metadata of the topics ``names``, read at once and beside the log's format check (whose
+        error comes first): a reader's first round, as a consumer's first ``assign`` makes it."""
+        jobs: list[Callable[[], object]] = [self._format.check, *(partial(self._context.topics.get, n) for n in names)]
+        got = parallel_map(lambda job: job(), jobs)
+        return {n: cast("TopicMeta", m) for n, m in zip(names, got[1:], strict=True)}
 
     def add_partitions(self, name: str, total: int) -> TopicMeta:
         """Grow ``name`` to ``total`` partitions (readers pick the new ones up from their beginning)."""
