@@ -8,6 +8,8 @@ issued one after another never overlap). The figures in RTT units come from ``te
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -297,6 +299,33 @@ def test_a_fresh_consumer_of_a_small_log_has_its_rows_in_two_rounds_and_is_caugh
     assert (1, "read", paths.FORMAT_KEY) in storage.rounds, "the format is read in the first round"
     past = [key for _, kind, key in storage.rounds if kind == "read" and "/log/" in key and int(key[-20:]) > 18]
     assert past == [], "no slot past the first free one is read"
+
+
+def test_a_fresh_reader_process_never_imports_pandas(tmp_path: Any) -> None:
+    """``pyarrow.array`` and ``Schema.empty_table`` import pandas when it is installed (about 0.3 s, a dozen
+    round trips of a 25 ms store): a fresh reader's path to its rows builds its Arrow columns without them
+    (txn_core.format.arrays), from a buffer snapshot with aborted transactions and an empty poll included."""
+    url = f"file://{tmp_path}/log"
+    log = txn_core.open_log(url)
+    log.create_topic("t", 2, pa.schema([("id", pa.int64())]))
+    p = log.producer("history")
+    p.init_transactions()
+    for i in range(30):
+        p.begin_transaction()
+        p.send("t", pa.table({"id": [i]}), partition=i % 2)
+        p.abort_transaction() if i % 5 == 4 else p.commit_transaction()
+    p.close()
+    log.partition_state(paths.partition_log_path("t", 0)).scan_to_end()  # a snapshot for the next reader
+    script = (
+        "import sys, txn_core\n"
+        f"c = txn_core.open_log({url!r}, create=False).consumer()\n"
+        "c.assign([('t', 0), ('t', 1)])\n"
+        "n = 0\n"
+        "while (t := c.poll()).num_rows: n += t.num_rows\n"
+        "print(n, 'pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["24", "False"], out
 
 
 @pytest.mark.parametrize("refuse", [False, True], ids=["writable", "read-only"])

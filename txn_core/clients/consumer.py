@@ -316,7 +316,7 @@ class Consumer:
         if schema is None:  # pragma: no cover
             raise ConfigurationError("no partitions assigned")
         if not batches:
-            return schema.empty_table()
+            return pa.Table.from_batches([], schema=schema)  # schema.empty_table() imports pandas (format.arrays)
         if all(b.schema == schema for b in batches):
             return pa.Table.from_batches(batches, schema=schema)
         aligned = []

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from txn_core.errors import TxnLogError
+from txn_core.format.arrays import from_numpy, to_numpy
 from txn_core.format.ids import TxnId
 
 SEQ_BITS = 44
@@ -156,10 +157,10 @@ class AbortedIndex:
         order = np.argsort(self._marker, kind="stable")
         return pa.table(
             [
-                pa.array(self._keys[order]),
-                pa.array(self._first[order]),
-                pa.array(self._last[order]),
-                pa.array(self._marker[order]),
+                from_numpy(self._keys[order]),
+                from_numpy(self._first[order]),
+                from_numpy(self._last[order]),
+                from_numpy(self._marker[order]),
             ],
             schema=ABORTED_SCHEMA,
         )
@@ -170,12 +171,12 @@ class AbortedIndex:
         if not tables:
             return index
         table = pa.concat_tables(tables)
-        keys = table.column("txn").to_numpy()
+        keys = to_numpy(table.column("txn"))
         order = np.argsort(keys, kind="stable")
         index._keys = keys[order]
-        index._first = table.column("first").to_numpy()[order]
-        index._last = table.column("last").to_numpy()[order]
-        index._marker = table.column("marker").to_numpy()[order]
+        index._first = to_numpy(table.column("first"))[order]
+        index._last = to_numpy(table.column("last"))[order]
+        index._marker = to_numpy(table.column("marker"))[order]
         dup = np.flatnonzero(np.diff(index._keys) == 0)
         if len(dup):
             keep = np.ones(len(index._keys), dtype=bool)

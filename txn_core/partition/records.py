@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from txn_core.errors import ConfigurationError, CorruptDataError, ObjectNotFoundError
+from txn_core.format.arrays import from_numpy
 from txn_core.format.entry import EntryKind, decode_arrow, decode_header, decode_json, verify_payload
 from txn_core.format.segment import Inlined
 from txn_core.partition.partition import Entry
@@ -80,13 +81,13 @@ class MetadataColumns:
         self._timestamp_type = fields[3].type
         self._per_ms = _PER_MS[self._timestamp_type.unit]
         self._topic = constant_string(topic, 0)
-        self._partition = pa.array(np.empty(0, dtype=np.int32))
+        self._partition = from_numpy(np.empty(0, dtype=np.int32))
         self._schemas: tuple[pa.Schema, pa.Schema] | None = None  # the last schema and its with metadata
 
     def _grow(self, n: int) -> None:
         size = max(n, 2 * len(self._topic), 1024)
         self._topic = constant_string(self.topic, size)
-        self._partition = pa.array(np.full(size, self.partition, dtype=np.int32))
+        self._partition = from_numpy(np.full(size, self.partition, dtype=np.int32))
 
     def columns(self, n: int, first_offset: int, timestamp_ms: int) -> list[pa.Array]:
         if n > len(self._topic):
@@ -94,8 +95,8 @@ class MetadataColumns:
         return [
             self._topic.slice(0, n),
             self._partition.slice(0, n),
-            pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
-            pa.array(np.full(n, timestamp_ms * self._per_ms, dtype=np.int64)).view(self._timestamp_type),
+            from_numpy(np.arange(first_offset, first_offset + n, dtype=np.int64)),
+            from_numpy(np.full(n, timestamp_ms * self._per_ms, dtype=np.int64)).view(self._timestamp_type),
         ]
 
     def add(self, batch: pa.RecordBatch, first_offset: int, timestamp_ms: int) -> pa.RecordBatch:

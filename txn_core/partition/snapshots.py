@@ -30,6 +30,7 @@ import pyarrow as pa
 from txn_core.clock import Clock
 from txn_core.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError
 from txn_core.format import envelope, paths
+from txn_core.format.arrays import from_numpy, to_numpy
 from txn_core.format.checksum import crc32c
 from txn_core.format.entry import encode_arrow
 from txn_core.logs import get_logger
@@ -167,7 +168,7 @@ class SnapshotStore:
             raise ValueError(f"{self.path}: a buffer that skipped unmarked damage is never snapshotted")
         buffer.prune(log_start)
         table = buffer.aborted.to_table()
-        markers = table.column("marker").to_numpy() if table.num_rows else None
+        markers = to_numpy(table.column("marker")) if table.num_rows else None
         parts = [p for p in self.parts if p.last_marker >= log_start]
         start = 0
         if markers is not None and self.sealed_through >= 0:
@@ -272,10 +273,10 @@ class SnapshotStore:
             tables.append(
                 pa.table(
                     [
-                        pa.array(cols[0], pa.uint64()),
-                        pa.array(cols[1], pa.int64()),
-                        pa.array(cols[2], pa.int64()),
-                        pa.array(cols[3], pa.int64()),
+                        from_numpy(cols[0], pa.uint64()),
+                        from_numpy(cols[1], pa.int64()),
+                        from_numpy(cols[2], pa.int64()),
+                        from_numpy(cols[3], pa.int64()),
                     ],
                     schema=ABORTED_SCHEMA,
                 )

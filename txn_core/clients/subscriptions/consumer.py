@@ -235,7 +235,7 @@ class SubscriptionConsumer:
                     table = (
                         self._dispatch.receive(max_records, now)
                         if self._seat.may_deliver(now)
-                        else self._dispatch.schema.empty_table()
+                        else pa.Table.from_batches([], schema=self._dispatch.schema)
                     )
                 except DataLossError as exc:
                     raise DataLossError(

@@ -36,6 +36,7 @@ from txn_core.clients.subscriptions.state import AckStatus
 from txn_core.clients.subscriptions.store import SubscriptionMeta
 from txn_core.errors import DataLossError, InvalidOffsetError, OffsetOutOfRangeError
 from txn_core.format import paths
+from txn_core.format.arrays import to_numpy
 from txn_core.logs import get_logger
 from txn_core.partition.reader import READ_COMMITTED, PartitionReader
 from txn_core.partition.records import with_metadata_schema
@@ -135,7 +136,7 @@ class Dispatcher:
             logger.warning("%s; delivering records already taken first", exc)
         tables = [t for t in out if t.num_rows]
         if not tables:
-            return self.schema.empty_table()
+            return pa.Table.from_batches([], schema=self.schema)
         return pa.concat_tables(tables).sort_by("_offset")
 
     def _drop(self, k: int) -> None:
@@ -310,13 +311,15 @@ class Dispatcher:
                 break
             batches.extend(got)
         reached = min(end, r.position)
-        table = pa.Table.from_batches(batches, self.schema) if batches else self.schema.empty_table()
+        table = (
+            pa.Table.from_batches(batches, self.schema) if batches else pa.Table.from_batches([], schema=self.schema)
+        )
         offsets = table.column("_offset")
         import pyarrow.compute as pc  # here, not at import (see _deliver_owned)
 
         if table.num_rows and pc.max(offsets).as_py() >= end:
             table = table.filter(pc.less(offsets, end))
-        self._note_skips(first, reached, table.column("_offset").to_numpy())
+        self._note_skips(first, reached, to_numpy(table.column("_offset")))
         return table, reached
 
     def _note_skips(self, first: int, reached: int, delivered: np.ndarray) -> None:
