@@ -109,7 +109,7 @@ class Log:
             coordinator_partitions=coordinator_partitions,
         )
         self._context = LogContext.build(
-            storage, coordinator_partitions=lambda: self._format.coordinator_partitions, clock=self.clock
+            storage, partitions_of=lambda: self._format.coordinator_partitions, clock=self.clock
         )
 
     @property

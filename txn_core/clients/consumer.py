@@ -32,6 +32,7 @@ from txn_core.errors import (
     TxnLogError,
 )
 from txn_core.format import paths
+from txn_core.format.arrays import empty_table
 from txn_core.format.ids import TopicPartition, is_int, validate_name
 from txn_core.partition.ranges import available_end
 from txn_core.partition.reader import ISOLATION_LEVELS, PartitionReader
@@ -316,7 +317,7 @@ class Consumer:
         if schema is None:  # pragma: no cover
             raise ConfigurationError("no partitions assigned")
         if not batches:
-            return pa.Table.from_batches([], schema=schema)  # schema.empty_table() imports pandas (format.arrays)
+            return empty_table(schema)
         if all(b.schema == schema for b in batches):
             return pa.Table.from_batches(batches, schema=schema)
         aligned = []

@@ -46,10 +46,9 @@ class LogContext:
     groups: GroupStore
 
     @classmethod
-    def build(cls, storage: Storage, *, coordinator_partitions: int | Callable[[], int], clock: Clock) -> LogContext:
-        """The context of the log at ``storage``, whose format object says ``coordinator_partitions`` (or
-        a function that answers it when first asked)."""
-        partitions_of = coordinator_partitions if callable(coordinator_partitions) else lambda: coordinator_partitions
+    def build(cls, storage: Storage, *, partitions_of: Callable[[], int], clock: Clock) -> LogContext:
+        """The context of the log at ``storage``; ``partitions_of`` answers its coordinator partition count
+        from its format object when first asked."""
         logs = PartitionLogs(storage, clock=clock)
         views = CoordinatorViews(storage, clock)
         coordinator = TransactionCoordinator(storage, views, logs.get, partitions_of, clock)

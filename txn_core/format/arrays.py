@@ -36,3 +36,8 @@ def to_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if data is None:
         return np.empty(0, dtype=dtype)
     return np.frombuffer(data, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """A table of ``schema`` with no rows (``Schema.empty_table`` would ask the pandas shim)."""
+    return pa.Table.from_batches([], schema=schema)

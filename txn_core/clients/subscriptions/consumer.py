@@ -66,6 +66,7 @@ from txn_core.clients.subscriptions.store import (
 )
 from txn_core.errors import ConfigurationError, DataLossError, InvalidOffsetError, ProducerClosedError
 from txn_core.format import paths
+from txn_core.format.arrays import empty_table
 from txn_core.format.ids import TxnId, is_int, validate_name
 from txn_core.partition.ages import SAFE_ENTRY_AGE_MS, check_min_age_of
 from txn_core.partition.partition import AppendResult
@@ -235,7 +236,7 @@ class SubscriptionConsumer:
                     table = (
                         self._dispatch.receive(max_records, now)
                         if self._seat.may_deliver(now)
-                        else pa.Table.from_batches([], schema=self._dispatch.schema)
+                        else empty_table(self._dispatch.schema)
                     )
                 except DataLossError as exc:
                     raise DataLossError(

@@ -36,7 +36,7 @@ from txn_core.clients.subscriptions.state import AckStatus
 from txn_core.clients.subscriptions.store import SubscriptionMeta
 from txn_core.errors import DataLossError, InvalidOffsetError, OffsetOutOfRangeError
 from txn_core.format import paths
-from txn_core.format.arrays import to_numpy
+from txn_core.format.arrays import empty_table, to_numpy
 from txn_core.logs import get_logger
 from txn_core.partition.reader import READ_COMMITTED, PartitionReader
 from txn_core.partition.records import with_metadata_schema
@@ -136,7 +136,7 @@ class Dispatcher:
             logger.warning("%s; delivering records already taken first", exc)
         tables = [t for t in out if t.num_rows]
         if not tables:
-            return pa.Table.from_batches([], schema=self.schema)
+            return empty_table(self.schema)
         return pa.concat_tables(tables).sort_by("_offset")
 
     def _drop(self, k: int) -> None:
@@ -311,9 +311,7 @@ class Dispatcher:
                 break
             batches.extend(got)
         reached = min(end, r.position)
-        table = (
-            pa.Table.from_batches(batches, self.schema) if batches else pa.Table.from_batches([], schema=self.schema)
-        )
+        table = pa.Table.from_batches(batches, schema=self.schema)
         offsets = table.column("_offset")
         import pyarrow.compute as pc  # here, not at import (see _deliver_owned)
 
