@@ -37,6 +37,7 @@ from txn_core.format import envelope, paths
 from txn_core.format.ids import TxnId
 from txn_core.format.slotlog import SlotLog
 from txn_core.format.states import CoordinatorState
+from txn_core.ops.rolling import Roller, RollPolicy
 from txn_core.partition.ranges import available_end, plan_range
 from txn_core.partition.readahead import ReadAhead
 from txn_core.partition.reader import READ_COMMITTED
@@ -299,6 +300,32 @@ def test_a_fresh_consumer_of_a_small_log_has_its_rows_in_two_rounds_and_is_caugh
     assert (1, "read", paths.FORMAT_KEY) in storage.rounds, "the format is read in the first round"
     past = [key for _, kind, key in storage.rounds if kind == "read" and "/log/" in key and int(key[-20:]) > 18]
     assert past == [], "no slot past the first free one is read"
+
+
+def test_a_fresh_consumer_of_a_rolled_history_reads_its_segments_beside_its_buffer_snapshots() -> None:
+    """ISSUE 34 item 2 (4 partitions of 200 entries, each rolled into a segment): the listings (1); each
+    partition's buffer snapshot and the segment holding its log start, opened ahead with its entries, at
+    once (2); the slot past each segment, to learn the log ends there (3): the first rows, all 400; the
+    poll at the end (4). Without the open ahead each segment waits for its snapshot: a round more."""
+    name = uuid.uuid4().hex
+    _history(MemoryStorage(name), 100)
+    for part in range(4):
+        path = paths.partition_log_path("t", part)
+        policy = RollPolicy(entries=1, max_entries=10_000)
+        assert Roller(txn_core.Log(MemoryStorage(name)), path, policy).roll(min_age_ms=0).entries == 200
+    c = txn_core.Log(MemoryStorage(name)).consumer()  # a first reader leaves buffer snapshots
+    c.assign([("t", p) for p in range(4)])
+    while c.poll().num_rows:
+        pass
+    storage = InFlight(MemoryStorage(name), rtt_s=0.15)
+    c = txn_core.Log(storage).consumer()
+    c.assign([("t", p) for p in range(4)])
+    rows = c.poll().num_rows
+    first = storage.last_round("/snapshots/0")
+    assert c.poll().num_rows == 0
+    assert (rows, first, storage.last_round("/snapshots/0")) == (400, 3, 4), storage.rounds
+    second = sorted(key.rsplit("/", 2)[-2] for r, _, key in storage.rounds if r == 2)
+    assert second == ["segments"] * 4 + ["snapshots"] * 4, storage.rounds
 
 
 def test_a_fresh_reader_process_never_imports_pandas(tmp_path: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from fakeclock import FakeClock
+from raw_entries import staged_rows
 
 import txn_core
 from txn_core.clock import system_clock
@@ -27,7 +28,6 @@ from txn_core.format import paths
 from txn_core.format.segment import Form
 from txn_core.ops import maintenance
 from txn_core.ops.rolling import Roller, RollPolicy
-from txn_core.partition import staging
 from txn_core.partition.partition import PartitionLog
 from txn_core.partition.ranges import plan_range, read_range, split_range
 from txn_core.partition.timeindex import offset_for_timestamp
@@ -57,17 +57,7 @@ def _history(log: txn_core.Log, clock: FakeClock, txns: int = 40, start: int = 0
         p.begin_transaction()
         p.send("t", pa.table({"id": [i, i + 100_000]}, schema=SCHEMA), partition=0)
         if i % 3 == 0:
-            ref = staging.write_staged(
-                log.storage,
-                staging.staging_prefix("writer", i),
-                "t",
-                0,
-                [pa.record_batch({"id": [i + 200_000]}, schema=SCHEMA)],
-                SCHEMA,
-                clock=system_clock,
-            )
-            assert ref is not None
-            p.send_staged([ref])
+            p.send_staged([staged_rows(log, "writer", i, "t", [i + 200_000], SCHEMA)])
         p.flush()
         if i % 5 == 2:
             p.abort_transaction()

@@ -132,7 +132,9 @@ class Consumer:
                     except DataLossError as exc:
                         raise DataLossError(self._unusable_offset(tp, c.offset, exc)) from exc
                 elif self.auto_offset_reset == "earliest":
-                    reader.seek(reader.log.recent_log_start().offset)  # listed a moment ago
+                    start = reader.log.recent_log_start()  # listed a moment ago
+                    reader.log.segments.open_ahead(start.slot)  # beside the buffer snapshot's read
+                    reader.seek(start.offset)
                 else:
                     reader.seek(available_end(state, self.isolation_level))
                 return reader

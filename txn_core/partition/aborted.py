@@ -51,6 +51,18 @@ def txn_key(txn: TxnId) -> int:
     return (txn.index << INDEX_SHIFT) | (txn.coordinator << SEQ_BITS) | txn.sequence
 
 
+def txn_keys(hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`txn_key` of the ids whose header halves are ``hi`` and ``lo`` (:meth:`TxnId.from_header`), all
+    at once, and which of them are inside the packable range (the others' keys are meaningless:
+    :func:`txn_key` raises for them)."""
+    hi = hi.astype(np.uint64)
+    lo = lo.astype(np.uint64)
+    coordinator, index = hi & np.uint64(0xFFFFFFFF), hi >> np.uint64(32)
+    valid = (lo <= np.uint64(MAX_SEQ)) & (coordinator <= np.uint64(MAX_COORDINATOR)) & (index <= np.uint64(MAX_INDEX))
+    keys: np.ndarray = (index << np.uint64(INDEX_SHIFT)) | (coordinator << np.uint64(SEQ_BITS)) | lo
+    return keys, valid
+
+
 def key_txn(key: int) -> TxnId:
     return TxnId((key >> SEQ_BITS) & MAX_COORDINATOR, key & MAX_SEQ, key >> INDEX_SHIFT)
 
@@ -102,6 +114,16 @@ class AbortedIndex:
 
     def contains_key(self, key: int) -> bool:
         return key in self._recent or self._find(key) >= 0
+
+    def contains_keys(self, keys: np.ndarray) -> np.ndarray:
+        """For each of ``keys`` (uint64), whether its transaction is in the index."""
+        found = np.zeros(len(keys), dtype=bool)
+        if len(self._keys) and len(keys):
+            i = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+            found = self._keys[i] == keys
+        if self._recent and len(keys):
+            found |= np.isin(keys, np.fromiter(self._recent, dtype=np.uint64, count=len(self._recent)))
+        return found
 
     def get(self, txn: TxnId) -> AbortedTxn | None:
         key = txn_key(txn)
@@ -225,6 +247,15 @@ class SkipRanges:
     def covers(self, offset: int) -> bool:
         i = bisect.bisect_right(self._firsts, offset) - 1
         return i >= 0 and self._lasts[i] >= offset
+
+    def covers_many(self, offsets: np.ndarray) -> np.ndarray:
+        """:meth:`covers` of each of ``offsets`` (int64), at once."""
+        if not self._firsts:
+            return np.zeros(len(offsets), dtype=bool)
+        firsts = np.asarray(self._firsts, dtype=np.int64)
+        lasts = np.asarray(self._lasts, dtype=np.int64)
+        i = np.searchsorted(firsts, offsets, side="right") - 1
+        return (i >= 0) & (lasts[np.maximum(i, 0)] >= offsets)
 
     def overlapping(self, start: int, end: int) -> list[tuple[int, int]]:
         i = max(0, bisect.bisect_right(self._firsts, start) - 1)

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from txn_core.errors import CorruptDataError, DamagedEntryError, ObjectNotFoundError
 from txn_core.format.entry import HEADER_SIZE, EntryHeader, decode_header, verify_payload
-from txn_core.format.segment import Inlined
+from txn_core.format.segment import Inlined, SegmentSpan
 from txn_core.format.slotlog import SlotLog
 from txn_core.partition.holes import MissingSlots
 from txn_core.partition.index import SlotIndex
@@ -42,6 +42,9 @@ from txn_core.partition.segments import SegmentCatalog, SegmentEntry
 from txn_core.storage.base import Storage
 
 T = TypeVar("T")
+
+#: Entries of a segment span made at once when a reader takes them one by one (:class:`EntrySpan`).
+MADE_AT_ONCE = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,37 @@ def entry_of_lost(lost: LostEntry, header: EntryHeader | None = None) -> Entry:
 def _segment_entry(item: SegmentEntry) -> Entry:
     slot, header, data, inlined, where = item
     return Entry(slot, header, data, where, inlined=inlined)
+
+
+def span_entry(span: SegmentSpan, i: int) -> Entry:
+    """The ``i``-th entry of ``span``, made alone."""
+    slot = span.first + i
+    return _segment_entry(span.entries(slot, slot + 1)[0])
+
+
+class EntrySpan:
+    """Entries read from a segment at once (:class:`SegmentSpan`), made when asked for, :data:`MADE_AT_ONCE`
+    at a time (their headers built from the index's columns together): a reader that takes them column by
+    column (:mod:`txn_core.partition.runs`) makes none."""
+
+    __slots__ = ("_made", "_made_from", "span")
+
+    def __init__(self, span: SegmentSpan) -> None:
+        self.span = span
+        self._made: list[Entry] = []
+        self._made_from = 0
+
+    def __len__(self) -> int:
+        return len(self.span)
+
+    def entry(self, i: int) -> Entry:
+        k = i - self._made_from
+        if not 0 <= k < len(self._made):
+            first = self.span.first + i
+            end = min(first + MADE_AT_ONCE, self.span.end)
+            self._made = [_segment_entry(item) for item in self.span.entries(first, end)]
+            self._made_from, k = i, 0
+        return self._made[k]
 
 
 class EntryFetcher:
@@ -176,12 +210,13 @@ class EntryFetcher:
             raise self.damaged(slot, CorruptDataError(check, key, check), header)
         return Entry(slot, header, data, key, source=self.source)
 
-    def fetch_entries(self, slot: int, count: int, max_bytes: int) -> list[Entry]:
+    def fetch_entries(self, slot: int, count: int, max_bytes: int) -> list[Entry] | EntrySpan:
         """Entries from ``slot`` on: up to ``count`` (and about ``max_bytes``) from the segment holding
-        ``slot`` in one ranged read, else the loose entry alone (see :meth:`fetch_entry`)."""
-        got = self.segments.read(slot, count, max_bytes)
-        if got:
-            return [_segment_entry(item) for item in got]
+        ``slot`` in one ranged read, as an :class:`EntrySpan`; else the loose entry alone (see
+        :meth:`fetch_entry`)."""
+        span = self.segments.read_span(slot, count, max_bytes)
+        if span is not None:
+            return EntrySpan(span)
         return [self.fetch_entry(slot)]
 
     def rolled_entry(self, slot: int) -> Entry | None:

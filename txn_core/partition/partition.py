@@ -38,7 +38,7 @@ from txn_core.format.entry import EntryHeader, EntryKind, Payload
 from txn_core.format.ids import TxnId
 from txn_core.format.slotlog import SlotLog
 from txn_core.partition.appender import Appender, AppendResult
-from txn_core.partition.fetch import Entry, EntryFetcher, entry_of_lost
+from txn_core.partition.fetch import Entry, EntryFetcher, EntrySpan, entry_of_lost
 from txn_core.partition.holes import HOLE_PROBES, HOLE_PROBES_CHEAP, MISSING_CHECK, MissingSlots
 from txn_core.partition.index import SEARCH_PROBES, OffsetSearch, SlotIndex
 from txn_core.partition.logstart import LogStart, LogStartCache
@@ -58,6 +58,7 @@ __all__ = [
     "TAIL_RECHECK_S",
     "AppendResult",
     "Entry",
+    "EntrySpan",
     "LogStart",
     "PartitionLog",
     "entry_of_lost",
@@ -166,9 +167,14 @@ class PartitionLog:
     # --- tail: txn_core.partition.tail ----------------------------------------------------------
 
     def listed_end(self) -> int | None:
-        """The slot past the last loose entry a recent listing showed (:meth:`TailSearch.listed_end`): a hint
-        of how many slots a reader may read at once, never of where the log ends."""
-        return self._tail.listed_end()
+        """The slot past the last loose entry a recent listing showed (:meth:`TailSearch.listed_end`), or past
+        the last listed segment when that ends later and its end is known (opened: no request): a hint of
+        how many slots a reader may read at once, never of where the log ends."""
+        listed = self._tail.listed_end()
+        if listed is None:
+            return None
+        chain = self.segments.known_chain_end()
+        return listed if chain is None else max(listed, chain)
 
     def known_tail_slot(self) -> int | None:
         """The first free slot as this process last learned it (no request; None if it never did)."""
@@ -301,7 +307,7 @@ class PartitionLog:
         """The whole entry at ``slot`` in one request (:meth:`EntryFetcher.fetch_entry`)."""
         return self._fetcher.fetch_entry(slot)
 
-    def fetch_entries(self, slot: int, count: int, max_bytes: int) -> list[Entry]:
+    def fetch_entries(self, slot: int, count: int, max_bytes: int) -> list[Entry] | EntrySpan:
         """Entries from ``slot`` on (:meth:`EntryFetcher.fetch_entries`)."""
         return self._fetcher.fetch_entries(slot, count, max_bytes)
 

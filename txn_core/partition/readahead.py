@@ -50,11 +50,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from txn_core.errors import ObjectNotFoundError
 from txn_core.format.entry import HEADER_SIZE, EntryHeader
-from txn_core.partition.partition import Entry, PartitionLog
+from txn_core.format.segment import SegmentSpan
+from txn_core.partition.partition import Entry, EntrySpan, PartitionLog
 from txn_core.storage.parallel import submit
 
 T = TypeVar("T")
@@ -71,6 +72,57 @@ SPAN_ENTRIES = 2048
 REISSUE_EVERY = 256
 
 
+class _Ready(Generic[T]):
+    """Results read and not yet handed out, in slot order: lists of them, or the entries of a segment span
+    (:class:`EntrySpan`), made one at a time as they are handed out (or passed over by columns)."""
+
+    __slots__ = ("_chunks", "_len")
+
+    def __init__(self) -> None:
+        self._chunks: deque[list[Any]] = deque()  # [results or EntrySpan, index of the next one]
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def extend(self, items: list[T] | EntrySpan) -> None:
+        if len(items):
+            self._chunks.append([items, 0])
+            self._len += len(items)
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._len = 0
+
+    def popleft(self) -> T:
+        chunk = self._chunks[0]
+        items, i = chunk
+        item = cast("T", items.entry(i) if isinstance(items, EntrySpan) else items[i])
+        self._advance(chunk, 1)
+        return item
+
+    def head_span(self) -> tuple[SegmentSpan, int] | None:
+        if not self._chunks or not isinstance(self._chunks[0][0], EntrySpan):
+            return None
+        items, i = self._chunks[0]
+        return items.span, i
+
+    def skip(self, n: int) -> tuple[SegmentSpan, int]:
+        """Pass over ``n`` results of the span at the head; the span and where they began."""
+        chunk = self._chunks[0]
+        items, i = chunk
+        if not isinstance(items, EntrySpan) or not 0 < n <= len(items) - i:
+            raise ValueError(f"cannot pass over {n} results of {items!r} from {i}")
+        self._advance(chunk, n)
+        return items.span, i
+
+    def _advance(self, chunk: list[Any], n: int) -> None:
+        chunk[1] += n
+        self._len -= n
+        if chunk[1] == len(chunk[0]):
+            self._chunks.popleft()
+
+
 class _Ahead(Generic[T]):
     """Results of ``fetch(slot, count, max_bytes)`` (a list of one result per slot from ``slot`` on) in slot
     order (see module doc); ``size`` weighs one result."""
@@ -79,7 +131,7 @@ class _Ahead(Generic[T]):
         self,
         plog: PartitionLog,
         slot: int,
-        fetch: Callable[[int, int, int], list[T]],
+        fetch: Callable[[int, int, int], list[T] | EntrySpan],
         header: Callable[[T], EntryHeader],
         size: Callable[[T], int],
         max_depth: int,
@@ -93,9 +145,9 @@ class _Ahead(Generic[T]):
         self._fetch, self._header, self._size = fetch, header, size
         self._next = slot  # the slot the next call returns
         self._issued = slot  # the first slot not yet asked for
-        self._ready: deque[T] = deque()  # results of the oldest read, not yet handed out
+        self._ready: _Ready[T] = _Ready()  # results of the oldest read, not yet handed out
         self._ready_rolled = False  # they come from a segment (its index knows where they are)
-        self._inflight: deque[tuple[int, int, Future[list[T]]]] = deque()  # (first slot, slots, read)
+        self._inflight: deque[tuple[int, int, Future[list[T] | EntrySpan]]] = deque()  # (first slot, slots, read)
         #: the first slot past a read in flight whose segment index is not known yet (None: no such read);
         #: nothing is issued beyond it until that read returns, so the next reads are planned with the index
         self._planning: int | None = None
@@ -152,6 +204,20 @@ class _Ahead(Generic[T]):
                 self._planning = self._issued
 
     def _take(self) -> T:
+        self._await_ready()
+        item = self._ready.popleft()
+        if len(self._ready) % REISSUE_EVERY == 0 and self._ready:
+            self._issue()  # a segment opened meanwhile: read its spans while these entries are handed out
+        if not self._ready_rolled:  # a segment's slots are found through its index, and lie below the tail
+            self.plog.remember(self._next, self._header(item))
+        self._next += 1
+        self._run += 1
+        self._avg_bytes += (self._size(item) - self._avg_bytes) / 8
+        return item
+
+    def _await_ready(self) -> None:
+        """Have the next slot's result ready: wait for the oldest read (issuing reads first when none is in
+        flight). Raises what reading that slot raised (see module doc)."""
         if not self._ready:
             self._issue()
             slot, count, fut = self._inflight.popleft()
@@ -186,15 +252,8 @@ class _Ahead(Generic[T]):
                 self._hold -= 1
             elif self._streak >= 2:
                 self._depth = min(self.max_depth, self._depth * 2)
-        item = self._ready.popleft()
-        if len(self._ready) % REISSUE_EVERY == 0 and self._ready:
-            self._issue()  # a segment opened meanwhile: read its spans while these entries are handed out
-        if not self._ready_rolled:  # a segment's slots are found through its index, and lie below the tail
-            self.plog.remember(self._next, self._header(item))
-        self._next += 1
-        self._run += 1
-        self._avg_bytes += (self._size(item) - self._avg_bytes) / 8
-        return item
+            if isinstance(items, EntrySpan):
+                self._issue()  # the segment's index is known now: its next spans are read while this one is used
 
 
 class ReadAhead(_Ahead[Entry]):
@@ -217,6 +276,25 @@ class ReadAhead(_Ahead[Entry]):
         """The entry at :attr:`slot`, then advance. Raises what reading that slot raised (the position
         stays, so the next call retries it)."""
         return self._take()
+
+    def peek_span(self) -> tuple[SegmentSpan, int] | None:
+        """The segment span holding :attr:`slot` and the slot's index in it, when the next entries were
+        read from a segment (None: the next entry is a loose one; :meth:`next` hands it out). Nothing is
+        handed out; raises what :meth:`next` would."""
+        self._await_ready()
+        return self._ready.head_span()
+
+    def skip_span(self, n: int) -> None:
+        """Hand out the next ``n`` entries of the span :meth:`peek_span` gave (the caller took them from
+        the span's columns)."""
+        span, i = self._ready.skip(n)
+        if self._ready:
+            self._issue()
+        rows = span.rows[i : i + n]
+        size = float((rows["length"].sum() + rows["data_len"].sum()) / max(n, 1))
+        self._next += n
+        self._run += n
+        self._avg_bytes += (size - self._avg_bytes) * (1 - (7 / 8) ** n)
 
 
 class HeaderReadAhead(_Ahead[EntryHeader]):

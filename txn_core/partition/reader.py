@@ -13,9 +13,11 @@ passed over with a warning, and a reader made with ``skip_damaged=True`` also pa
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from txn_core.errors import (
@@ -26,13 +28,16 @@ from txn_core.errors import (
     OffsetOutOfRangeError,
     TxnLogError,
 )
-from txn_core.format.entry import HEADER_SIZE, EntryHeader
+from txn_core.format.entry import HEADER_SIZE, EntryHeader, EntryKind
+from txn_core.format.ipcrun import MAX_RUN_BYTES, byte_view, decode_run, spliceable
 from txn_core.logs import get_logger
 from txn_core.partition.buffer import Disposition
+from txn_core.partition.fetch import span_entry
 from txn_core.partition.lost import LostEntry
 from txn_core.partition.partition import Entry, LogStart, entry_of_lost
 from txn_core.partition.readahead import ReadAhead
-from txn_core.partition.records import MetadataColumns, StagedDataMissingError, entry_table
+from txn_core.partition.records import MAX_MERGED_BYTES, MetadataColumns, StagedDataMissingError, entry_table
+from txn_core.partition.runs import MIN_RUN, Run, decode, plan_delivery, run_length
 from txn_core.partition.sequences import gap_error
 from txn_core.partition.skipping import lost_records, unreadable_records, warn_skipped
 from txn_core.partition.state import PartitionState
@@ -51,6 +56,8 @@ class _Slot:
     entry: Entry | None
     disposition: Disposition
     lost: LostEntry | None = None  # why its records are passed over (disposition LOST)
+    batch: pa.RecordBatch | None = None  # its records, decoded with a run of entries (:meth:`_decode_run`)
+    tried: bool = False  # a run including it was decoded (or could not be): decode it alone
 
 
 class PartitionReader:
@@ -68,7 +75,7 @@ class PartitionReader:
         self.position = 0
         self._cursor = 0  # next slot to read into the window
         self._expected: int | None = None  # base offset of the entry at _cursor (None: the one holding position)
-        self._window: deque[_Slot] = deque()
+        self._window: deque[_Slot | Run] = deque()  # entries one by one, or runs of a segment's (runs.py)
         self._window_size = 0
         self._error: CorruptDataError | DataLossError | None = None
         self._meta = MetadataColumns(topic, partition)
@@ -173,6 +180,9 @@ class PartitionReader:
         while self._error is None and (self._window_size < self.window_bytes or not self._window):
             self._ahead.seek(self._cursor)
             try:
+                if self.isolation == READ_COMMITTED and self._take_run():
+                    read = True
+                    continue
                 entry = self._ahead.next()
             except ObjectNotFoundError:
                 self._at_end = True
@@ -243,12 +253,19 @@ class PartitionReader:
         if not self._prefilled:
             self._fill()
         self._prefilled = False
-        out: list[pa.RecordBatch] = []
+        # records, their first offset, their append time; or records with metadata columns (a run's)
+        out: list[tuple[pa.RecordBatch, int, int] | pa.RecordBatch] = []
         budget = max_records if max_records is not None else 1 << 62
         committed = self.isolation == "read_committed"
         bound = self.state.read_bound() if committed else 1 << 62
         while self._window and budget > 0:
             item = self._window[0]
+            if isinstance(item, Run):
+                got = self._poll_run(item, budget, bound, out)
+                if got is None:
+                    break
+                budget -= got
+                continue
             header = item.header
             if header.next_offset <= self.position:
                 self._pop()
@@ -278,7 +295,9 @@ class PartitionReader:
                 gap = self.state.buffer.gaps.get(header.base_offset)
                 if gap is not None:
                     raise gap_error(self.log.path, header.base_offset, *gap)
-                table = entry_table(self.log.storage, item.entry)
+                if not item.tried and item.entry.header.kind == EntryKind.DATA:
+                    self._decode_run()
+                table = item.batch if item.batch is not None else entry_table(self.log.storage, item.entry)
             except CorruptDataError as exc:
                 aborted = isinstance(exc, StagedDataMissingError) and (
                     d is Disposition.ABORTED or (header.txn is not None and self.state.visible(header.txn) is False)
@@ -306,7 +325,7 @@ class PartitionReader:
             take = min(table.num_rows - skip, budget)
             part = table.slice(skip, take)
             first = header.base_offset + skip
-            out.extend(self._meta.add(b, first + o, header.timestamp_ms) for b, o in _batches_with_offsets(part))
+            out.extend((b, first + o, header.timestamp_ms) for b, o in _batches_with_offsets(part))
             budget -= take
             self.position = first + take
             if self.position >= header.next_offset:
@@ -320,11 +339,46 @@ class PartitionReader:
         # A snapshot of what was applied is written behind the records, never before them (PROTOCOL.md
         # "Snapshots"): the caller has them while it is written, and a read-only store costs nothing.
         self.state.maybe_snapshot(behind=True)
-        return out
+        return self._meta.add_many(out)
+
+    def _decode_run(self) -> None:
+        """Decode the window's small DATA entries from its first on in one Arrow read (:mod:`~txn_core.format.
+        ipcrun`), up to :data:`MAX_RUN_BYTES`; an entry the run cannot take ends it (its payload failing its
+        checksum included: decoded alone later, it raises there). Entries decoded, or tried, are marked."""
+        items: list[_Slot] = []
+        payloads: list[memoryview] = []
+        size = 0
+        for item in self._window:
+            if isinstance(item, Run):
+                break
+            entry = item.entry
+            if entry is None:
+                continue
+            if item.tried or entry.header.kind != EntryKind.DATA or entry.lost is not None:
+                break
+            try:
+                payload = byte_view(entry.payload())
+            except CorruptDataError:
+                break
+            if not spliceable(payload) or size + len(payload) > MAX_RUN_BYTES:
+                break
+            items.append(item)
+            payloads.append(payload)
+            size += len(payload)
+        batches = decode_run(payloads, [item.header.record_count for item in items])
+        for n, item in enumerate(items):
+            item.tried = True
+            if batches is not None:
+                item.batch = batches[n]
+        head = self._window[0] if self._window else None
+        if isinstance(head, _Slot) and not items:
+            head.tried = True
 
     def _pass_lost(self, lost: LostEntry | None) -> None:
         """Move past the window's first entry, whose records are gone, saying so."""
-        header = self._window[0].header
+        item = self._window[0]
+        assert isinstance(item, _Slot)
+        header = item.header
         if lost is not None and self.position < header.next_offset:
             warn_skipped(lost)
         self.position = header.next_offset
@@ -332,11 +386,98 @@ class PartitionReader:
 
     def _pop(self) -> None:
         item = self._window.popleft()
-        if item.entry is not None:
+        if isinstance(item, Run):
+            self._window_size -= item.nbytes()
+        elif item.entry is not None:
             self._window_size -= item.entry.nbytes
 
+    def _take_run(self) -> bool:
+        """Take the next entries into the window as one :class:`Run` when they were read from a segment and
+        :func:`run_length` allows (the cursor and expected offset move past them); False: take the next
+        entry alone. Raises what reading the next entry raises."""
+        got = self._ahead.peek_span()
+        if got is None:
+            return False
+        span, i = got
+        room = max(self.window_bytes - self._window_size, 0)
+        n = run_length(span, i, self._expected, self.position, room)
+        buffer = self.state.buffer
+        bases = span.rows["base_offset"][i : i + n]
+        below = int(np.searchsorted(bases, buffer.position, side="left"))  # classified, never applied again
+        if below < n and (int(bases[below]) != buffer.position or buffer.slot != span.first + i + below):
+            n = below  # the entry-by-entry path raises what is wrong there
+        if n < MIN_RUN:
+            return False
+        first = span.first + i
+        for slot, header in enumerate(span.index.entry_headers(first + below, first + n), first + below):
+            self.state.apply(slot, header, HEADER_SIZE + header.payload_len, None)
+        self._ahead.skip_span(n)
+        run = Run(span, i, i + n)
+        self._window.append(run)
+        self._window_size += run.nbytes()
+        last = span.rows[i + n - 1]
+        self._expected = int(last["base_offset"]) + int(last["record_count"])
+        self._cursor += n
+        return True
 
-def _batches_with_offsets(table: pa.Table) -> list[tuple[pa.RecordBatch, int]]:
+    def _poll_run(
+        self, run: Run, budget: int, bound: int, out: list[tuple[pa.RecordBatch, int, int] | pa.RecordBatch]
+    ) -> int | None:
+        """Deliver what ``run`` (the window's first item) delivers now into ``out`` (:func:`plan_delivery`);
+        the records delivered, or None when the poll must stop (the read bound, an undecided transaction).
+        An entry the run does not decide is handed to the entry-by-entry path (:meth:`_alone`)."""
+        plan = plan_delivery(run, self.state.buffer, self.state.decisions.get, self.position, bound, budget)
+        batches = decode(run, plan.deliver) if len(plan.deliver) else []
+        passed, then = plan.passed, plan.then
+        if len(batches) < len(plan.deliver):
+            passed, then = int(plan.deliver[len(batches)]), "alone"  # it fails its checks: raised entry by entry
+        rows = run.span.rows[run.i : run.i + passed]
+        delivered = 0
+        if len(batches) > 1 and all(len(got) == 1 for got in batches):  # one batch per entry: merged at once
+            at = plan.deliver[: len(batches)]
+            counts = rows["record_count"][at].astype(np.int64)
+            firsts, times = rows["base_offset"][at].astype(np.int64), rows["timestamp_ms"][at].astype(np.int64)
+            # batches of at most about MAX_MERGED_BYTES each (merging copies)
+            sizes = np.cumsum(rows["payload_len"][at].astype(np.int64))
+            cuts = [0, *np.searchsorted(sizes, np.arange(MAX_MERGED_BYTES, int(sizes[-1]), MAX_MERGED_BYTES)).tolist()]
+            for a, b in itertools.pairwise([*dict.fromkeys(cuts), len(at)]):
+                merged = [got[0] for got in batches[a:b]]
+                out.append(self._meta.add_run(merged, firsts[a:b], counts[a:b], times[a:b]))
+            delivered = int(counts.sum())
+        else:
+            bases, times_ms = rows["base_offset"].tolist(), rows["timestamp_ms"].tolist()
+            for n, got in zip(plan.deliver.tolist(), batches, strict=False):
+                offset = bases[n]
+                for batch in got:
+                    out.append((batch, offset, times_ms[n]))
+                    offset += batch.num_rows
+                delivered += offset - bases[n]
+        if passed:
+            self.position = max(self.position, int(rows["base_offset"][-1]) + int(rows["record_count"][-1]))
+            self._window_size -= run.nbytes(passed)
+            run.i += passed
+            if not len(run):
+                self._window.popleft()
+        if then == "alone" and len(run):
+            self._alone(run)
+        return None if then == "wait" else delivered
+
+    def _alone(self, run: Run) -> None:
+        """Hand ``run``'s first entry to the entry-by-entry path: a window slot of its own, before the run."""
+        entry = span_entry(run.span, run.i)
+        self._window_size -= run.nbytes(1)
+        run.i += 1
+        if not len(run):
+            self._window.popleft()
+        disposition = self.state.classify(entry.header)
+        keep = entry if disposition in (Disposition.DATA, Disposition.TXN_DATA) else None
+        self._window.appendleft(_Slot(entry.slot, entry.header, keep, disposition))
+        self._window_size += entry.nbytes if keep is not None else 0
+
+
+def _batches_with_offsets(table: pa.Table | pa.RecordBatch) -> list[tuple[pa.RecordBatch, int]]:
+    if isinstance(table, pa.RecordBatch):
+        return [(table, 0)] if table.num_rows else []
     out = []
     offset = 0
     for batch in table.to_batches():

@@ -33,6 +33,9 @@ METADATA_FIELDS = [
 ]
 
 
+#: Consecutive small parts are merged into batches of at most this many bytes (:meth:`MetadataColumns.add_many`).
+MAX_MERGED_BYTES = 4 << 20
+
 #: How many of a timestamp unit make one millisecond (the units an entry's append time converts to exactly).
 _PER_MS = {"ms": 1, "us": 1_000, "ns": 1_000_000}
 
@@ -105,6 +108,72 @@ class MetadataColumns:
         if cached is None or not cached[0].equals(batch.schema, check_metadata=True):
             cached = self._schemas = (batch.schema, with_metadata_schema(batch.schema, self.fields))
         return pa.RecordBatch.from_arrays([*batch.columns, *cols], schema=cached[1])
+
+    def add_many(self, parts: Sequence[tuple[pa.RecordBatch, int, int] | pa.RecordBatch]) -> list[pa.RecordBatch]:
+        """``parts`` (records, first offset, append time), in offset order, with metadata columns; a part
+        that is a batch has them already (:meth:`add_run`) and is handed out as it is.
+
+        Consecutive small parts of one schema become one batch (their columns concatenated, up to
+        :data:`MAX_MERGED_BYTES`): a reader of one-row transactions hands out a few large batches, not one
+        per transaction, and builds the metadata columns of all of them at once. A large part is handed out
+        as it is (no copy)."""
+        out: list[pa.RecordBatch] = []
+        group: list[tuple[pa.RecordBatch, int, int]] = []
+        size = 0
+        schema = None
+        for part in parts:
+            if isinstance(part, pa.RecordBatch):
+                if group:
+                    out.append(self._merged(group))
+                    group, size = [], 0
+                out.append(part)
+                continue
+            batch = part[0]
+            nbytes = batch.get_total_buffer_size()  # a slice counts its whole buffers: handed out alone (no copy)
+            same = batch.schema is schema or (schema is not None and schema.equals(batch.schema))
+            if group and (size + nbytes > MAX_MERGED_BYTES or not same):
+                out.append(self._merged(group))
+                group, size = [], 0
+            group.append(part)
+            size += nbytes
+            schema = batch.schema
+        if group:
+            out.append(self._merged(group))
+        return out
+
+    def _merged(self, group: list[tuple[pa.RecordBatch, int, int]]) -> pa.RecordBatch:
+        if len(group) == 1:
+            return self.add(*group[0])
+        batches = [b for b, _, _ in group]
+        counts = np.fromiter((b.num_rows for b in batches), dtype=np.int64, count=len(batches))
+        firsts = np.fromiter((f for _, f, _ in group), dtype=np.int64, count=len(group))
+        times = np.fromiter((t for _, _, t in group), dtype=np.int64, count=len(group))
+        return self.add_run(batches, firsts, counts, times)
+
+    def add_run(
+        self, batches: list[pa.RecordBatch], firsts: np.ndarray, counts: np.ndarray, times: np.ndarray
+    ) -> pa.RecordBatch:
+        """``batches`` (one schema, ``counts[i]`` rows in the i-th) as one batch with metadata columns, built
+        at once: the i-th batch's rows are at offsets from ``firsts[i]``, appended at ``times[i]`` (ms)."""
+        n = int(counts.sum())
+        starts = np.cumsum(counts) - counts
+        if n > len(self._topic):
+            self._grow(n)
+        offsets = np.repeat(firsts - starts, counts) + np.arange(n, dtype=np.int64)
+        stamps = np.repeat(times * self._per_ms, counts)
+        merged = pa.Table.from_batches(batches).combine_chunks().to_batches()
+        cols = merged[0].columns if merged else batches[0].slice(0, 0).columns
+        schema = batches[0].schema
+        cached = self._schemas
+        if cached is None or not cached[0].equals(schema, check_metadata=True):
+            cached = self._schemas = (schema, with_metadata_schema(schema, self.fields))
+        meta = [
+            self._topic.slice(0, n),
+            self._partition.slice(0, n),
+            from_numpy(offsets),
+            from_numpy(stamps).view(self._timestamp_type),
+        ]
+        return pa.RecordBatch.from_arrays([*cols, *meta], schema=cached[1])
 
 
 def add_metadata(

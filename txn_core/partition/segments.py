@@ -33,10 +33,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from txn_core.errors import ObjectNotFoundError, StorageError
+from txn_core.errors import CorruptDataError, ObjectNotFoundError, StorageError
 from txn_core.format import paths
 from txn_core.format.entry import EntryHeader
-from txn_core.format.segment import ROW_SIZE, SEGMENT_HEADER_SIZE, Inlined, SegmentIndex, decode_segment_header
+from txn_core.format.segment import (
+    ROW_SIZE,
+    SEGMENT_HEADER_SIZE,
+    Inlined,
+    SegmentIndex,
+    SegmentSpan,
+    decode_segment_header,
+)
 from txn_core.logs import get_logger
 from txn_core.storage.base import Storage
 from txn_core.storage.parallel import submit
@@ -51,6 +58,9 @@ SEGMENT_MAX_ENTRIES = 8192
 #: The read opening a segment also fetches this many bytes of entries after the index: a sequential reader
 #: takes its first entries from them without another round trip (kept while the segment is open).
 HEAD_BYTES = 1 << 20
+#: ... and this many when a reader about to start at the segment opens it ahead (:meth:`SegmentCatalog.open_ahead`):
+#: the span reads a reader issues (``readahead.CHUNK_BYTES``), so a segment of up to that much is read whole.
+AHEAD_BYTES = 4 << 20
 
 #: One entry read from a segment: slot, header, entry bytes, inlined rows, name for errors.
 SegmentEntry = tuple[int, EntryHeader, Any, Inlined | None, str]
@@ -180,9 +190,10 @@ class SegmentCatalog:
 
     # --- opening --------------------------------------------------------------------------------
 
-    def open(self, first: int) -> SegmentIndex:
+    def open(self, first: int, head_bytes: int = HEAD_BYTES) -> SegmentIndex:
         """The segment starting at ``first``, opened (header and index: one ranged read, or two for an
-        index larger than the first read). :class:`ObjectNotFoundError` if it does not exist."""
+        index larger than the first read, with ``head_bytes`` of its entries). :class:`ObjectNotFoundError`
+        if it does not exist."""
         with self._lock:
             seg = self._open.get(first)
             if seg is not None:
@@ -199,7 +210,7 @@ class SegmentCatalog:
             upper = firsts[i + 1] if i < len(firsts) and firsts[i] == first and i + 1 < len(firsts) else None
             rows = (upper - first) if upper is not None else SEGMENT_MAX_ENTRIES
             key = self.key(first)
-            block = pa.py_buffer(self.storage.read(key, 0, SEGMENT_HEADER_SIZE + ROW_SIZE * rows + HEAD_BYTES))
+            block = pa.py_buffer(self.storage.read(key, 0, SEGMENT_HEADER_SIZE + ROW_SIZE * rows + head_bytes))
             header, seg = SegmentIndex.parse(key, block)
             head = None
             if seg is None:
@@ -217,6 +228,25 @@ class SegmentCatalog:
                 self._opening.pop(first, None)
             return seg
 
+    def open_ahead(self, slot: int) -> None:
+        """Open the segment the cached listing shows holding ``slot`` in the background, with
+        :data:`AHEAD_BYTES` of its entries (a reader about to start there overlaps the open with what it
+        reads first, its buffer snapshot, and finds a small segment's entries read). Errors are left to the
+        reader's own open, which waits for this one rather than reading again."""
+        firsts = self.listing()
+        covering = self._covering(slot, firsts) if firsts else None
+        if covering is None or covering[0] in self._open:
+            return
+        first = covering[0]
+
+        def run() -> None:
+            try:
+                self.open(first, AHEAD_BYTES)
+            except (StorageError, CorruptDataError) as exc:
+                logger.debug("%s: opening segment %d ahead failed: %s", self.path, first, exc)
+
+        submit(run, leaf=True)
+
     def end_of(self, first: int) -> int:
         """The end slot of the segment starting at ``first`` (its 80-byte header, unless known)."""
         end = self._ends.get(first)
@@ -226,6 +256,12 @@ class SegmentCatalog:
             with self._lock:
                 self._ends[first] = end
         return end
+
+    def known_chain_end(self) -> int | None:
+        """The end of the last segment in the cached listing when it is known without a request (None:
+        no listing, no segment, or not opened yet)."""
+        firsts = self._firsts
+        return self._ends.get(firsts[-1]) if firsts else None
 
     def chain_end(self) -> int | None:
         """The end of the segment with the greatest first slot in the cached listing (None: no segment).
@@ -305,9 +341,25 @@ class SegmentCatalog:
     def read(self, slot: int, count: int, max_bytes: int) -> list[SegmentEntry]:
         """Up to ``count`` entries from ``slot`` on (at least one, at most about ``max_bytes``) from the
         segment holding it, in one ranged read; [] when no segment holds ``slot`` or it vanished."""
+        got = self._read(slot, count, max_bytes)
+        if got is None:
+            return []
+        seg, block, lo, n = got
+        return seg.entries(slot, slot + n, block, lo)
+
+    def read_span(self, slot: int, count: int, max_bytes: int) -> SegmentSpan | None:
+        """What :meth:`read` reads, as a :class:`SegmentSpan` (no object per entry); None when no segment
+        holds ``slot`` or it vanished."""
+        got = self._read(slot, count, max_bytes)
+        if got is None:
+            return None
+        seg, block, lo, n = got
+        return seg.span(slot, slot + n, block, lo)
+
+    def _read(self, slot: int, count: int, max_bytes: int) -> tuple[SegmentIndex, Any, int, int] | None:
         seg = self._segment_for(slot)
         if seg is None:
-            return []
+            return None
         n = self._span(seg, slot, count, max_bytes)
         lo, hi = seg.byte_range(slot, slot + n)
         head = self._heads.get(seg.first)
@@ -319,8 +371,8 @@ class SegmentCatalog:
                 block = pa.py_buffer(self.storage.read(seg.key, lo, hi))
             except ObjectNotFoundError:
                 self._drop(seg.first)
-                return []
-        return seg.entries(slot, slot + n, block, lo)
+                return None
+        return seg, block, lo, n
 
     def _span(self, seg: SegmentIndex, slot: int, max_slots: int, max_bytes: int) -> int:
         """Slots from ``slot`` to read at once (:func:`count_within`), ending where the bytes read with the
