@@ -26,8 +26,9 @@ from txn_core.errors import CorruptDataError, OutOfOrderSequenceError, TxnLogErr
 from txn_core.format import paths
 from txn_core.format.entry import EntryKind
 from txn_core.ops.rolling import Roller, RollPolicy
+from txn_core.partition import ranges, runs
 from txn_core.partition import reader as reader_module
-from txn_core.partition import runs
+from txn_core.partition.ranges import available_end, plan_range, read_range, split_range
 from txn_core.storage import MemoryStorage, Storage, open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -213,3 +214,65 @@ def test_a_payload_damaged_inside_a_segment_raises_after_the_same_records(
         records, error = with_runs
         assert records and error is not None and error.startswith(CorruptDataError.__name__), error
         assert "checksum" in error
+    with monkeypatch.context() as m:  # a planned range read: the same records, then the same error
+        ranged = _ranges(storage, 2, "read_committed", (None, None))
+        m.setattr(runs, "MIN_RUN", 1 << 40)
+        assert ranged == _ranges(storage, 2, "read_committed", (None, None))
+    assert any(isinstance(x, str) and "checksum" in x for x in ranged), ranged
+
+
+def _ranges(storage: Storage, pieces: int, isolation: str, ts: tuple[int | None, int | None]) -> list[Any]:
+    """Every record (offset, id) of the planned range [0, bound) read in ``pieces`` tasks, metadata on and
+    off; or the error that ended a piece."""
+    log = txn_core.Log(storage)
+    state = log.partition_state(PATH, shared=False)
+    bound = available_end(state, isolation)
+    rng = plan_range(state, "t", 0, 0, bound, isolation, min_timestamp_ms=ts[0], max_timestamp_ms=ts[1])
+    out: list[Any] = []
+    for piece in split_range(log.partition_log(PATH), rng, pieces):
+        for metadata in (True, False):
+            try:
+                got = list(read_range(log.partition_log(PATH), piece, metadata=metadata, max_batch_rows=50))
+            except TxnLogError as exc:
+                out.append(f"{type(exc).__name__}: {exc}")
+                continue
+            assert all(b.num_rows <= 50 for b in got)
+            ids = [i for b in got for i in b.column("id").to_pylist()]
+            offsets = [o for b in got for o in b.column("_offset").to_pylist()] if metadata else None
+            out.append((ids, offsets))
+    return out
+
+
+@pytest.mark.parametrize("pieces", [1, 3])
+@pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
+def test_range_reads_by_runs_deliver_what_entry_by_entry_delivers(
+    storage: Storage, pieces: int, isolation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _rolled(storage)
+    stamps = sorted({h.timestamp_ms for h in _headers(storage)})
+    taken: list[bool] = []
+
+    def counting(*a: Any, **k: Any) -> Any:
+        got = runs.range_run(*a, **k)
+        taken.append(got is not None)
+        return got
+
+    for ts in ((None, None), (stamps[len(stamps) // 3], stamps[2 * len(stamps) // 3])):
+        taken.clear()
+
+        with monkeypatch.context() as m:
+            m.setattr(ranges, "range_run", counting)
+            with_runs = _ranges(storage, pieces, isolation, ts)
+        assert any(taken), "no run was taken"
+        with monkeypatch.context() as m:
+            m.setattr(runs, "MIN_RUN", 1 << 40)
+            alone = _ranges(storage, pieces, isolation, ts)
+        assert with_runs == alone
+        assert all(not isinstance(x, str) for x in with_runs)
+        assert sum(len(ids) for ids, _ in with_runs) > 100 * 2 // (1 if ts == (None, None) else 4)
+
+
+def _headers(storage: Storage) -> list[Any]:
+    plog = txn_core.Log(storage).partition_log(PATH)
+    tail, _ = plog.tail(refresh=True)
+    return [plog.read_header(s) for s in range(tail)]

@@ -42,6 +42,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pyarrow as pa
 
 from txn_core.errors import (
@@ -52,12 +53,14 @@ from txn_core.errors import (
     OffsetOutOfRangeError,
     TxnLogError,
 )
+from txn_core.format.segment import SegmentSpan
 from txn_core.logs import get_logger
 from txn_core.partition.aborted import SkipRanges, txn_key
 from txn_core.partition.partition import Entry, PartitionLog, entry_of_lost
 from txn_core.partition.readahead import ReadAhead
 from txn_core.partition.reader import ISOLATION_LEVELS, READ_COMMITTED
 from txn_core.partition.records import METADATA_FIELDS, MetadataColumns, StagedDataMissingError, entry_table
+from txn_core.partition.runs import Run, decode, merged, range_run
 from txn_core.partition.skipping import lost_records, skipped_lost, warn_skipped
 from txn_core.partition.state import PartitionState
 from txn_core.storage.parallel import inline_leaves
@@ -237,7 +240,8 @@ def read_range(
     max_batch_rows: int = MAX_BATCH_ROWS,
     metadata_fields: Sequence[pa.Field] = METADATA_FIELDS,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the deliverable records of ``rng`` in offset order (see module doc). Memory: one entry.
+    """Yield the deliverable records of ``rng`` in offset order (see module doc). Memory: one entry, or one
+    span of a segment's entries (up to 4 MiB) taken as a run (:mod:`txn_core.partition.runs`).
 
     ``fail_on_data_loss=False`` accepts loss: offsets removed by retention, and damaged entries nobody
     marked lost, are skipped with a warning instead of raising. ``metadata_fields`` types the metadata
@@ -252,11 +256,19 @@ def read_range(
     meta = MetadataColumns(rng.topic, rng.partition, metadata_fields) if metadata else None
     ahead = ReadAhead(plog, slot, stop=rng.stop_slot)
     inline = not plog.storage.overlap_reads  # the task has its core: a hand-off would cost, not overlap
+    drop = np.array(sorted(aborted), dtype=np.uint64) if committed else None
     while pos < end:
         ahead.seek(slot)
         try:
             with inline_leaves(inline):
-                entry = ahead.next()
+                got = ahead.peek_span()
+                taken = None
+                if got is not None:
+                    taken = _run(got[0], got[1], rng, pos, expected, drop, skips, meta, max_batch_rows)
+                if taken is not None:
+                    ahead.skip_span(taken[0])
+                else:
+                    entry = ahead.next()
         except ObjectNotFoundError:
             hole = _after_missing_entry(plog, slot, pos, end, fail_on_data_loss)
             if isinstance(hole, tuple):
@@ -267,6 +279,13 @@ def read_range(
             entry = _damaged(plog, slot, hole, fail_on_data_loss) if marked is None else entry_of_lost(marked)
         except DamagedEntryError as exc:
             entry = _damaged(plog, slot, exc, fail_on_data_loss)
+        else:
+            if taken is not None:  # a run of a segment's entries (txn_core.partition.runs)
+                passed, batches, pos = taken
+                slot += passed
+                expected = pos
+                yield from batches
+                continue
         header = entry.header
         if (
             expected is not None and header.base_offset != expected
@@ -306,6 +325,47 @@ def read_range(
                         raise
                     warn_skipped(lost, ACCEPTS_LOSS)
         pos = take_end
+
+
+def _run(
+    span: SegmentSpan,
+    i: int,
+    rng: OffsetRange,
+    pos: int,
+    expected: int | None,
+    drop: np.ndarray | None,
+    skips: SkipRanges,
+    meta: MetadataColumns | None,
+    max_rows: int,
+) -> tuple[int, list[pa.RecordBatch], int] | None:
+    """The next entries of ``span`` (from its ``i``-th) taken as one run (:func:`range_run`), decoded:
+    (entries passed, their record batches, the offset after them); None: go entry by entry. An entry that
+    fails its checks ends the run before it (the entry path then raises or skips it)."""
+    planned = range_run(
+        span, i, pos=pos, end=rng.end, expected=expected, aborted=drop, skips=skips,
+        min_ts=rng.min_timestamp_ms, max_ts=rng.max_timestamp_ms,
+    )  # fmt: skip
+    if planned is None:
+        return None
+    n, picked = planned
+    run = Run(span, i, i + n)
+    decoded = decode(run, picked) if len(picked) else []
+    if len(decoded) < len(picked):
+        n, picked = int(picked[len(decoded)]), picked[: len(decoded)]
+    if not n:
+        return None
+    rows = span.rows[i : i + n]
+    together = merged(meta, rows, picked, decoded)
+    if together is None:
+        bases, times = rows["base_offset"].tolist(), rows["timestamp_ms"].tolist()
+        together = []
+        for k, got in zip(picked.tolist(), decoded, strict=True):
+            first = bases[k]
+            for batch in got:
+                together.append(batch if meta is None else meta.add(batch, first, times[k]))
+                first += batch.num_rows
+    out = [b.slice(at, max_rows) for b in together for at in range(0, b.num_rows, max_rows)]
+    return n, out, int(rows["base_offset"][-1]) + int(rows["record_count"][-1])
 
 
 def _slices(

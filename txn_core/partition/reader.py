@@ -13,7 +13,6 @@ passed over with a warning, and a reader made with ``skip_damaged=True`` also pa
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -36,8 +35,8 @@ from txn_core.partition.fetch import span_entry
 from txn_core.partition.lost import LostEntry
 from txn_core.partition.partition import Entry, LogStart, entry_of_lost
 from txn_core.partition.readahead import ReadAhead
-from txn_core.partition.records import MAX_MERGED_BYTES, MetadataColumns, StagedDataMissingError, entry_table
-from txn_core.partition.runs import MIN_RUN, Run, decode, plan_delivery, run_length
+from txn_core.partition.records import MetadataColumns, StagedDataMissingError, entry_table
+from txn_core.partition.runs import MIN_RUN, Run, decode, merged, plan_delivery, run_length
 from txn_core.partition.sequences import gap_error
 from txn_core.partition.skipping import lost_records, unreadable_records, warn_skipped
 from txn_core.partition.state import PartitionState
@@ -433,17 +432,10 @@ class PartitionReader:
             passed, then = int(plan.deliver[len(batches)]), "alone"  # it fails its checks: raised entry by entry
         rows = run.span.rows[run.i : run.i + passed]
         delivered = 0
-        if len(batches) > 1 and all(len(got) == 1 for got in batches):  # one batch per entry: merged at once
-            at = plan.deliver[: len(batches)]
-            counts = rows["record_count"][at].astype(np.int64)
-            firsts, times = rows["base_offset"][at].astype(np.int64), rows["timestamp_ms"][at].astype(np.int64)
-            # batches of at most about MAX_MERGED_BYTES each (merging copies)
-            sizes = np.cumsum(rows["payload_len"][at].astype(np.int64))
-            cuts = [0, *np.searchsorted(sizes, np.arange(MAX_MERGED_BYTES, int(sizes[-1]), MAX_MERGED_BYTES)).tolist()]
-            for a, b in itertools.pairwise([*dict.fromkeys(cuts), len(at)]):
-                merged = [got[0] for got in batches[a:b]]
-                out.append(self._meta.add_run(merged, firsts[a:b], counts[a:b], times[a:b]))
-            delivered = int(counts.sum())
+        together = merged(self._meta, rows, plan.deliver, batches) if len(batches) > 1 else None
+        if together is not None:  # one batch per entry: merged, metadata built at once
+            out.extend(together)
+            delivered = sum(b.num_rows for b in together)
         else:
             bases, times_ms = rows["base_offset"].tolist(), rows["timestamp_ms"].tolist()
             for n, got in zip(plan.deliver.tolist(), batches, strict=False):

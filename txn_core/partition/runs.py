@@ -29,6 +29,7 @@ decide without asking anything more:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,8 +41,9 @@ from txn_core.format.entry import EntryKind, decode_arrow
 from txn_core.format.ids import TxnId
 from txn_core.format.ipcrun import MAX_RUN_BYTES, decode_run, spliceable
 from txn_core.format.segment import SegmentSpan
-from txn_core.partition.aborted import key_txn, txn_key, txn_keys
+from txn_core.partition.aborted import SkipRanges, key_txn, txn_key, txn_keys
 from txn_core.partition.buffer import TxnBuffer
+from txn_core.partition.records import MAX_MERGED_BYTES, MetadataColumns
 
 #: Kinds a run takes; anything else goes entry by entry.
 RUN_KINDS = np.array([int(EntryKind.DATA), int(EntryKind.COMMIT), int(EntryKind.ABORT)], dtype=np.uint8)
@@ -215,3 +217,73 @@ def decode(run: Run, picked: np.ndarray) -> list[list[pa.RecordBatch]]:
         size += len(payload)
     flush()
     return out
+
+
+def merged(
+    meta: MetadataColumns | None, rows: np.ndarray, picked: np.ndarray, batches: list[list[pa.RecordBatch]]
+) -> list[pa.RecordBatch] | None:
+    """The decoded entries ``picked`` (indexes into ``rows``, their index rows; ``batches`` as
+    :func:`decode` gave them) merged into batches of at most about :data:`MAX_MERGED_BYTES` of payload each
+    (merging copies), with metadata columns when ``meta`` is given (built at once: each entry's rows at
+    offsets from its base offset, stamped with its append time). None when an entry holds other than one
+    batch: the caller hands them out one by one."""
+    if not batches or not all(len(got) == 1 for got in batches):
+        return None
+    at = picked[: len(batches)]
+    counts = rows["record_count"][at].astype(np.int64)
+    firsts, times = rows["base_offset"][at].astype(np.int64), rows["timestamp_ms"][at].astype(np.int64)
+    sizes = np.cumsum(rows["payload_len"][at].astype(np.int64))
+    cuts = np.searchsorted(sizes, np.arange(MAX_MERGED_BYTES, int(sizes[-1]), MAX_MERGED_BYTES)).tolist()
+    out = []
+    for a, b in itertools.pairwise([*dict.fromkeys([0, *cuts]), len(at)]):
+        group = [got[0] for got in batches[a:b]]
+        if meta is not None:
+            out.append(meta.add_run(group, firsts[a:b], counts[a:b], times[a:b]))
+        elif len(group) == 1:
+            out.append(group[0])
+        else:
+            out.extend(pa.Table.from_batches(group).combine_chunks().to_batches())
+    return out
+
+
+def range_run(
+    span: SegmentSpan,
+    i: int,
+    *,
+    pos: int,
+    end: int,
+    expected: int | None,
+    aborted: np.ndarray | None,
+    skips: SkipRanges,
+    min_ts: int | None,
+    max_ts: int | None,
+) -> tuple[int, np.ndarray] | None:
+    """For a planned range read (:func:`~txn_core.partition.ranges.read_range`) at ``pos`` of ``[.., end)``:
+    how many entries of ``span`` from ``i`` it takes as one run, and which of them (indexes from ``i``) it
+    delivers; None: go entry by entry. Only whole entries from ``pos`` on that end by ``end``; the rules
+    are the range read's own: not control, not covered by ``skips``, stamped within the bounds, and (when
+    ``aborted``, the sorted keys a read_committed range drops, is given) not of an aborted transaction."""
+    n = run_length(span, i, expected, pos, 1 << 62)
+    if not n:
+        return None
+    rows = span.rows[i : i + n]
+    bases = rows["base_offset"].astype(np.int64)
+    if int(bases[0]) != pos:
+        return None  # it begins before the position: sliced entry by entry
+    n = min(n, int(np.searchsorted(bases + rows["record_count"], end, side="right")))
+    rows, bases = rows[:n], bases[:n]
+    deliver = (rows["kind"] == int(EntryKind.DATA)) & ~skips.covers_many(bases)
+    if min_ts is not None:
+        deliver &= rows["timestamp_ms"] >= min_ts
+    if max_ts is not None:
+        deliver &= rows["timestamp_ms"] <= max_ts
+    txn = (rows["flags"] & 1).astype(bool) & deliver
+    if aborted is not None and txn.any():
+        at = np.flatnonzero(txn)
+        keys, valid = txn_keys(rows["txn_hi"][at], rows["txn_lo"][at])
+        if not valid.all():
+            n = int(at[np.flatnonzero(~valid)[0]])  # the entry path raises, naming the id
+        deliver[at[np.isin(keys, aborted)]] = False
+    if n < MIN_RUN:
+        return None
+    return n, np.flatnonzero(deliver[:n])
