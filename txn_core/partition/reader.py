@@ -40,6 +40,7 @@ from txn_core.partition.runs import MIN_RUN, Run, decode, merged, plan_delivery,
 from txn_core.partition.sequences import gap_error
 from txn_core.partition.skipping import lost_records, unreadable_records, warn_skipped
 from txn_core.partition.state import PartitionState
+from txn_core.storage.parallel import inline_leaves
 
 READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"
@@ -80,6 +81,9 @@ class PartitionReader:
         self._meta = MetadataColumns(topic, partition)
         # Entries are read ahead, the reads in flight holding at most half the window.
         self._ahead = ReadAhead(self.log, max_bytes=max(window_bytes // 2, 1))
+        # Reads from a store whose reads are copies out of the page cache (local disk) run on the reading
+        # thread: handed to pool threads they only contend for the interpreter (as ranges.read_range does).
+        self._inline = not self.log.storage.overlap_reads
         self._prefilled = False  # fill() ran since the last poll: the poll need not read again
         self._waiting: set[int] = set()  # damaged last entries a skip_damaged reader waits at (warned once)
         self._at_end = False  # the last fill stopped at the log end
@@ -179,10 +183,11 @@ class PartitionReader:
         while self._error is None and (self._window_size < self.window_bytes or not self._window):
             self._ahead.seek(self._cursor)
             try:
-                if self.isolation == READ_COMMITTED and self._take_run():
-                    read = True
-                    continue
-                entry = self._ahead.next()
+                with inline_leaves(self._inline):
+                    if self.isolation == READ_COMMITTED and self._take_run():
+                        read = True
+                        continue
+                    entry = self._ahead.next()
             except ObjectNotFoundError:
                 self._at_end = True
                 if self.log.deleted(self._cursor):

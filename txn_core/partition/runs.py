@@ -25,6 +25,12 @@ decide without asking anything more:
   not decide itself: an entry partly delivered, a sequence gap, the budget ending inside an entry, a
   payload that fails its checksum or does not decode. That path then delivers, slices or raises exactly
   as it always does.
+* **Range reads** (:func:`range_run`, for :func:`~txn_core.partition.ranges.read_range`): whole entries
+  from the range's position that end by its end, delivered by the plan's own filters (skip ranges,
+  timestamp bounds, and under read_committed its aborted keys); an entry straddling either edge goes entry
+  by entry.
+
+Crash windows: none (it only reads).
 """
 
 from __future__ import annotations
