@@ -111,7 +111,6 @@ class Delivery:
 
     passed: int
     deliver: np.ndarray
-    rows: int
     then: str
 
 
@@ -130,9 +129,9 @@ def plan_delivery(
     nexts = bases + counts
     gone = int(np.searchsorted(nexts, position, side="right"))  # wholly before the position: passed over
     if gone:
-        return Delivery(gone, np.empty(0, dtype=np.int64), 0, "more")
+        return Delivery(gone, np.empty(0, dtype=np.int64), "more")
     if bases[0] < position:
-        return Delivery(0, np.empty(0, dtype=np.int64), 0, "alone")  # partly delivered: sliced entry by entry
+        return Delivery(0, np.empty(0, dtype=np.int64), "alone")  # partly delivered: sliced entry by entry
     end, then = len(rows), "more"
     below = int(np.searchsorted(bases, bound, side="left"))
     if below < end:
@@ -169,7 +168,7 @@ def plan_delivery(
     if over < end:
         end, then = over, "alone"  # the budget ends inside this entry: sliced entry by entry
     picked = np.flatnonzero(deliver[:end])
-    return Delivery(end, picked, int(counts[picked].sum()), then)
+    return Delivery(end, picked, then)
 
 
 def decode(run: Run, picked: np.ndarray) -> list[list[pa.RecordBatch]]:
