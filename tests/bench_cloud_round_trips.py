@@ -5,10 +5,13 @@ fake-gcs-server and Azurite on 127.0.0.1 behind :class:`latency_proxy.LatencyPro
 measured, not assumed: the median of a plain small GET on a warm HTTP connection through the proxy (one
 request, one response). Each client of each store is measured on the same operations: the storage primitives
 (a create-if-absent of 200 bytes, a whole read, a ranged read, an existence check of a present and of an absent
-object, a listing) and the transactional ones of ``bench_round_trips.OPS``, in RTT units (median wall time /
-unit). Clients: GCS through gcsfs (obstore's GCS store uploads through GCS's XML API, which fake-gcs-server
-does not implement: it answers 400, so that client cannot be measured, or its conditional create proven,
-here); Azure through obstore (the default) and adlfs (``client=fsspec``). Figures, not assertions::
+object, a listing), the transactional ones of ``bench_round_trips.OPS``, and a fresh read_committed consumer
+of a small log (``bench_round_trips.measure_fresh_consumer``: its first rows, and caught up; median of 3), in
+RTT units (median wall time / unit). Clients: GCS through gcsfs (obstore's GCS store uploads through GCS's XML
+API, which fake-gcs-server does not implement: it answers 400, so that client cannot be measured, or its
+conditional create proven, here); Azure through obstore (the default) and adlfs (``client=fsspec``); S3
+through obstore on SeaweedFS behind the same proxy, the reference the others are compared with.
+Figures, not assertions::
 
     .venv/bin/python tests/bench_cloud_round_trips.py [--rtt-ms 25] [--reps 15]
 
@@ -32,9 +35,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_round_trips import OPS, PARTITIONS, SCHEMA
+from bench_round_trips import OPS, PARTITIONS, SCHEMA, measure_fresh_consumer
+from bench_round_trips import unit_rtt as s3_unit_rtt
 from emulators import AzuriteBlob, Emulator, FakeGcs
 from latency_proxy import delayed_endpoint
+from servers import SeaweedS3
 
 import txn_core
 from txn_core.storage import open_storage
@@ -96,15 +101,29 @@ def measure(url: str, options: dict[str, Any], unit: float, reps: int) -> dict[s
             times.append(time.perf_counter() - t0)
         out[op.name] = statistics.median(times) / unit
     log.close()
+    firsts, caught = [], []
+    for _ in range(3):  # a fresh process's open each time: a new prefix, a new storage client
+        fresh = f"{url}-fresh-{uuid.uuid4().hex[:6]}"
+        first, caught_up = measure_fresh_consumer(fresh, options, fresh, options, unit)
+        firsts.append(first)
+        caught.append(caught_up)
+    out["fresh read_committed consumer of a small log (72 entries, open included): first rows"] = statistics.median(
+        firsts
+    )
+    out["the same: caught up"] = statistics.median(caught)
     return out
 
 
 @contextmanager
-def _slow(emulator: Emulator, rtt_s: float) -> Iterator[tuple[dict[str, Any], float]]:
-    """``emulator``'s storage options through a proxy adding ``rtt_s``, and the measured unit."""
+def _slow(emulator: Emulator | SeaweedS3, rtt_s: float) -> Iterator[tuple[dict[str, Any], float, str]]:
+    """``emulator``'s storage options through a proxy adding ``rtt_s``, the measured unit, and a new bucket."""
     bucket = emulator.new_bucket()
     with delayed_endpoint(emulator.endpoint, rtt_s) as proxy:
-        if isinstance(emulator, FakeGcs):
+        if isinstance(emulator, SeaweedS3):
+            client_kwargs = {"endpoint_url": proxy.endpoint, "region_name": "us-east-1"}
+            options = {**emulator.storage_options(), "client_kwargs": client_kwargs}
+            unit = s3_unit_rtt(emulator, proxy.endpoint, bucket)
+        elif isinstance(emulator, FakeGcs):
             options = {**emulator.storage_options(), "endpoint_url": proxy.endpoint}
             unit = unit_rtt(proxy.endpoint, f"/storage/v1/b/{bucket}")
         else:
@@ -112,25 +131,31 @@ def _slow(emulator: Emulator, rtt_s: float) -> Iterator[tuple[dict[str, Any], fl
             options = {"connection_string": emulator.connection_string.replace(emulator.endpoint, proxy.endpoint)}
             emulator.service().get_container_client(bucket).upload_blob("rtt-probe", b"x" * 200)
             unit = unit_rtt(proxy.endpoint, f"/devstoreaccount1/{bucket}/rtt-probe")
-        emulator.shared_bucket = bucket
-        yield options, unit
+        yield options, unit, bucket
 
 
 def report(rtt_ms: float = 25.0, reps: int = 15) -> str:
     columns: dict[str, dict[str, float]] = {}
     units: list[str] = []
-    for emulator, clients in ((FakeGcs(), ("auto",)), (AzuriteBlob(), ("auto", "fsspec"))):
+    stores: tuple[tuple[Emulator | SeaweedS3, tuple[str, ...]], ...] = (
+        (SeaweedS3(), ("auto",)),  # the reference: S3's default client on a real S3 server
+        (FakeGcs(), ("auto",)),
+        (AzuriteBlob(), ("auto", "fsspec")),
+    )
+    for emulator, clients in stores:
         emulator.start()
         try:
-            with _slow(emulator, rtt_ms / 1000) as (options, unit):
+            with _slow(emulator, rtt_ms / 1000) as (options, unit, bucket):
                 units.append(f"{type(emulator).__name__} {unit * 1000:.1f} ms")
                 for client in clients:
+                    scheme = "s3" if isinstance(emulator, SeaweedS3) else emulator.scheme
                     name = {
+                        ("s3", "auto"): "S3 obstore (SeaweedFS)",
                         ("gs", "auto"): "GCS gcsfs",
                         ("abfs", "auto"): "Azure obstore (default)",
                         ("abfs", "fsspec"): "Azure adlfs",
-                    }[(emulator.scheme, client)]
-                    url = f"{emulator.scheme}://{emulator.shared_bucket}/rtt-{client}-{uuid.uuid4().hex[:6]}"
+                    }[(scheme, client)]
+                    url = f"{scheme}://{bucket}/rtt-{client}-{uuid.uuid4().hex[:6]}"
                     columns[name] = measure(url, {**options, "client": client}, unit, reps)
         finally:
             emulator.stop()

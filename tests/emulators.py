@@ -109,6 +109,10 @@ class Emulator:
     proc: subprocess.Popen[bytes] | None = None
     shared_bucket: str | None = None
 
+    def start(self, timeout: float = 30) -> Emulator:
+        """Start the server; returns once it answers (within ``timeout`` seconds)."""
+        raise NotImplementedError
+
     def storage_options(self) -> dict[str, Any]:
         """The storage options a user passes to reach this store (fsspec's documented names)."""
         raise NotImplementedError

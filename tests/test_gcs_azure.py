@@ -12,6 +12,7 @@ on Azure only.
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 import uuid
@@ -105,6 +106,42 @@ def test_a_read_only_sas_token_reads_fully_and_writing_is_refused(azurite: Azuri
 def _set_up(url: str, options: dict[str, Any]) -> None:
     """What a new user does first: open a log and create a topic."""
     txn_core.open_log(url, options).create_topic("t", 1, SCHEMA)
+
+
+def test_a_fresh_consumer_learns_each_partitions_tail_from_one_listing(
+    emulator: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ISSUE 34 item 1 on GCS and Azure as on S3: a fresh consumer lists each partition's entries with one
+    request of one page, reads every listed entry at once and checks only the slot past them; it never
+    probes slots further on (which a store that cannot list one page would make it do: 19 reads past the end
+    of an 18-entry partition)."""
+    bucket = emulator.shared_bucket
+    assert bucket is not None
+    url = f"{emulator.scheme}://{bucket}/tail-{uuid.uuid4().hex[:8]}"
+    with txn_core.open_log(url, emulator.storage_options()) as log:
+        log.create_topic("t", 1, SCHEMA)
+        producer = log.producer("writer")
+        producer.init_transactions()
+        for i in range(9):  # 18 entries: a data entry and a marker each
+            producer.begin_transaction()
+            producer.send("t", pa.table({"id": [i]}, schema=SCHEMA), partition=0)
+            producer.commit_transaction()
+        producer.close()
+    caplog.set_level(logging.DEBUG, logger="txnlog.storage.requests")
+    with txn_core.open_log(url, emulator.storage_options(), create=False) as log:
+        consumer = log.consumer()
+        consumer.assign([("t", 0)])
+        ids: list[int] = []
+        while (batch := consumer.poll()).num_rows:
+            ids.extend(batch.column("id").to_pylist())
+    assert ids == list(range(9))
+    requests = [r.getMessage().split() for r in caplog.records if r.name == "txnlog.storage.requests"]
+    lists = [words[1] for words in requests if words[0] == "list" and words[1].endswith("/00000/log/")]
+    assert len(lists) == 1, requests
+    slots = sorted(
+        {int(words[1].rsplit("/", 1)[1]) for words in requests if words[0] == "read" and "/log/" in words[1]}
+    )
+    assert slots == list(range(19)), f"slots read: {slots} (18 entries and the slot past them)"
 
 
 def test_a_missing_bucket_is_named_with_the_fix(emulator: Emulator) -> None:

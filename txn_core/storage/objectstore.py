@@ -281,36 +281,46 @@ class ObjectStoreStorage(Storage):
         return sorted(set(out))
 
     def _gcs_list(self, prefix: str, base: str) -> builtins.list[str]:
-        """One listing request per 1,000 names through GCS's JSON API (gcsfs's ``ls`` says "not found" alike
-        for an empty prefix and a missing bucket; the API itself answers 404 only for a missing bucket)."""
-        bucket, _, path = (base + "/").partition("/")
+        """Every page of :meth:`_gcs_page` (gcsfs's ``ls`` says "not found" alike for an empty prefix and a
+        missing bucket; the API itself answers 404 only for a missing bucket)."""
         out: set[str] = set()
         token: str | None = None
         while True:
-            params: dict[str, Any] = {"prefix": path, "delimiter": "/", "maxResults": 1000}
-            if token:
-                params["pageToken"] = token
-            try:
-                page = self.fs.call("GET", "b/{}/o", bucket, json_out=True, **params)
-            except FileNotFoundError as exc:
-                raise StorageError(
-                    f"list of {prefix or 'the log'} failed: {self._hint(exc, no_bucket=True)}{exc!r}"
-                ) from exc
-            except PermissionError as exc:
-                raise self._read_refused(f"list of {prefix or 'the log'}", exc) from exc
-            except Exception as exc:
-                raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
-            out.update(p[len(path) :] for p in page.get("prefixes", ()))
-            out.update(str(item["name"])[len(path) :] for item in page.get("items", ()))
-            token = page.get("nextPageToken")
+            names, token = self._gcs_page(prefix, base, token, LIST_PAGE)
+            out.update(names)
             if not token:
-                break
-        out.discard("")
-        out.discard("/")
-        return sorted(out)
+                return sorted(out)
+
+    def _gcs_page(self, prefix: str, base: str, token: str | None, limit: int) -> tuple[builtins.list[str], str | None]:
+        """One listing request through GCS's JSON API: the first ``limit`` names after ``token`` (items and
+        sub-prefixes together, as ``maxResults`` counts them), sorted, and the next page's token (None: these
+        were the last)."""
+        bucket, _, path = (base + "/").partition("/")
+        params: dict[str, Any] = {"prefix": path, "delimiter": "/", "maxResults": limit}
+        if token:
+            params["pageToken"] = token
+        try:
+            page = self.fs.call("GET", "b/{}/o", bucket, json_out=True, **params)
+        except FileNotFoundError as exc:
+            raise StorageError(
+                f"list of {prefix or 'the log'} failed: {self._hint(exc, no_bucket=True)}{exc!r}"
+            ) from exc
+        except PermissionError as exc:
+            raise self._read_refused(f"list of {prefix or 'the log'}", exc) from exc
+        except Exception as exc:
+            raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
+        names = {p[len(path) :] for p in page.get("prefixes", ())}
+        names.update(str(item["name"])[len(path) :] for item in page.get("items", ()))
+        names.discard("")
+        names.discard("/")
+        return sorted(names), page.get("nextPageToken") or None
 
     def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
-        return None  # fsspec's listings read every page before they answer
+        if self.protocol == "gs":  # one JSON API request, which stops after a page
+            names, token = self._gcs_page(prefix, self._path(prefix).rstrip("/"), None, limit)
+            # GCS counts items and sub-prefixes together; an emulator may count items alone
+            return names[:limit], token is None and len(names) <= limit
+        return None  # fsspec's other listings read every page before they answer
 
     def delete(self, key: str) -> None:
         try:
