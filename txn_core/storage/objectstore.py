@@ -89,6 +89,8 @@ def classify_write_error(exc: BaseException) -> type[StorageError]:
         return ObjectExistsError
     if isinstance(exc, FileNotFoundError):  # an upload finds nothing: the bucket is missing (gcsfs)
         return StorageError
+    if isinstance(exc, EndpointUnansweredError):  # no connection was made: nothing was sent
+        return StorageError
     if isinstance(exc, PermissionError):
         return StoragePermissionError
     codes = _status_codes(exc)
@@ -101,6 +103,11 @@ def classify_write_error(exc: BaseException) -> type[StorageError]:
     if "NoSuchBucket" in codes or "ContainerNotFound" in codes:
         return StorageError
     return UnknownOutcomeError
+
+
+class EndpointUnansweredError(Exception):
+    """No connection could be made to an endpoint that has never answered (gcsfs; not an ``OSError`` nor an
+    aiohttp error, so that gcsfs's retries let it through)."""
 
 
 class ObjectStoreStorage(Storage):
@@ -133,10 +140,35 @@ class ObjectStoreStorage(Storage):
             if self.protocol == "gs":
                 from gcsfs.core import GCSFileSystem  # not fsspec's "gs": no gRPC probe (module doc)
 
-                self._fs = GCSFileSystem(**options)
+                session = dict(options.pop("session_kwargs", None) or {})
+                session["trace_configs"] = [*session.get("trace_configs", ()), self._unanswered_trace()]
+                self._fs = GCSFileSystem(**options, session_kwargs=session)
             else:
                 self._fs = fsspec.filesystem(self.protocol, **options)
         return self._fs
+
+    def _unanswered_trace(self) -> Any:
+        """An aiohttp trace for gcsfs's session: until the endpoint has answered once, a connection that
+        cannot be made raises :class:`EndpointUnansweredError`, which gcsfs does not retry. gcsfs retries a
+        failed connection 6 times with backoff (about 35 s) and has no setting to bound it; at the first
+        request that is a wrong endpoint or a store that is down, reported at once. Once anything has
+        answered, a failed connection is a blip, and gcsfs's retries stand."""
+        import aiohttp
+
+        answered = False
+
+        async def on_end(*_: Any) -> None:
+            nonlocal answered
+            answered = True
+
+        async def on_exception(_session: Any, _context: Any, params: Any) -> None:
+            if not answered and isinstance(params.exception, aiohttp.ClientConnectorError):
+                raise EndpointUnansweredError(str(params.exception)) from params.exception
+
+        trace = aiohttp.TraceConfig()
+        trace.on_request_end.append(on_end)
+        trace.on_request_exception.append(on_exception)
+        return trace
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}"
