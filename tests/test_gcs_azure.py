@@ -120,8 +120,22 @@ def test_a_fresh_consumer_learns_each_partitions_tail_from_one_listing(
     of an 18-entry partition)."""
     bucket = emulator.shared_bucket
     assert bucket is not None
-    url = f"{emulator.scheme}://{bucket}/tail-{uuid.uuid4().hex[:8]}"
-    with txn_core.open_log(url, emulator.storage_options()) as log:
+    _reads_the_tail_from_one_listing(f"{emulator.scheme}://{bucket}", emulator.storage_options(), caplog)
+
+
+@pytest.mark.azure
+def test_through_adlfs_a_fresh_consumer_learns_each_partitions_tail_from_one_listing(
+    azurite: AzuriteBlob, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same through adlfs (credentials from the environment take it): its ``ls`` reads every page and walks
+    every sub-prefix, so the store lists one page through the Azure SDK beneath it."""
+    bucket = azurite.new_bucket()
+    _reads_the_tail_from_one_listing(f"abfs://{bucket}", {**azurite.storage_options(), "client": "fsspec"}, caplog)
+
+
+def _reads_the_tail_from_one_listing(root: str, options: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    url = f"{root}/tail-{uuid.uuid4().hex[:8]}"
+    with txn_core.open_log(url, options) as log:
         log.create_topic("t", 1, SCHEMA)
         producer = log.producer("writer")
         producer.init_transactions()
@@ -131,7 +145,7 @@ def test_a_fresh_consumer_learns_each_partitions_tail_from_one_listing(
             producer.commit_transaction()
         producer.close()
     caplog.set_level(logging.DEBUG, logger="txnlog.storage.requests")
-    with txn_core.open_log(url, emulator.storage_options(), create=False) as log:
+    with txn_core.open_log(url, options, create=False) as log:
         consumer = log.consumer()
         consumer.assign([("t", 0)])
         ids: list[int] = []

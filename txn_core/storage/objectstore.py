@@ -105,6 +105,10 @@ def classify_write_error(exc: BaseException) -> type[StorageError]:
     return UnknownOutcomeError
 
 
+#: Protocols listed by one request per page (GCS's JSON API; the Azure SDK under adlfs), not by fsspec's ``ls``.
+_PAGED = ("gs", "abfs")
+
+
 class EndpointUnansweredError(Exception):
     """No connection could be made to an endpoint that has never answered (gcsfs; not an ``OSError`` nor an
     aiohttp error, so that gcsfs's retries let it through)."""
@@ -230,7 +234,7 @@ class ObjectStoreStorage(Storage):
             raise StorageError(f"read of {key} failed: {self._hint(exc)}{exc!r}") from exc
 
     def exists(self, key: str) -> bool:
-        if self.protocol in ("s3", "gs"):
+        if self.protocol in ("s3", "gs", "abfs"):
             return self._head(key)
         try:
             self.fs.info(self._path(key), refresh=True)
@@ -245,14 +249,22 @@ class ObjectStoreStorage(Storage):
             raise StorageError(f"existence check of {key} failed: {self._hint(exc)}{exc!r}") from exc
 
     def _head(self, key: str) -> bool:
-        """One metadata request: s3fs's and gcsfs's ``info`` add a listing on a miss, looking for a directory
-        (behind the latency proxy an absent object cost gcsfs 2.2 RTT against 1)."""
+        """One metadata request: s3fs's, gcsfs's and adlfs's ``info`` add a listing on a miss, looking for a
+        directory (behind the latency proxy an absent object cost gcsfs 2.2 RTT and adlfs 3 against 1)."""
         bucket, _, path = self._path(key).partition("/")
         try:
             if self.protocol == "s3":
                 self.fs.call_s3("head_object", Bucket=bucket, Key=path)
-            else:
+            elif self.protocol == "gs":
                 self.fs.call("GET", "b/{}/o/{}", bucket, path, json_out=True)  # GCS's JSON API
+            else:
+                from fsspec.asyn import sync
+
+                async def head() -> None:  # Get Blob Properties, through the Azure SDK under adlfs
+                    async with self.fs.service_client.get_blob_client(bucket, path) as blob:
+                        await blob.get_blob_properties()
+
+                sync(self.fs.loop, head)
             return True
         except FileNotFoundError:
             return False
@@ -260,6 +272,8 @@ class ObjectStoreStorage(Storage):
             raise self._read_refused(f"existence check of {key}", exc) from exc
         except Exception as exc:
             codes = _status_codes(exc)
+            if "ContainerNotFound" in codes:  # Azure names it even on a HEAD (x-ms-error-code)
+                raise StorageError(f"existence check of {key} failed: {self._hint(exc)}{exc!r}") from exc
             if "404" in codes or "NoSuchKey" in codes or "NotFound" in codes:
                 return False
             raise StorageError(f"existence check of {key} failed: {self._hint(exc)}{exc!r}") from exc
@@ -287,8 +301,8 @@ class ObjectStoreStorage(Storage):
 
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix).rstrip("/")
-        if self.protocol == "gs":
-            return self._gcs_list(prefix, base)
+        if self.protocol in _PAGED:
+            return self._paged_list(prefix, base)
         try:
             self.fs.invalidate_cache(base)
             entries = self.fs.ls(base, detail=True)
@@ -312,16 +326,49 @@ class ObjectStoreStorage(Storage):
             out.append(name + "/" if e.get("type") == "directory" else name)
         return sorted(set(out))
 
-    def _gcs_list(self, prefix: str, base: str) -> builtins.list[str]:
-        """Every page of :meth:`_gcs_page` (gcsfs's ``ls`` says "not found" alike for an empty prefix and a
-        missing bucket; the API itself answers 404 only for a missing bucket)."""
+    def _paged_list(self, prefix: str, base: str) -> builtins.list[str]:
+        """Every page of :meth:`_page`, one request each (gcsfs's ``ls`` says "not found" alike for an empty
+        prefix and a missing bucket, and adlfs's walks every sub-prefix)."""
         out: set[str] = set()
         token: str | None = None
         while True:
-            names, token = self._gcs_page(prefix, base, token, LIST_PAGE)
+            names, token = self._page(prefix, base, token, LIST_PAGE)
             out.update(names)
             if not token:
                 return sorted(out)
+
+    def _page(self, prefix: str, base: str, token: str | None, limit: int) -> tuple[builtins.list[str], str | None]:
+        """One listing request: the first ``limit`` direct children of ``base`` after ``token`` (names and
+        sub-prefixes, as the store counts them), sorted, and the next page's token (None: these were the last)."""
+        if self.protocol == "gs":
+            return self._gcs_page(prefix, base, token, limit)
+        return self._azure_page(prefix, base, token, limit)
+
+    def _azure_page(
+        self, prefix: str, base: str, token: str | None, limit: int
+    ) -> tuple[builtins.list[str], str | None]:
+        """:meth:`_page` through the Azure SDK's container client under adlfs (List Blobs with a delimiter and
+        ``maxresults``); a missing container is an error naming it, an empty prefix lists as empty."""
+        from fsspec.asyn import sync
+
+        container, _, path = (base + "/").partition("/")
+
+        async def one_page() -> tuple[builtins.list[str], str | None]:
+            async with self.fs.service_client.get_container_client(container) as cc:
+                pages = cc.walk_blobs(name_starts_with=path, delimiter="/", results_per_page=limit).by_page(token)
+                names: builtins.list[str] = []
+                async for page in pages:
+                    names = [str(item.name)[len(path) :] async for item in page]
+                    break
+                return names, pages.continuation_token or None
+
+        try:
+            names, next_token = sync(self.fs.loop, one_page)
+        except PermissionError as exc:
+            raise self._read_refused(f"list of {prefix or 'the log'}", exc) from exc
+        except Exception as exc:
+            raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
+        return sorted(n for n in names if n not in ("", "/")), next_token
 
     def _gcs_page(self, prefix: str, base: str, token: str | None, limit: int) -> tuple[builtins.list[str], str | None]:
         """One listing request through GCS's JSON API: the first ``limit`` names after ``token`` (items and
@@ -348,11 +395,11 @@ class ObjectStoreStorage(Storage):
         return sorted(names), page.get("nextPageToken") or None
 
     def list_page(self, prefix: str, limit: int = LIST_PAGE) -> ListPage | None:
-        if self.protocol == "gs":  # one JSON API request, which stops after a page
-            names, token = self._gcs_page(prefix, self._path(prefix).rstrip("/"), None, limit)
+        if self.protocol in _PAGED:  # one request, which stops after a page
+            names, token = self._page(prefix, self._path(prefix).rstrip("/"), None, limit)
             # GCS counts items and sub-prefixes together; an emulator may count items alone
             return names[:limit], token is None and len(names) <= limit
-        return None  # fsspec's other listings read every page before they answer
+        return None  # s3fs's listings read every page before they answer
 
     def delete(self, key: str) -> None:
         try:
