@@ -89,13 +89,16 @@ def _warm_txn(parts: int, settled: bool = False) -> Callable[[txn_core.Log], Cal
     markers, since its record carries that transaction's Complete."""
 
     def prepare(log: txn_core.Log) -> Callable[[], None]:
+        topic = "t" if parts <= PARTITIONS else f"wide-{parts}"
+        if topic not in log.list_topics():
+            log.create_topic(topic, parts, SCHEMA)
         p = log.producer(f"warm-{parts}-{uuid.uuid4().hex[:6]}")
         p.init_transactions()
 
         def run() -> None:
             p.begin_transaction()
             for part in range(parts):
-                p.send("t", TEN, partition=part)
+                p.send(topic, TEN, partition=part)
             p.commit_transaction()
 
         for _ in range(3):  # warm: tails known, previous Complete pending as in steady state
@@ -123,6 +126,8 @@ OPS = [
     Op("warm transaction, 10 rows, 2 partitions, back to back", _warm_txn(2)),
     Op("warm transaction, 10 rows, 1 partition, previous markers landed", _warm_txn(1, settled=True)),
     Op("warm transaction, 10 rows, 2 partitions, previous markers landed", _warm_txn(2, settled=True)),
+    Op("warm transaction, 10 rows, 64 partitions, back to back", _warm_txn(64)),
+    Op("warm transaction, 10 rows, 64 partitions, previous markers landed", _warm_txn(64, settled=True)),
     Op("idempotent send 1 row + flush", _idempotent),
 ]
 

@@ -171,6 +171,37 @@ def test_a_warm_transaction_creates_its_records_without_reading_first() -> None:
     p.close()
 
 
+def test_a_warm_transaction_over_64_partitions_writes_its_data_and_its_markers_in_a_round_each() -> None:
+    """ISSUE 34 item 3: the data of every partition goes out at once (1 round), then the PrepareCommit record
+    (1); the markers, behind the commit, all at once too (1). With fewer writers than partitions each is
+    several rounds (64 partitions on 8 writers: 8 rounds of data)."""
+    storage = InFlight(MemoryStorage(uuid.uuid4().hex), rtt_s=0.05)
+    log = txn_core.Log(storage)
+    log.create_topic("wide", 64, SCHEMA)
+    p = log.producer("wide")
+    p.init_transactions()
+
+    def transaction() -> None:
+        p.begin_transaction()
+        for part in range(64):
+            p.send("wide", pa.table({"id": [part]}), partition=part)
+        p.commit_transaction()
+
+    for _ in range(2):  # warm: tails known, the next transaction begun ahead
+        transaction()
+        p.wait_for_markers()
+    with storage._gate:
+        storage.rounds.clear()
+        storage.done = 0
+    transaction()
+    committed = storage.last_round()
+    p.wait_for_markers()
+    data = [d for d, kind, key in storage.rounds if kind == "create" and "/log/" in key and key.startswith("topics/")]
+    assert committed == 2, storage.rounds
+    assert len(data) == 128 and len(set(data)) == 2, sorted(set(data))  # the data (round 1), the markers
+    p.close()
+
+
 def test_an_append_after_half_the_compaction_age_idle_reads_first() -> None:
     storage = InFlight(MemoryStorage(uuid.uuid4().hex), rtt_s=0)
     log = _log(storage)

@@ -35,8 +35,9 @@ from typing import TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: Upper bound on requests in flight from one process through the shared pool.
-MAX_WORKERS = 32
+#: Upper bound on requests in flight from one process through the shared pool: a transaction's markers over
+#: 64 partitions go out in one round.
+MAX_WORKERS = 64
 #: Upper bound on leaf requests in flight from one process: a fresh consumer of a few partitions reads every
 #: entry their listings show at once (PROTOCOL.md "Reading"), and a reader's depth reaches 64 per partition.
 #: Threads start only as requests need them (an idle pool holds none past its peak), and each one waiting

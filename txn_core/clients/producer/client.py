@@ -127,6 +127,7 @@ class Producer:
             partition_log=ctx.partition_log,
             claim_fence=functools.partial(offsets_fence.claim, ctx),
             stages_creates=ctx.storage.stages_creates,
+            remote=ctx.storage.overlap_reads,
         )
 
     # --- state ----------------------------------------------------------------------------------

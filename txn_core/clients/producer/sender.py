@@ -59,6 +59,12 @@ if TYPE_CHECKING:
 
 logger = get_logger("txnlog.producer")
 
+#: Partition logs written at once: on a store whose requests are round trips, enough for a transaction over
+#: 64 partitions to write its data in one round; on local disk, where a write is the writing thread's own
+#: work, a few (more threads there only contend for the interpreter).
+WRITERS_REMOTE = 64
+WRITERS_LOCAL = 8
+
 Offsets = dict[tuple[str, int] | TopicPartition, int]
 
 
@@ -104,6 +110,7 @@ class Sender:
         partition_log: Callable[[str], PartitionLog],
         claim_fence: FenceClaim,
         stages_creates: bool,
+        remote: bool = True,
     ) -> None:
         self._txns = txns
         self._ids = ids
@@ -117,6 +124,8 @@ class Sender:
         #: where each entry written since the last :meth:`take_results` landed
         self._results: list[RecordMetadata] = []
         self._pool: ThreadPoolExecutor | None = None
+        #: partition logs written at once (:data:`WRITERS_REMOTE`, :data:`WRITERS_LOCAL`)
+        self._writers = WRITERS_REMOTE if remote else WRITERS_LOCAL
 
     def take_results(self) -> list[RecordMetadata]:
         """Where each entry landed since the last call."""
@@ -342,7 +351,7 @@ class Sender:
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txnlog-producer")
+            self._pool = ThreadPoolExecutor(max_workers=self._writers, thread_name_prefix="txnlog-producer")
         return self._pool
 
     def shutdown(self) -> None:
