@@ -222,6 +222,20 @@ class _ProxyAt(LatencyProxy):
         return int(self._server.sockets[0].getsockname()[1])
 
 
+def test_an_adls_gen2_directory_blob_lists_as_the_sub_prefix_it_stands_for() -> None:
+    """On a hierarchical namespace, List Blobs gives a directory as a prefix and as an empty blob marked
+    ``hdi_isfolder`` (some accounts capitalise it; adlfs also writes ``is_directory``): each is ``name/``."""
+    from types import SimpleNamespace
+
+    from txn_core.storage.objectstore import _azure_name
+
+    assert _azure_name(SimpleNamespace(name="p/topics/")) == "p/topics/"  # a BlobPrefix
+    for key in ("hdi_isfolder", "Hdi_isfolder", "is_directory"):
+        assert _azure_name(SimpleNamespace(name="p/topics", metadata={key: "true"})) == "p/topics/"
+    assert _azure_name(SimpleNamespace(name="p/format", metadata={"is_directory": "false"})) == "p/format"
+    assert _azure_name(SimpleNamespace(name="p/format", metadata=None)) == "p/format"
+
+
 @pytest.mark.gcs
 def test_a_gcs_endpoint_that_answered_once_is_retried_when_it_drops(fake_gcs: FakeGcs) -> None:
     """Only an endpoint that never answered fails at its first refused connection; once it has answered, a
@@ -232,13 +246,15 @@ def test_a_gcs_endpoint_that_answered_once_is_retried_when_it_drops(fake_gcs: Fa
     storage = open_storage(f"gs://{bucket}/blip", options, self_test=False)
     storage.create("k", [b"v"])
     first.stop()
-    second = _ProxyAt(fake_gcs.port, first.port)
-    back = threading.Timer(0.5, second.start)
-    back.start()
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(storage.read("k")), daemon=True)
+    reader.start()  # its first connection is refused; gcsfs retries after 1-2 s
+    time.sleep(0.5)
+    second = _ProxyAt(fake_gcs.port, first.port).start()  # on this thread: a failure to bind fails the test
     try:
-        assert storage.read("k") == b"v"
+        reader.join(30)
+        assert got == [b"v"]
     finally:
-        back.join()
         second.stop()
 
 

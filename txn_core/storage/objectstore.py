@@ -109,6 +109,14 @@ def classify_write_error(exc: BaseException) -> type[StorageError]:
 _PAGED = ("gs", "abfs")
 
 
+def _azure_name(item: Any) -> str:
+    """A List Blobs item's name: a sub-prefix keeps its ``/``; an ADLS Gen2 directory blob gets one."""
+    name = str(item.name)
+    metadata = getattr(item, "metadata", None) or {}
+    folder = metadata.get("hdi_isfolder") or metadata.get("Hdi_isfolder") or metadata.get("is_directory")
+    return name.rstrip("/") + "/" if str(folder).lower() == "true" else name
+
+
 class EndpointUnansweredError(Exception):
     """No connection could be made to an endpoint that has never answered (gcsfs; not an ``OSError`` nor an
     aiohttp error, so that gcsfs's retries let it through)."""
@@ -145,7 +153,7 @@ class ObjectStoreStorage(Storage):
                 from gcsfs.core import GCSFileSystem  # not fsspec's "gs": no gRPC probe (module doc)
 
                 session = dict(options.pop("session_kwargs", None) or {})
-                session["trace_configs"] = [*session.get("trace_configs", ()), self._unanswered_trace()]
+                session["trace_configs"] = [*(session.get("trace_configs") or ()), self._unanswered_trace()]
                 self._fs = GCSFileSystem(**options, session_kwargs=session)
             else:
                 self._fs = fsspec.filesystem(self.protocol, **options)
@@ -155,13 +163,14 @@ class ObjectStoreStorage(Storage):
         """An aiohttp trace for gcsfs's session: until the endpoint has answered once, a connection that
         cannot be made raises :class:`EndpointUnansweredError`, which gcsfs does not retry. gcsfs retries a
         failed connection 6 times with backoff (about 35 s) and has no setting to bound it; at the first
-        request that is a wrong endpoint or a store that is down, reported at once. Once anything has
-        answered, a failed connection is a blip, and gcsfs's retries stand."""
+        request that is a wrong endpoint or a store that is down, reported at once. Once a connection was
+        made (a request may have reached the store) or anything answered, a failed connection is a blip, and
+        gcsfs's retries stand: a write that may have landed is never reported as one that did not."""
         import aiohttp
 
         answered = False
 
-        async def on_end(*_: Any) -> None:
+        async def on_end(*_: Any) -> None:  # a response, or a connection made: the endpoint is there
             nonlocal answered
             answered = True
 
@@ -171,6 +180,7 @@ class ObjectStoreStorage(Storage):
 
         trace = aiohttp.TraceConfig()
         trace.on_request_end.append(on_end)
+        trace.on_connection_create_end.append(on_end)
         trace.on_request_exception.append(on_exception)
         return trace
 
@@ -260,8 +270,10 @@ class ObjectStoreStorage(Storage):
             else:
                 from fsspec.asyn import sync
 
+                container, blob_name, _ = self.fs.split_path(self._path(key))  # also container@account roots
+
                 async def head() -> None:  # Get Blob Properties, through the Azure SDK under adlfs
-                    async with self.fs.service_client.get_blob_client(bucket, path) as blob:
+                    async with self.fs.service_client.get_blob_client(container, blob_name) as blob:
                         await blob.get_blob_properties()
 
                 sync(self.fs.loop, head)
@@ -348,17 +360,23 @@ class ObjectStoreStorage(Storage):
         self, prefix: str, base: str, token: str | None, limit: int
     ) -> tuple[builtins.list[str], str | None]:
         """:meth:`_page` through the Azure SDK's container client under adlfs (List Blobs with a delimiter and
-        ``maxresults``); a missing container is an error naming it, an empty prefix lists as empty."""
+        ``maxresults``); a missing container is an error naming it, an empty prefix lists as empty. On ADLS
+        Gen2 (a hierarchical namespace) a directory is listed both as a prefix and as an empty blob marked
+        ``hdi_isfolder``: both are the one sub-prefix ``name/``."""
         from fsspec.asyn import sync
 
-        container, _, path = (base + "/").partition("/")
+        container, key, _ = self.fs.split_path(base)  # adlfs's own: also container@account.dfs... roots
+        path = f"{key}/" if key else ""
 
         async def one_page() -> tuple[builtins.list[str], str | None]:
             async with self.fs.service_client.get_container_client(container) as cc:
-                pages = cc.walk_blobs(name_starts_with=path, delimiter="/", results_per_page=limit).by_page(token)
+                listing = cc.walk_blobs(
+                    name_starts_with=path, delimiter="/", include=["metadata"], results_per_page=limit
+                )
+                pages = listing.by_page(token)
                 names: builtins.list[str] = []
                 async for page in pages:
-                    names = [str(item.name)[len(path) :] async for item in page]
+                    names = [_azure_name(item)[len(path) :] async for item in page]
                     break
                 return names, pages.continuation_token or None
 
@@ -368,7 +386,7 @@ class ObjectStoreStorage(Storage):
             raise self._read_refused(f"list of {prefix or 'the log'}", exc) from exc
         except Exception as exc:
             raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
-        return sorted(n for n in names if n not in ("", "/")), next_token
+        return sorted({n for n in names if n not in ("", "/")}), next_token
 
     def _gcs_page(self, prefix: str, base: str, token: str | None, limit: int) -> tuple[builtins.list[str], str | None]:
         """One listing request through GCS's JSON API: the first ``limit`` names after ``token`` (items and
