@@ -321,12 +321,10 @@ class ObjectStoreStorage(Storage):
         except FileNotFoundError as exc:
             codes = _status_codes(exc)
             if "NoSuchBucket" in codes or "ContainerNotFound" in codes:  # "not found" for a missing bucket too
-                raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
+                raise self._list_failed(prefix, exc) from exc
             return []
-        except PermissionError as exc:
-            raise self._read_refused(f"list of {prefix or 'the log'}", exc) from exc
         except Exception as exc:
-            raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
+            raise self._list_failed(prefix, exc) from exc
         out = []
         for e in entries:
             full = str(e["name"]).rstrip("/")
@@ -337,6 +335,14 @@ class ObjectStoreStorage(Storage):
                 continue
             out.append(name + "/" if e.get("type") == "directory" else name)
         return sorted(set(out))
+
+    def _list_failed(self, prefix: str, exc: BaseException, *, no_bucket: bool = False) -> StorageError:
+        """The error of a listing of ``prefix`` that failed with ``exc``: refused for want of permission
+        (:meth:`_read_refused`), else a :class:`StorageError` with the hint."""
+        what = f"list of {prefix or 'the log'}"
+        if isinstance(exc, PermissionError):
+            return self._read_refused(what, exc)
+        return StorageError(f"{what} failed: {self._hint(exc, no_bucket=no_bucket)}{exc!r}")
 
     def _paged_list(self, prefix: str, base: str) -> builtins.list[str]:
         """Every page of :meth:`_page`, one request each (gcsfs's ``ls`` says "not found" alike for an empty
@@ -382,10 +388,8 @@ class ObjectStoreStorage(Storage):
 
         try:
             names, next_token = sync(self.fs.loop, one_page)
-        except PermissionError as exc:
-            raise self._read_refused(f"list of {prefix or 'the log'}", exc) from exc
         except Exception as exc:
-            raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
+            raise self._list_failed(prefix, exc) from exc
         return sorted({n for n in names if n not in ("", "/")}), next_token
 
     def _gcs_page(self, prefix: str, base: str, token: str | None, limit: int) -> tuple[builtins.list[str], str | None]:
@@ -398,14 +402,10 @@ class ObjectStoreStorage(Storage):
             params["pageToken"] = token
         try:
             page = self.fs.call("GET", "b/{}/o", bucket, json_out=True, **params)
-        except FileNotFoundError as exc:
-            raise StorageError(
-                f"list of {prefix or 'the log'} failed: {self._hint(exc, no_bucket=True)}{exc!r}"
-            ) from exc
-        except PermissionError as exc:
-            raise self._read_refused(f"list of {prefix or 'the log'}", exc) from exc
+        except FileNotFoundError as exc:  # the API answers 404 to a listing only for a missing bucket
+            raise self._list_failed(prefix, exc, no_bucket=True) from exc
         except Exception as exc:
-            raise StorageError(f"list of {prefix or 'the log'} failed: {self._hint(exc)}{exc!r}") from exc
+            raise self._list_failed(prefix, exc) from exc
         names = {p[len(path) :] for p in page.get("prefixes", ())}
         names.update(str(item["name"])[len(path) :] for item in page.get("items", ()))
         names.discard("")
