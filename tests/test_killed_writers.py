@@ -16,6 +16,7 @@ each transactional id has been taken over once more (which completes or aborts w
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -41,11 +42,21 @@ def _journal(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def _wait_for(path: Path, what: str, count: int, timeout: float = 120) -> None:
+def _wait_for(path: Path, what: str, count: int, pids: list[int], timeout: float = 120) -> None:
+    """Wait for ``count`` lines starting with ``what`` in the journal at ``path``; on timeout, the error shows
+    the stacks of the writers ``pids`` (their journals' ``.stacks`` files, written on SIGUSR1)."""
     deadline = time.monotonic() + timeout
     while sum(line.startswith(what) for line in _journal(path)) < count:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{path.name}: fewer than {count} {what!r} lines after {timeout}s: {_journal(path)}")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
+            time.sleep(1)
+            dumps = [p for p in sorted(path.parent.glob("*.stacks")) if p.stat().st_size]
+            stacks = "\n".join(f"== {p.name}\n{p.read_text()}" for p in dumps)
+            raise TimeoutError(
+                f"{path.name}: fewer than {count} {what!r} lines after {timeout}s: {_journal(path)}\n{stacks}"
+            )
         time.sleep(0.05)
 
 
@@ -87,7 +98,7 @@ def test_killed_writers_and_a_zombie_leave_every_transaction_whole(shared_locati
         for round_ in range(KILLS + 1):
             running = [start(f"writer-{w}") for w in range(WRITERS)]
             for _, journal, _ in running:
-                _wait_for(journal, "committed", 1 + rng.randrange(3))
+                _wait_for(journal, "committed", 1 + rng.randrange(3), [p.pid for p, _, _ in running])
             time.sleep(rng.uniform(0.0, 0.3))
             for proc, _, _ in running:
                 if round_ < KILLS:
@@ -98,14 +109,14 @@ def test_killed_writers_and_a_zombie_leave_every_transaction_whole(shared_locati
 
         # The zombie: frozen mid-stream, its id taken over, thawed: fenced at its next commit.
         zombie, zombie_journal, zombie_base = start("zombie")
-        _wait_for(zombie_journal, "committed", 2)
+        _wait_for(zombie_journal, "committed", 2, [zombie.pid])
         os.kill(zombie.pid, signal.SIGSTOP)
         frozen_at = len(_journal(zombie_journal))
         # The freeze may land between a commit point and the journal line after it: the transactions of the
         # zombie decided by then may still be journaled after the thaw, and no other.
         decided = _transactions_of(url, options, zombie_base)
         successor, successor_journal, _ = start("zombie")
-        _wait_for(successor_journal, "committed", 2)
+        _wait_for(successor_journal, "committed", 2, [zombie.pid, successor.pid])
         os.kill(zombie.pid, signal.SIGCONT)
         zombie.join(120)
         assert zombie.exitcode == 0, "the zombie returned (fenced)"

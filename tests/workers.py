@@ -178,12 +178,19 @@ def journaled_writer(
     ``base`` on, spread over every partition; after each commit returns, ``committed <first id>`` is appended to
     ``journal`` (fsynced), so a process killed between its commit point and that line leaves a committed
     transaction unjournaled. Fenced (a newer process took ``tid`` over), it journals ``fenced`` and returns.
+    SIGUSR1 writes the stack of every thread to ``journal + ".stacks"``.
     ``pause_s`` between transactions: writers appending to the same partitions back to back on a store answering
     in 50 ms starve one another (the loser of a slot reads back and probes before its next try, while the
     winner, knowing its tail, appends at once), which is a test of fairness, not of what this one checks."""
+    import faulthandler
+    import signal
+
     import txn_core
     from txn_core.errors import ProducerFencedError
 
+    # A writer that stops making progress explains itself: SIGUSR1 writes every thread's stack beside the journal.
+    stacks = open(journal + ".stacks", "w")  # noqa: SIM115 - open for the life of the process
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     log = txn_core.open_log(url, options)
     parts = log.topics.get(topic).partitions
     producer = log.producer(tid, transaction_timeout_ms=60_000)
