@@ -40,6 +40,7 @@ def exactly_once_worker(
     c = log.subscribe(
         "in", 0, "work", consumer_name=f"w{wid}", ack_timeout_ms=ack_timeout_ms, create=False,
         subscription_type=subscription_type, session_timeout_ms=ack_timeout_ms,
+        key_column="key" if subscription_type == "key_shared" else None,
     )  # fmt: skip
     while not os.path.exists(stop_file):
         recs = c.receive(batch, timeout_s=0.2)

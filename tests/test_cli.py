@@ -436,6 +436,36 @@ def test_subscriptions_list_describe_and_skip_lost_after_retention(tmp_path: Pat
     one_error_line(here("subscriptions", "skip-lost", url, "orders", "2", "billing", code=1), "no partition 2")
 
 
+def test_subscriptions_describe_shows_a_key_shared_ones_key_ranges(tmp_path: Path, here: Callable[..., Result]) -> None:
+    url = str(tmp_path / "log")
+    log = txn_core.open_log(url)
+    log.create_topic("events", 1, pa.schema([("id", pa.int64()), ("user", pa.string())]))
+    p = log.producer()
+    p.send("events", pa.table({"id": list(range(64)), "user": [f"u{i % 16}" for i in range(64)]}), partition=0)
+    p.close()
+    low = log.subscribe("events", 0, "by-user", subscription_type="key_shared", key_column="user",
+                        key_ranges=[(0, 32767)], consumer_name="low")  # fmt: skip
+    high = log.subscribe("events", 0, "by-user", subscription_type="key_shared", key_column="user",
+                         key_ranges=[(32768, 65535)], consumer_name="high")  # fmt: skip
+    assert low.receive(100).num_rows and high.receive(100).num_rows
+    text = here("subscriptions", "describe", url, "events", "0", "by-user").out
+    assert text.splitlines()[1].split()[3:4] == ["key_shared"], text
+    assert f"  consumers: {high.consumer_id}, {low.consumer_id}" in text
+    assert "  keys: column 'user', sticky" in text
+    lines = [line for line in text.splitlines() if "key ranges of" in line]
+    held = {line.split(":")[0].split()[-1]: line.split(": ")[1] for line in lines}
+    assert set(held) == {low.consumer_id, high.consumer_id}
+    spans = [tuple(int(x) for x in r.split("-")) for r in held[low.consumer_id].split(", ")]
+    assert all(0 <= a <= b <= 32767 for a, b in spans)  # the slices it holds: those its keys hash into
+    described = here("subscriptions", "describe", url, "events", "0", "by-user", "--json").json()
+    assert described["type"] == "key_shared" and described["key_mode"] == "sticky"
+    assert described["key_holders"][high.consumer_id] and described["key_column"] == "user"
+    listed = here("subscriptions", "list", url, "--json").json()
+    assert listed == [{"topic": "events", "partition": 0, "subscription": "by-user", "type": "key_shared"}]
+    low.close()
+    high.close()
+
+
 def test_subscriptions_describe_counts_dead_letters(tmp_path: Path, here: Callable[..., Result]) -> None:
     url = str(tmp_path / "log")
     log = txn_core.open_log(url)

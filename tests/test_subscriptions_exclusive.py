@@ -172,7 +172,7 @@ def test_the_type_is_fixed_when_the_subscription_is_created(env: Any) -> None:
     log.subscribe("in", 0, "s").close()
     with pytest.raises(ConfigurationError, match="subscription_type='shared'"):
         log.subscribe("in", 0, "s", subscription_type="exclusive")
-    with pytest.raises(ConfigurationError, match="one of 'shared', 'exclusive', 'failover', got 'exlusive'"):
+    with pytest.raises(ConfigurationError, match="'failover', 'key_shared', got 'exlusive'"):
         log.subscribe("in", 0, "y", subscription_type="exlusive")
     with pytest.raises(ConfigurationError, match="session_timeout_ms must be an int >= 2"):
         log.subscribe("in", 0, "y", subscription_type="exclusive", session_timeout_ms=0)

@@ -22,13 +22,15 @@ import subscription_workers
 import txn_core
 
 SCHEMA = pa.schema([("id", pa.int64())])
+KEYED = pa.schema([("id", pa.int64()), ("key", pa.string())])  # Key_Shared input: key k<id % 13>
 OUT_SCHEMA = pa.schema([("id", pa.int64()), ("worker", pa.int64())])
 
 
 def _setup(url: str, n: int, rng: random.Random, subscription_type: str) -> tuple[list[int], int]:
     """Input: plain entries of 1-7 records and transactions, some aborted. Returns (committed ids, end)."""
     log = txn_core.open_log(url)
-    log.create_topic("in", 1, SCHEMA)
+    keyed = subscription_type == "key_shared"
+    log.create_topic("in", 1, KEYED if keyed else SCHEMA)
     log.create_topic("out", 1, OUT_SCHEMA)
     plain = log.producer()
     tx = log.producer("input-writer", transaction_timeout_ms=60_000)
@@ -40,19 +42,24 @@ def _setup(url: str, n: int, rng: random.Random, subscription_type: str) -> tupl
         i = ids[-1] + 1
         if rng.random() < 0.3:
             tx.begin_transaction()
-            tx.send("in", pa.table({"id": ids}), partition=0)
+            tx.send("in", _input(ids, keyed), partition=0)
             if rng.random() < 0.3:
                 tx.abort_transaction()
                 continue
             tx.commit_transaction()
         else:
-            plain.send("in", pa.table({"id": ids}), partition=0)
+            plain.send("in", _input(ids, keyed), partition=0)
             plain.flush()
         committed += ids
     tx.close()
     plain.close()
-    log.subscribe("in", 0, "work", range_size=16, subscription_type=subscription_type).close()
+    key_column = "key" if keyed else None
+    log.subscribe("in", 0, "work", range_size=16, subscription_type=subscription_type, key_column=key_column).close()
     return committed, log.partition_log("topics/in/00000").end_offset()
+
+
+def _input(ids: list[int], keyed: bool) -> pa.Table:
+    return pa.table({"id": ids, "key": [f"k{i % 13}" for i in ids]} if keyed else {"id": ids})
 
 
 def _run(
@@ -103,7 +110,7 @@ def _run(
                 ids = list(range(next_id, next_id + 100))
                 next_id += 100
                 for first in range(0, len(ids), 5):
-                    more.send("in", pa.table({"id": ids[first : first + 5]}), partition=0)
+                    more.send("in", _input(ids[first : first + 5], subscription_type == "key_shared"), partition=0)
                 more.flush()
                 expected = expected + ids
                 end = log.partition_log("topics/in/00000").end_offset()
@@ -185,6 +192,18 @@ def test_failover_active_consumer_killed_hands_over_exactly_once(tmp_path: Path)
     record lost and none processed twice."""
     result = _run(
         tmp_path, workers=3, records=1500, kills=6, freezes=1, seed=3, budget_s=300, subscription_type="failover"
+    )
+    _check(result)
+    assert result["kills"] == 6 and result["freezes"] == 1
+
+
+@pytest.mark.chaos
+def test_key_shared_consumers_killed_and_frozen_hand_keys_over_exactly_once(tmp_path: Path) -> None:
+    """Three consumers of a Key_Shared subscription split 13 keys; random ones are hard-killed (SIGKILL) and
+    restarted, and one is frozen past its session and transaction timeout: their keys go to the others and come
+    back, with no record lost and none processed twice."""
+    result = _run(
+        tmp_path, workers=3, records=1500, kills=6, freezes=1, seed=5, budget_s=300, subscription_type="key_shared"
     )
     _check(result)
     assert result["kills"] == 6 and result["freezes"] == 1

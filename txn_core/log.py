@@ -264,12 +264,17 @@ class Log:
         session_timeout_ms: int = 30_000,
         nack_backoff: RedeliveryBackoff | None = None,
         dead_letter_policy: DeadLetterPolicy | None = None,
+        key_column: str | None = None,
+        key_ranges: Sequence[tuple[int, int]] | None = None,
     ) -> SubscriptionConsumer:
         """A consumer of the named subscription on one topic partition (created unless ``create=False``):
         ``subscription_type`` "shared" (with every other consumer of it), "exclusive" (one consumer at a
         time; a second gets ``ConsumerBusyError`` until the first closes or goes ``session_timeout_ms``
-        without a ``receive``) or "failover" (one active consumer, chosen by name and partition; the next
-        takes over when it closes or its session lapses). Acknowledgements may be transactional.
+        without a ``receive``), "failover" (one active consumer, chosen by name and partition; the next
+        takes over when it closes or its session lapses) or "key_shared" (the records of one value of
+        ``key_column`` go to one consumer at a time, in order; the keys are split evenly over the consumers, or
+        each names its ``key_ranges``, inclusive pairs of hashes in 0..65535 on multiples of 1024).
+        Acknowledgements may be transactional.
         ``nack_backoff`` (a ``RedeliveryBackoff``) grows the delay of repeated negative acknowledgements;
         ``dead_letter_policy`` (a ``DeadLetterPolicy``) moves a record delivered too often to a dead-letter
         topic, in the transaction that acknowledges it. See
@@ -293,6 +298,8 @@ class Log:
             session_timeout_ms=session_timeout_ms,
             nack_backoff=nack_backoff,
             dead_letter_policy=dead_letter_policy,
+            key_column=key_column,
+            key_ranges=key_ranges,
         )
 
     def subscription(self, topic: str, partition: int, subscription: str) -> Subscription:

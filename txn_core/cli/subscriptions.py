@@ -40,8 +40,9 @@ def register(sub: SubParsers, common: Parser) -> None:
         (
             "describe",
             "type, active consumer, mark-delete position, pending acknowledgements, backlog",
-            "The subscription's type (shared, exclusive or failover) and, for an exclusive or failover one, the "
-            "consumer delivering now (and a failover one's consumers); its state replayed from its ack log: the "
+            "The subscription's type (shared, exclusive, failover or key_shared) and, for an exclusive or failover "
+            "one, the consumer delivering now (and a failover or key_shared one's consumers; a key_shared one's key "
+            "column and the hash ranges each consumer holds now); its state replayed from its ack log: the "
             "mark-delete position (every offset below it is acknowledged), records acknowledged above it, open "
             "transactions holding acknowledgements, and the backlog (offsets between the mark-delete position and "
             "the last stable offset); the records moved to its dead-letter topic.",
@@ -121,12 +122,17 @@ def describe(args: argparse.Namespace) -> int:
         value["type"] = d.type.value
         print_json(value)
         return 0
-    active = "" if d.type is SubscriptionType.SHARED else (d.active_consumer or "(none)")
+    shared = (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
+    active = "" if d.type in shared else (d.active_consumer or "(none)")
     header = ["topic", "partition", "subscription", "type", "active consumer", "mark-delete", "acked above"]
     row = [d.topic, d.partition, d.name, d.type.value, active, d.mark_delete, d.acked_above_mark_delete]
     print_table([*header, "pending txns", "backlog"], [[*row, len(d.pending), d.backlog]])
-    if d.type is SubscriptionType.FAILOVER:
+    if d.type in (SubscriptionType.FAILOVER, SubscriptionType.KEY_SHARED):
         print(f"  consumers: {', '.join(d.consumers) or '(none)'}")
+    if d.type is SubscriptionType.KEY_SHARED:
+        print(f"  keys: column {d.key_column!r}, {d.key_mode}")
+        for consumer, ranges in d.key_holders.items():
+            print(f"  key ranges of {consumer}: {', '.join(f'{a}-{b}' for a, b in ranges)}")
     if d.dead_lettered is not None:
         print(f"  dead letters: {d.dead_lettered} in {d.dead_letter_topic}")
     for txn, offsets in sorted(d.pending.items(), key=lambda item: str(item[0])):

@@ -78,6 +78,8 @@ class MemoryStorage(Storage):
                 raise ObjectNotFoundError(f"{key} does not exist") from exc
 
     def list(self, prefix: str) -> list[str]:
+        if prefix and not prefix.endswith("/"):  # the contract (Storage.list): a local directory lists nothing else
+            raise ValueError(f"list({prefix!r}): a prefix ends in '/'")
         objects, lock = _store(self.name)
         with lock:
             keys = [k for k in objects if k.startswith(prefix)]

@@ -25,7 +25,10 @@ record is delivered to one of them at a time (range leases, see :mod:`.dispatche
 ``session_timeout_ms`` (its hold, see :mod:`.hold`, lapses). A Failover one (``subscription_type="failover"``)
 takes any number of consumers, of which one is active: the ``partition % n``-th of their ids sorted (so
 by consumer name); when it closes or its session lapses the next one takes over from the acknowledged
-position (see :mod:`.seats`).
+position (see :mod:`.seats`). A Key_Shared one (``subscription_type="key_shared"``, ``key_column=...``) takes
+any number of consumers and gives the records of one key to one of them at a time, in order: the keys are
+split evenly over the consumers, or each names its ``key_ranges`` of hashes (sticky); a consumer that joins
+gets a key once the previous holder's deliveries of it are settled (see :mod:`.keydispatch`).
 
 A record is delivered again when it is not acknowledged within the ack timeout, when it is negatively
 acknowledged (after ``nack_delay_ms``, or a growing delay with ``nack_backoff``), or when the transaction
@@ -51,9 +54,12 @@ from txn_core.clients.subscriptions import trim as trimming
 from txn_core.clients.subscriptions.acklog import AckLog
 from txn_core.clients.subscriptions.deadletter import DeadLetters
 from txn_core.clients.subscriptions.dispatcher import Dispatcher
+from txn_core.clients.subscriptions.keydispatch import KeyDispatcher
+from txn_core.clients.subscriptions.keys import parse_ranges
+from txn_core.clients.subscriptions.members import Membership
 from txn_core.clients.subscriptions.records import AckOp, AckRecord, entry_acks
 from txn_core.clients.subscriptions.redelivery import DeadLetterPolicy, RedeliveryBackoff
-from txn_core.clients.subscriptions.seats import seat_for
+from txn_core.clients.subscriptions.seats import KeySharedSeat, Seat, seat_for
 from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
 from txn_core.clients.subscriptions.store import (
     DEFAULT_RANGE_SIZE,
@@ -92,9 +98,11 @@ def open_meta(
     initial_position: str,
     range_size: int | None,
     subscription_type: SubscriptionType = SubscriptionType.SHARED,
+    key_column: str | None = None,
+    key_mode: str | None = None,
 ) -> SubscriptionMeta:
     """The subscription's metadata, creating it if asked (checks the topic partition exists and that the
-    stored type is the one asked for)."""
+    stored type, and a Key_Shared one's key column and mode, are the ones asked for)."""
     ctx = log.context
     ref = validate_ref(topic, partition, name)
     meta = ctx.topics.get(topic)
@@ -104,6 +112,20 @@ def open_meta(
         raise ConfigurationError(f"initial_position must be one of {INITIAL_POSITIONS}, got {initial_position!r}")
     if range_size is not None and (not isinstance(range_size, int) or not 1 <= range_size <= 1 << 20):
         raise ConfigurationError(f"range_size must be an int in [1, {1 << 20}], got {range_size!r}")
+    if subscription_type is SubscriptionType.KEY_SHARED:
+        columns = meta.schema.names
+        if key_column is None:
+            raise ConfigurationError(
+                f"a key_shared subscription needs key_column, the column whose value is the key (one of {columns})"
+            )
+        if key_column not in columns:
+            raise ConfigurationError(
+                f"key_column {key_column!r} is not a column of topic {topic!r}: columns are {columns}"
+            )
+    elif key_column is not None or key_mode == "sticky":
+        raise ConfigurationError(
+            f"key_column and key_ranges are for subscription_type='key_shared', not {subscription_type.value!r}"
+        )
     if not create:
         stored = read_meta(ctx.storage, ref)
     else:
@@ -114,12 +136,32 @@ def open_meta(
             initial = available_end(ctx.partition_state(path, shared=False), READ_COMMITTED)  # its own: not thread-safe
         stored = create_meta(
             ctx.storage,
-            SubscriptionMeta(ref, initial, range_size or DEFAULT_RANGE_SIZE, ctx.clock(), subscription_type),
+            SubscriptionMeta(
+                ref,
+                initial,
+                range_size or DEFAULT_RANGE_SIZE,
+                ctx.clock(),
+                subscription_type,
+                key_column if subscription_type is SubscriptionType.KEY_SHARED else None,
+                key_mode if subscription_type is SubscriptionType.KEY_SHARED else None,
+            ),
         )
     if stored.type is not subscription_type:
         raise ConfigurationError(
             f"{ref} was created as {stored.type.value}; it cannot be opened as {subscription_type.value}. "
             f"Subscribe with subscription_type={stored.type.value!r}, or use another subscription name"
+        )
+    if stored.type is SubscriptionType.KEY_SHARED and stored.key_column != key_column:
+        raise ConfigurationError(
+            f"{ref} keys records by column {stored.key_column!r}; it cannot be opened with key_column={key_column!r}. "
+            "Subscribe with the same key_column, or use another subscription name"
+        )
+    if stored.type is SubscriptionType.KEY_SHARED and stored.key_mode != key_mode:
+        how = {"sticky": "with key_ranges", "auto_split": "without key_ranges"}
+        raise ConfigurationError(
+            f"{ref} was created {stored.key_mode}: its consumers subscribe {how[stored.key_mode or 'auto_split']} "
+            f"(this one subscribed {how[key_mode or 'auto_split']}; Pulsar refuses mixing them too). Use another "
+            "subscription name for the other mode"
         )
     if range_size is not None and stored.range_size != range_size:
         raise ConfigurationError(
@@ -150,9 +192,12 @@ class SubscriptionConsumer:
         session_timeout_ms: int = 30_000,
         nack_backoff: RedeliveryBackoff | None = None,
         dead_letter_policy: DeadLetterPolicy | None = None,
+        key_column: str | None = None,
+        key_ranges: Iterable[tuple[int, int]] | None = None,
     ) -> None:
         ctx = log.context
         kind = SubscriptionType.parse(subscription_type)
+        ranges = None if key_ranges is None else parse_ranges(key_ranges)
         if consumer_name is not None:
             validate_name("consumer", consumer_name)
         for what, value, low in (
@@ -183,29 +228,51 @@ class SubscriptionConsumer:
             initial_position=initial_position,
             range_size=range_size,
             subscription_type=kind,
+            key_column=key_column,
+            key_mode=None if kind is not SubscriptionType.KEY_SHARED else "auto_split" if ranges is None else "sticky",
         )
+        if kind is not SubscriptionType.KEY_SHARED and ranges is not None:
+            raise ConfigurationError(f"key_ranges are for subscription_type='key_shared', not {kind.value!r}")
         self.ref: SubscriptionRef = self.meta.ref
         self.consumer_id = f"{consumer_name or 'consumer'}-{uuid.uuid4().hex[:12]}"
         self.trim_min_age_ms = trim_min_age_ms
         self.acklog = AckLog(ctx, self.meta)
-        self._dispatch = Dispatcher(
-            ctx,
-            self.meta,
-            self.acklog,
-            self.consumer_id,
-            ack_timeout_ms=ack_timeout_ms,
-            nack_delay_ms=nack_delay_ms,
-            max_unacked=max_unacked,
-            max_ranges=8,
-            backoff=nack_backoff,
-        )
+        self._dispatch: Dispatcher
+        self._seat: Seat
+        if kind is SubscriptionType.KEY_SHARED:
+            extra = {} if ranges is None else {"key_ranges": [list(r) for r in ranges]}
+            seat = KeySharedSeat(Membership(ctx.storage, self.ref, self.consumer_id, session_timeout_ms, extra), ranges)
+            self._dispatch = KeyDispatcher(
+                ctx,
+                self.meta,
+                self.acklog,
+                self.consumer_id,
+                wanted=seat.wanted,
+                ack_timeout_ms=ack_timeout_ms,
+                nack_delay_ms=nack_delay_ms,
+                max_unacked=max_unacked,
+                backoff=nack_backoff,
+            )
+            self._seat = seat
+        else:
+            self._dispatch = Dispatcher(
+                ctx,
+                self.meta,
+                self.acklog,
+                self.consumer_id,
+                ack_timeout_ms=ack_timeout_ms,
+                nack_delay_ms=nack_delay_ms,
+                max_unacked=max_unacked,
+                max_ranges=8,
+                backoff=nack_backoff,
+            )
+            self._seat = seat_for(self.meta, self.consumer_id, session_timeout_ms, self._dispatch)
         self._dead = (
             None if dead_letter_policy is None else DeadLetters(ctx, self.ref, self.consumer_id, dead_letter_policy)
         )
         self._last_trim = ctx.clock()
         self._closed = False
         self._lock = threading.RLock()
-        self._seat = seat_for(self.meta, self.consumer_id, session_timeout_ms, self._dispatch)
         self._seat.join(self._last_trim)  # Exclusive: ConsumerBusyError if someone else holds it
 
     def __repr__(self) -> str:

@@ -20,7 +20,7 @@ next ack record, so the mark-delete position can pass them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -106,16 +106,7 @@ class Dispatcher:
     # --- receiving ------------------------------------------------------------------------------
 
     def receive(self, max_records: int, now: int) -> pa.Table:
-        state = self.acklog.refresh(resolve=True)
-        for o in [o for o in self.inflight if o < state.mark_delete]:
-            del self.inflight[o]
-        for o in [o for o in self.nacked if o < state.mark_delete]:
-            del self.nacked[o]
-        self.counts.forget_below(state.mark_delete)
-        for k in [k for k, lease in self.owned.items() if not lease.valid(now)]:
-            self._drop(k)
-        for k in [k for k, lease in self.others.items() if not lease.valid(now)]:
-            del self.others[k]
+        self._catch_up(now)
         out: list[pa.Table] = []
         budget = max_records
         try:
@@ -134,6 +125,22 @@ class Dispatcher:
             if not any(t.num_rows for t in out):
                 raise
             logger.warning("%s; delivering records already taken first", exc)
+        return self._finish(out)
+
+    def _catch_up(self, now: int) -> None:
+        """Replay the ack log, forget what the mark-delete position passed, and drop lapsed leases."""
+        state = self.acklog.refresh(resolve=True)
+        for o in [o for o in self.inflight if o < state.mark_delete]:
+            del self.inflight[o]
+        for o in [o for o in self.nacked if o < state.mark_delete]:
+            del self.nacked[o]
+        self.counts.forget_below(state.mark_delete)
+        for k in [k for k, lease in self.owned.items() if not lease.valid(now)]:
+            self._drop(k)
+        for k in [k for k, lease in self.others.items() if not lease.valid(now)]:
+            del self.others[k]
+
+    def _finish(self, out: list[pa.Table]) -> pa.Table:
         tables = [t for t in out if t.num_rows]
         if not tables:
             return empty_table(self.schema)
@@ -156,20 +163,7 @@ class Dispatcher:
         if half_spent and busy:
             return []  # nothing more under a half-spent lease while records of it are in flight
         revisit = self.revisit.setdefault(k, set())
-        due = []
-        for o in sorted(revisit):
-            st = state.status(o)
-            if st is AckStatus.ACKED:
-                revisit.discard(o)
-            elif st is AckStatus.UNACKED and self.nacked.get(o, 0) <= now:
-                due.append(o)
-        again = None
-        if due:
-            again, _ = self._read(due[0], due[-1] + 1)
-            if again is not None:
-                import pyarrow.compute as pc  # here, not at import: it costs every txnlog process ~0.1 s
-
-                again = again.filter(pc.is_in(again.column("_offset"), pa.array(due, pa.int64())))
+        again = self._again(k, now)
         pos = max(self.scan.get(k, first), state.mark_delete)
         fresh, scanned_to = self._read(pos, end) if pos < end else (None, pos)
         if pos >= end:
@@ -200,6 +194,27 @@ class Dispatcher:
             elif all(t is not fresh for t in wanted):  # nothing in it for us: look further next time
                 self.scan[k] = scanned_to
         return out
+
+    def _again(self, k: int, now: int) -> pa.Table | None:
+        """The records of ``k`` to look at again that may go out now (unacknowledged, their redelivery delay
+        over); forgets those acknowledged meanwhile."""
+        state = self.acklog.state
+        revisit = self.revisit.setdefault(k, set())
+        due = []
+        for o in sorted(revisit):
+            st = state.status(o)
+            if st is AckStatus.ACKED:
+                revisit.discard(o)
+            elif st is AckStatus.UNACKED and self.nacked.get(o, 0) <= now:
+                due.append(o)
+        if not due:
+            return None
+        again, _ = self._read(due[0], due[-1] + 1)
+        if again is None:
+            return None
+        import pyarrow.compute as pc  # here, not at import: it costs every txnlog process ~0.1 s
+
+        return again.filter(pc.is_in(again.column("_offset"), pa.array(due, pa.int64())))
 
     def _claim_and_deliver(self, budget: int, now: int, out: list[pa.Table]) -> None:
         """Claim ranges with deliverable records and take them into ``out`` (the caller's: what was taken
@@ -267,14 +282,22 @@ class Dispatcher:
     def _take(self, k: int, lease: Lease, table: pa.Table, budget: int, now: int) -> tuple[pa.Table, int | None]:
         """Deliver up to ``budget`` deliverable records of ``table`` (range ``k``); returns them and, if the
         budget ran out, the offset where the next look must start."""
+        return self._take_rows(table, [k] * table.num_rows, {k: lease}, budget, now)
+
+    def _take_rows(
+        self, table: pa.Table, ranges: Sequence[int], leases: Mapping[int, Lease], budget: int, now: int
+    ) -> tuple[pa.Table, int | None]:
+        """As :meth:`_take`, for rows of several ranges: row ``i`` belongs to ``ranges[i]``, held under
+        ``leases[ranges[i]]``; rows are taken in table order."""
         state = self.acklog.state
-        revisit = self.revisit.setdefault(k, set())
         keep: list[int] = []
         stop: int | None = None
-        for i, o in enumerate(table.column("_offset").to_pylist()):
+        for i, (o, k) in enumerate(zip(table.column("_offset").to_pylist(), ranges, strict=True)):
+            lease = leases[k]
             d = self.inflight.get(o)
             if d is not None and d.range == k and d.gen == lease.gen:
                 continue
+            revisit = self.revisit.setdefault(k, set())
             if self.nacked.get(o, 0) > now:
                 revisit.add(o)
                 continue

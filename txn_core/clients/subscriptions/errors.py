@@ -13,7 +13,8 @@ class SubscriptionNotFoundError(TxnLogError, LookupError):
 
 
 class ConsumerBusyError(TxnLogError):
-    """An Exclusive subscription is held by another consumer (Pulsar's ``ConsumerBusyException``).
+    """An Exclusive subscription is held by another consumer, or a sticky Key_Shared consumer's key ranges
+    overlap another's (Pulsar's ``ConsumerBusyException``).
 
     ``holder`` is that consumer's id (its name and a random suffix), ``expires_ms`` when its hold lapses
     unless renewed (log clock, milliseconds since the epoch)."""

@@ -103,6 +103,10 @@ class LeaseStore:
             return lease
         return None
 
+    def read(self, k: int, gen: int) -> Lease:
+        """Generation ``gen`` of range ``k``'s lease (:class:`ObjectNotFoundError` if absent)."""
+        return self._read(k, gen)
+
     def _read(self, k: int, gen: int) -> Lease:
         key = self._slots(k).key(gen)
         return Lease.from_json(envelope.read_json(self.storage, key, _KIND), key)

@@ -1,11 +1,11 @@
-"""The consumers of a Failover subscription, and which one is active (PROTOCOL.md "Subscription types",
-"Failover").
+"""The consumers of a Failover or Key_Shared subscription, and which one is active (PROTOCOL.md "Subscription
+types", "Failover", "Key_Shared").
 
 Each consumer keeps a **member object** ``members/<consumer id>.<013d expires_ms>`` (envelope kind 10,
-JSON ``{"owner", "acquired_ms", "expires_ms"}``): the expiry is in the name, so one LIST gives every
-member and how long it counts, with no reads. A member renews by creating a new object once half its
-session timeout is spent and then deleting its older ones; leaving deletes them all. A member counts while
-its newest object's expiry is in the future (by the looker's clock).
+JSON ``{"owner", "acquired_ms", "expires_ms"}``, and ``"key_ranges"`` for a sticky Key_Shared consumer): the
+expiry is in the name, so one LIST gives every member and how long it counts, with no reads. A member renews
+by creating a new object once half its session timeout is spent and then deleting its older ones; leaving
+deletes them all. A member counts while its newest object's expiry is in the future (by the looker's clock).
 
 The **active consumer** of partition ``p`` is ``sorted(member ids)[p % len(members)]``, as Pulsar picks the
 active consumer of a partitioned topic's failover subscription (consumer ids begin with the consumer's
@@ -20,8 +20,10 @@ ones leaves both; the newest counts.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from txn_core.clients.subscriptions.store import SubscriptionRef
+from txn_core.errors import ObjectNotFoundError
 from txn_core.format import envelope
 from txn_core.storage.base import Storage
 
@@ -46,8 +48,11 @@ class Membership:
     """One consumer's membership and its view of the others (see module doc). Not thread-safe: the consumer
     locks."""
 
-    def __init__(self, storage: Storage, ref: SubscriptionRef, owner: str, ttl_ms: int) -> None:
+    def __init__(
+        self, storage: Storage, ref: SubscriptionRef, owner: str, ttl_ms: int, extra: dict[str, Any] | None = None
+    ) -> None:
         self.storage = storage
+        self.extra = dict(extra or {})  # more fields of this member's objects
         self.prefix = ref.members
         self.owner = owner
         self.ttl_ms = ttl_ms
@@ -63,7 +68,7 @@ class Membership:
             return
         expires = now_ms + self.ttl_ms
         name = f"{self.owner}.{expires:013d}"
-        value = {"owner": self.owner, "acquired_ms": now_ms, "expires_ms": expires}
+        value = {**self.extra, "owner": self.owner, "acquired_ms": now_ms, "expires_ms": expires}
         envelope.create_json(self.storage, self.prefix + name, _KIND, value)  # unique name: ours either way
         self._acquired = now_ms
         old, self._mine = self._mine, [name]
@@ -102,6 +107,21 @@ class Membership:
 
     def _delete(self, name: str) -> None:
         self.storage.delete(self.prefix + name)  # idempotent: a racing member may have deleted it
+
+    def objects_of_others(self, now_ms: int) -> dict[str, dict[str, Any]]:
+        """The newest object of every other counting member (one LIST, one read each; a member whose object
+        vanished meanwhile renewed or left, and is left out)."""
+        newest: dict[str, tuple[int, str]] = {}
+        for name, owner, expires in _objects(self.storage, self.prefix):
+            if owner != self.owner and now_ms < expires and expires > newest.get(owner, (0, ""))[0]:
+                newest[owner] = (expires, name)
+        out: dict[str, dict[str, Any]] = {}
+        for owner, (_expires, name) in sorted(newest.items()):
+            try:
+                out[owner] = envelope.read_json(self.storage, self.prefix + name, _KIND)
+            except ObjectNotFoundError:
+                continue
+        return out
 
 
 def list_members(storage: Storage, ref: SubscriptionRef, now_ms: int) -> list[str]:

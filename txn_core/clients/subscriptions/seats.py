@@ -7,6 +7,9 @@ whatever the seat says — a seat only narrows who claims ranges:
 * :class:`Seat` (Shared): every consumer delivers;
 * :class:`ExclusiveSeat`: only the consumer holding the hold (:mod:`.hold`); the others are refused with
   :class:`ConsumerBusyError`;
+* :class:`KeySharedSeat`: every member delivers, the keys of the slices it wants (:mod:`.keys`): an even
+  split over the members, or its sticky ranges (refused with :class:`ConsumerBusyError` if they overlap
+  another member's);
 * :class:`FailoverSeat`: only the active member (:mod:`.members`), once it holds the hold; the others wait.
   A member that is no longer the active one releases the hold at once, and each range it leases as soon as
   nothing of it is in flight, so the records it is still processing go to no one else meanwhile. A standby
@@ -19,6 +22,7 @@ from __future__ import annotations
 from txn_core.clients.subscriptions.dispatcher import Dispatcher
 from txn_core.clients.subscriptions.errors import ConsumerBusyError
 from txn_core.clients.subscriptions.hold import Hold
+from txn_core.clients.subscriptions.keys import auto_split, slices_in
 from txn_core.clients.subscriptions.members import Membership
 from txn_core.clients.subscriptions.store import SubscriptionMeta, SubscriptionType
 
@@ -101,6 +105,51 @@ class FailoverSeat(Seat):
 
     def leave(self, now_ms: int) -> None:
         self.hold.release(now_ms)
+        self.members.leave()
+
+
+class KeySharedSeat(Seat):
+    """A member of a Key_Shared subscription (see module doc): ``ranges`` are its sticky key ranges (checked,
+    see :func:`.keys.parse_ranges`), None to split the keys with the other members."""
+
+    def __init__(self, members: Membership, ranges: tuple[tuple[int, int], ...] | None) -> None:
+        self.members = members
+        self.ranges = ranges
+        self._sticky = None if ranges is None else slices_in(ranges)
+
+    def join(self, now_ms: int) -> None:
+        self.members.keep(now_ms)
+        self.members.members(now_ms, fresh=True)
+        if self.ranges is None:
+            return
+        conflicts: list[tuple[str, list[tuple[int, ...]], int]] = []  # (consumer, its overlapping ranges, expiry)
+        for other, value in self.members.objects_of_others(now_ms).items():
+            theirs = [tuple(r) for r in value.get("key_ranges") or ()]
+            overlap = [r for r in theirs if any(r[0] <= mine[1] and mine[0] <= r[1] for mine in self.ranges)]
+            if overlap:
+                conflicts.append((other, overlap, int(value.get("expires_ms", now_ms))))
+        if conflicts:
+            self.members.leave()
+            held = "; ".join(f"{overlap} held by consumer {other!r}" for other, overlap, _ in conflicts)
+            raise ConsumerBusyError(
+                f"sticky key ranges {list(self.ranges)} overlap {held}, of the same Key_Shared subscription (sticky "
+                "consumers divide the hash space 0..65535 between them). Name ranges no live consumer holds, or "
+                "close those consumers first",
+                holder=conflicts[0][0],
+                expires_ms=conflicts[0][2],
+            )
+
+    def may_deliver(self, now_ms: int) -> bool:
+        self.members.keep(now_ms)
+        return True
+
+    def wanted(self, now_ms: int) -> frozenset[int]:
+        """The key slices this member should hold now."""
+        if self._sticky is not None:
+            return self._sticky
+        return auto_split(self.members.members(now_ms), self.members.owner)
+
+    def leave(self, now_ms: int) -> None:
         self.members.leave()
 
 

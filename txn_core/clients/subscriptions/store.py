@@ -13,7 +13,9 @@ Under ``subscriptions/<topic>/<05d partition>/<name>/``:
 ``leases/<020d range>-<020d g>``  dispatch lease generation ``g`` of an offset range (see ``leases.py``)
 ``hold/<020d g>``               generation ``g`` of the hold of an Exclusive or Failover subscription: who
                                 delivers now (see ``hold.py``)
-``members/<id>.<013d ms>``      a Failover subscription's member ``id``, counting until ``ms`` (``members.py``)
+``members/<id>.<013d ms>``      a Failover or Key_Shared subscription's member ``id``, counting until ``ms``
+                                (``members.py``)
+``keys/<020d slice>-<020d g>``  lease generation ``g`` of a Key_Shared subscription's key slice (``keys.py``)
 ==============================  ===================================================================
 
 Snapshots carry their write time in their name so that the trimmer can pick, from one LIST, the newest
@@ -38,6 +40,8 @@ from txn_core.storage.base import Storage
 META_VERSION = 1
 META_VERSION_TYPED = 2
 DEFAULT_RANGE_SIZE = 256
+#: How the consumers of a Key_Shared subscription divide the keys (Pulsar's AUTO_SPLIT and STICKY).
+KEY_MODES = ("auto_split", "sticky")
 _KIND = envelope.ObjectKind.SUBSCRIPTION
 
 
@@ -47,6 +51,7 @@ class SubscriptionType(enum.Enum):
     SHARED = "shared"  # any number of consumers, records spread over them by range leases
     EXCLUSIVE = "exclusive"  # one consumer; a second is refused while the first holds the subscription
     FAILOVER = "failover"  # any number of consumers; one of them, chosen by name and partition, is active
+    KEY_SHARED = "key_shared"  # any number of consumers; the records of one key go to one of them at a time
 
     @classmethod
     def parse(cls, value: str | SubscriptionType) -> SubscriptionType:
@@ -96,6 +101,10 @@ class SubscriptionRef:
     def members(self) -> str:
         return self.root + "members/"
 
+    @property
+    def keys(self) -> str:
+        return self.root + "keys/"
+
     def __str__(self) -> str:
         return f"subscription {self.name!r} of {self.topic}-{self.partition}"
 
@@ -109,6 +118,10 @@ class SubscriptionMeta:
     range_size: int  # offsets per dispatch lease range
     created_ms: int
     type: SubscriptionType = SubscriptionType.SHARED
+    #: Key_Shared: the column whose value is the key, and whether consumers split the keys among themselves
+    #: ("auto_split") or name their ranges ("sticky")
+    key_column: str | None = None
+    key_mode: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         value: dict[str, Any] = {
@@ -123,6 +136,9 @@ class SubscriptionMeta:
         if self.type is not SubscriptionType.SHARED:
             value["version"] = META_VERSION_TYPED
             value["type"] = self.type.value
+        if self.type is SubscriptionType.KEY_SHARED:
+            value["key_column"] = self.key_column
+            value["key_mode"] = self.key_mode
         return value
 
     @classmethod
@@ -132,7 +148,13 @@ class SubscriptionMeta:
             if version not in (META_VERSION, META_VERSION_TYPED) or v["name"] != ref.name or v["topic"] != ref.topic:
                 raise CorruptDataError(f"{key}: metadata does not describe {ref}", key)
             kind = SubscriptionType(v["type"]) if version == META_VERSION_TYPED else SubscriptionType.SHARED
-            return cls(ref, int(v["initial_offset"]), int(v["range_size"]), int(v["created_ms"]), kind)
+            key_column = key_mode = None
+            if kind is SubscriptionType.KEY_SHARED:
+                key_column, key_mode = str(v["key_column"]), str(v["key_mode"])
+                if key_mode not in KEY_MODES:
+                    raise ValueError(f"key_mode {key_mode!r}")
+            created = int(v["created_ms"])
+            return cls(ref, int(v["initial_offset"]), int(v["range_size"]), created, kind, key_column, key_mode)
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptDataError(f"{key}: malformed subscription metadata: {exc!r}", key) from exc
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from txn_core.clients.subscriptions import trim as trimming
 from txn_core.clients.subscriptions.acklog import AckLog
 from txn_core.clients.subscriptions.hold import HOLD_RANGE, HoldStore
+from txn_core.clients.subscriptions.keys import KeyLeaseStore, ranges_of_slices
 from txn_core.clients.subscriptions.leases import LeaseStore
 from txn_core.clients.subscriptions.members import list_members
 from txn_core.clients.subscriptions.redelivery import DeadLetterPolicy
@@ -19,6 +20,7 @@ from txn_core.clients.subscriptions.store import (
     read_meta,
     validate_ref,
 )
+from txn_core.errors import CorruptDataError, ObjectNotFoundError
 from txn_core.format import paths
 from txn_core.format.ids import TxnId
 from txn_core.partition.ages import SAFE_ENTRY_AGE_MS, check_min_age_of
@@ -45,9 +47,13 @@ class SubscriptionDescription:
     type: SubscriptionType
     active_consumer: str | None  # Exclusive, Failover: the consumer holding the subscription now (None: nobody)
     active_until_ms: int | None  # when its hold lapses unless renewed
-    consumers: tuple[str, ...]  # Failover: the members that count now, sorted
+    consumers: tuple[str, ...]  # Failover, Key_Shared: the members that count now, sorted
     dead_letter_topic: str  # where its consumers' dead letters go (by default; see DeadLetterPolicy)
     dead_lettered: int | None  # committed records in that topic's partition of this one (None: no such topic)
+    key_column: str | None = None  # Key_Shared: the column whose value is the key
+    key_mode: str | None = None  # Key_Shared: "auto_split" or "sticky"
+    #: Key_Shared: the hash ranges (inclusive) each consumer holds a valid slice lease of now
+    key_holders: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
 
 class Subscription:
@@ -58,7 +64,11 @@ class Subscription:
         self.meta: SubscriptionMeta = read_meta(ctx.storage, validate_ref(topic, partition, name))
         self.ref = self.meta.ref
         self.acklog = AckLog(ctx, self.meta)
-        self.leases = LeaseStore(ctx.storage, self.ref, self.meta.range_size)
+        self.leases: LeaseStore = (
+            KeyLeaseStore(ctx.storage, self.ref)
+            if self.meta.type is SubscriptionType.KEY_SHARED
+            else LeaseStore(ctx.storage, self.ref, self.meta.range_size)
+        )
         self.holds = HoldStore(ctx.storage, self.ref)
 
     def state(self) -> SubscriptionState:
@@ -79,11 +89,13 @@ class Subscription:
         start = self.acklog.plog.log_start(refresh=True)
         end_slot, _ = self.acklog.plog.tail(refresh=True)
         now = self.ctx.clock()
-        hold = self.holds.latest(HOLD_RANGE) if self.meta.type is not SubscriptionType.SHARED else None
+        held = self.meta.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
+        hold = self.holds.latest(HOLD_RANGE) if held else None
         if hold is not None and not hold.valid(now):
             hold = None
-        failover = self.meta.type is SubscriptionType.FAILOVER
-        members = tuple(list_members(self.ctx.storage, self.ref, now)) if failover else ()
+        key_shared = self.meta.type is SubscriptionType.KEY_SHARED
+        with_members = self.meta.type is SubscriptionType.FAILOVER or key_shared
+        members = tuple(list_members(self.ctx.storage, self.ref, now)) if with_members else ()
         return SubscriptionDescription(
             self.ref.topic,
             self.ref.partition,
@@ -102,7 +114,24 @@ class Subscription:
             hold.expires_ms if hold is not None else None,
             members,
             *self._dead_letters(dead_letter_topic),
+            self.meta.key_column,
+            self.meta.key_mode,
+            self._key_holders(now) if key_shared else {},
         )
+
+    def _key_holders(self, now: int) -> dict[str, tuple[tuple[int, int], ...]]:
+        """Who holds which key slices now (one LIST, one read per slice with leases)."""
+        store = KeyLeaseStore(self.ctx.storage, self.ref)
+        newest = {k: gens[-1] for k, gens in store.generations().items()}
+        slices: dict[str, list[int]] = {}
+        for k, gen in sorted(newest.items()):
+            try:
+                lease = store.read(k, gen)
+            except (ObjectNotFoundError, CorruptDataError):
+                continue  # renewed or trimmed meanwhile, or damaged: a description, not a decision
+            if lease.valid(now):
+                slices.setdefault(lease.owner, []).append(k)
+        return {owner: ranges_of_slices(ks) for owner, ks in sorted(slices.items())}
 
     def _dead_letters(self, topic: str | None) -> tuple[str, int | None]:
         """The dead-letter topic and how many committed records its partition of this one holds (one read of

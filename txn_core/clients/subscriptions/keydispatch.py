@@ -1,0 +1,232 @@
+"""Key_Shared dispatch: which records this consumer delivers now (PROTOCOL.md "Subscription types",
+"Key_Shared").
+
+The rules of shared dispatch (:mod:`.dispatcher`) hold with a **key slice** (:mod:`.keys`) in place of an
+offset range: a consumer delivers a record only if it holds the current lease of the slice the record's key
+hashes into (with at least half its ack timeout left), the state says the record is neither acknowledged nor
+pending, and it has not already delivered it under this lease. So the records of one key reach one consumer
+at a time, and it delivers them in offset order.
+
+Every consumer reads the whole partition (read_committed, in windows of :data:`WINDOW` offsets) and keeps,
+per slice it wants, how far it has looked (``scan``). It claims a slice only after a look shows a deliverable
+record in it, so idle consumers write nothing. A look at a slice this consumer does not hold moves on only past
+acknowledged records, so what another holder left unacknowledged (in flight, or held by a transaction that may
+abort) is found again when that holder's lease lapses or is released.
+
+**Hand-over.** A consumer wants the slices :mod:`.keys` assigns it (auto split over the members, or its sticky
+ranges). A slice it holds and no longer wants goes out of delivery at once, and its lease is released as soon
+as nothing of it is in flight: a joining consumer gets a key only after the previous holder's deliveries of it
+are acknowledged or negatively acknowledged (or its lease lapsed: it died). A wanted slice another consumer
+holds is looked at again every :data:`SLICE_CHECK_MS`, so a release is noticed without waiting for the lease
+to lapse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from txn_core.clients.subscriptions.acklog import AckLog
+from txn_core.clients.subscriptions.dispatcher import Dispatcher
+from txn_core.clients.subscriptions.keys import KEY_SLICES, KeyLeaseStore, slices_of
+from txn_core.clients.subscriptions.leases import Lease
+from txn_core.clients.subscriptions.redelivery import RedeliveryBackoff
+from txn_core.clients.subscriptions.state import AckStatus
+from txn_core.clients.subscriptions.store import SubscriptionMeta
+from txn_core.errors import DataLossError
+from txn_core.format.arrays import to_numpy
+from txn_core.logs import get_logger
+
+if TYPE_CHECKING:
+    from txn_core.clients.context import SupportsContext
+
+#: Offsets read per look at the partition (bounds the memory of one receive).
+WINDOW = 4096
+#: Looks per receive at most (a receive over a long stretch of other consumers' keys returns and goes on
+#: at the next call).
+MAX_WINDOWS = 16
+#: How often (log clock) a wanted slice another consumer holds is looked at again.
+SLICE_CHECK_MS = 200
+
+logger = get_logger(__name__)
+
+
+class KeyDispatcher(Dispatcher):
+    """The dispatch state of one Key_Shared consumer (see module doc). ``wanted(now)``: the slices it should
+    hold now. Not thread-safe: the consumer locks."""
+
+    def __init__(
+        self,
+        log: SupportsContext,
+        meta: SubscriptionMeta,
+        acklog: AckLog,
+        owner: str,
+        *,
+        wanted: Callable[[int], frozenset[int]],
+        ack_timeout_ms: int,
+        nack_delay_ms: int,
+        max_unacked: int,
+        backoff: RedeliveryBackoff | None = None,
+    ) -> None:
+        super().__init__(
+            log,
+            meta,
+            acklog,
+            owner,
+            ack_timeout_ms=ack_timeout_ms,
+            nack_delay_ms=nack_delay_ms,
+            max_unacked=max_unacked,
+            max_ranges=MAX_WINDOWS,
+            backoff=backoff,
+        )
+        if meta.key_column is None:  # pragma: no cover - open_meta checks it
+            raise ValueError("a Key_Shared subscription without a key column")
+        self.key_column = meta.key_column
+        self.leases = KeyLeaseStore(self.ctx.storage, meta.ref)
+        self.wanted = wanted
+        self._others_checked: dict[int, int] = {}  # slice -> when its holder was last looked at
+
+    def receive(self, max_records: int, now: int) -> pa.Table:
+        self._catch_up(now)
+        wanted = self.wanted(now)
+        for k in [k for k in self.scan if k not in wanted and k not in self.owned]:
+            del self.scan[k]  # when wanted again, looked at from the mark-delete position
+        busy = {d.range for o, d in self.inflight.items() if self._current(o)}
+        for k in [k for k in self.owned if k not in wanted and k not in busy]:
+            self.leases.release(self.owned[k], now)  # stepping down: nothing of it in flight
+            self._drop(k)
+        self._look_at_others(wanted, now)
+        out: list[pa.Table] = []
+        if sum(1 for o in self.inflight if self._current(o)) >= self.max_unacked:
+            return self._finish(out)
+        try:
+            budget = max_records
+            for k in sorted(set(self.owned) & wanted):
+                if budget <= 0 or self._paused(k, busy, now):
+                    continue
+                again = self._again(k, now)
+                if again is not None and again.num_rows:
+                    taken, _stop = self._take(k, self.owned[k], again, budget, now)
+                    out.append(taken)
+                    budget -= taken.num_rows
+            self._deliver_fresh(wanted, busy, budget, now, out)
+        except DataLossError as exc:
+            if not any(t.num_rows for t in out):
+                raise
+            logger.warning("%s; delivering records already taken first", exc)
+        return self._finish(out)
+
+    def _paused(self, k: int, busy: set[int], now: int) -> bool:
+        """Whether slice ``k`` (ours) delivers nothing now: its lease is half spent with records in flight."""
+        lease = self.owned[k]
+        return k in busy and now >= lease.acquired_ms + self.ack_timeout_ms // 2
+
+    def _skipped(self, k: int, busy: set[int], now: int) -> bool:
+        """Whether wanted slice ``k`` is left out of this look: paused (ours), or another consumer's."""
+        return self._paused(k, busy, now) if k in self.owned else k in self.others
+
+    def _look_at_others(self, wanted: frozenset[int], now: int) -> None:
+        """Forget the holder of a wanted slice that released it (looked at every :data:`SLICE_CHECK_MS`)."""
+        for k in sorted(wanted & set(self.others)):
+            if now - self._others_checked.get(k, now - SLICE_CHECK_MS) < SLICE_CHECK_MS:
+                continue
+            self._others_checked[k] = now
+            current = self.leases.latest(k)
+            if current is None or not current.valid(now) or current.owner == self.owner:
+                del self.others[k]
+            else:
+                self.others[k] = current
+
+    def _deliver_fresh(
+        self, wanted: frozenset[int], busy: set[int], budget: int, now: int, out: list[pa.Table]
+    ) -> None:
+        """Look at the partition from the lowest position of a deliverable slice on, a window at a time, and
+        deliver what the slices this consumer holds (or claims on the way) allow."""
+        end = self.topic_log.readable_end()
+        for _ in range(MAX_WINDOWS):
+            if budget <= 0:
+                return
+            mark = self.acklog.state.mark_delete
+            live = sorted(k for k in wanted if not self._skipped(k, busy, now))
+            if not live:
+                return
+            lo = min(max(self.scan.get(k, mark), mark) for k in live)
+            if lo >= end:
+                return
+            table, reached = self._read(lo, min(end, lo + WINDOW))
+            if table is None or reached <= lo:
+                return
+            slices = slices_of(table.column(self.key_column))
+            offsets = to_numpy(table.column("_offset"))
+            starts = np.full(KEY_SLICES, np.iinfo(np.int64).max, dtype=np.int64)  # per slice: deliver from here
+            for k in live:
+                start = max(self.scan.get(k, mark), mark)
+                if start >= reached:
+                    continue
+                rows = (slices == k) & (offsets >= start)
+                if not rows.any():
+                    self.scan[k] = reached
+                    continue
+                if self._ready(k, table.filter(pa.array(rows)), reached, now):
+                    starts[k] = start
+            taking = [k for k in live if starts[k] < reached]
+            if not taking:
+                continue
+            rows = offsets >= starts[slices]  # rows of slices being taken, from each one's start, in offset order
+            taken, stop = self._take_rows(table.filter(pa.array(rows)), slices[rows].tolist(), self.owned, budget, now)
+            out.append(taken)
+            budget -= taken.num_rows
+            for k in taking:
+                self.scan[k] = stop if stop is not None else reached
+
+    def _ready(self, k: int, sub: pa.Table, reached: int, now: int) -> bool:
+        """Whether this consumer takes records of slice ``k`` (its rows ``sub`` of the window, from ``start``)
+        now: it holds the slice with at least half an ack timeout left, claiming or renewing it if something is
+        deliverable. Otherwise moves the slice's look on where it may (see :meth:`_looked`)."""
+        lease = self.owned.get(k)
+        if lease is None:
+            if not self._any_deliverable(sub, k, None, now):
+                self.scan[k] = self._looked(sub, reached)
+                return False
+            # Below ``start`` every record of the slice is acknowledged (see _looked), or the look began at the
+            # mark-delete position: nothing the last holder left is missed.
+            return self._claim(k, now) is not None
+        if now >= lease.acquired_ms + self.ack_timeout_ms // 2:
+            if not self._any_deliverable(sub, k, lease, now):
+                self.scan[k] = reached
+                return False
+            renewed = self.leases.claim(k, self.owner, now, self.ack_timeout_ms, renew=True)
+            if renewed is None:
+                self._drop(k)
+                return False
+            self.owned[k] = renewed
+        return True
+
+    def _claim(self, k: int, now: int) -> Lease | None:
+        """Claim slice ``k`` (renewing a half-spent lease of ours); None, with its holder noted, if taken."""
+        lease = self.leases.claim(k, self.owner, now, self.ack_timeout_ms)
+        if lease is not None and now >= lease.acquired_ms + self.ack_timeout_ms // 2:
+            lease = self.leases.claim(k, self.owner, now, self.ack_timeout_ms, renew=True)
+        if lease is None:
+            current = self.leases.latest(k)
+            if current is not None and current.valid(now) and current.owner != self.owner:
+                self.others[k] = current
+                self._others_checked[k] = now
+            return None
+        self.others.pop(k, None)
+        self.owned[k] = lease
+        self.revisit[k] = set()
+        self.acklog.refresh()  # acknowledgements that landed while we claimed
+        return lease
+
+    def _looked(self, sub: pa.Table, reached: int) -> int:
+        """How far a look at records of a slice nobody holds may count as done: up to its first record not
+        acknowledged (pending: its transaction may abort), else ``reached``."""
+        state = self.acklog.state
+        for o in sub.column("_offset").to_pylist():
+            if state.status(o) is not AckStatus.ACKED:
+                return int(o)
+        return reached
