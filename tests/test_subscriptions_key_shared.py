@@ -376,3 +376,27 @@ def test_random_key_shared_consumers_joining_leaving_and_killed_keep_keys_whole_
     assert settled and first_delivered
     acks.finish(procs, clock)
     _drain_to_the_end(subscribe(9), acked, end)
+
+
+def test_keys_are_split_and_handed_over_on_every_backend(location: Any) -> None:
+    """On a real clock and store: two consumers split the keys, and when one closes the other takes its keys
+    (the listing of ``keys/`` and the member objects as each backend lists them)."""
+    import time
+
+    log = location.open()
+    log.create_topic("in", 1, SCHEMA)
+    p = log.producer()
+    p.send("in", pa.table({"id": list(range(48)), "k": [KEYS[i % len(KEYS)] for i in range(48)]}), partition=0)
+    p.close()
+    a, b = (_consumer(log, n, session_timeout_ms=2_000) for n in ("a", "b"))
+    time.sleep(0.6)  # each lists the members again (a quarter session): both see both
+    got_a, got_b = _offsets(a.receive(100)), _offsets(b.receive(100))
+    assert got_a and got_b and sorted(got_a + got_b) == list(range(48))
+    assert not {KEYS[o % len(KEYS)] for o in got_a} & {KEYS[o % len(KEYS)] for o in got_b}
+    b.acknowledge(got_b)
+    a.close()  # releases its slices, leaves
+    time.sleep(0.6)
+    assert _offsets(b.receive(100, timeout_s=5)) == got_a
+    held = log.subscription("in", 0, "ks").describe().key_holders
+    assert list(held) == [b.consumer_id]
+    b.close()
