@@ -103,3 +103,37 @@ def test_acknowledgements_per_second_transactional_vs_plain(backend: str, tmp_pa
     )
     for per_ack, apt, prs, pqs, trs, tqs, ratio in rows:
         print(f"{per_ack:>11} {apt:>8} | {prs:>12,.0f} {pqs:>11,.0f} | {trs:>12,.0f} {tqs:>10,.0f} | {ratio:>7.2f}x")
+
+
+def _drain(consumers: list[txn_core.SubscriptionConsumer], batch: int) -> float:
+    """Receive and acknowledge every record, the consumers taking turns; the seconds it took."""
+    t0 = time.perf_counter()
+    done = 0
+    while done < N:
+        for c in consumers:
+            got = c.receive(batch)
+            if got.num_rows:
+                c.acknowledge(got)
+                done += got.num_rows
+    return time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("backend", ["memory", "local"])
+def test_key_shared_receive_and_acknowledge_against_shared(backend: str, tmp_path: Path) -> None:
+    """Records received and acknowledged per second by one and by two consumers of a Key_Shared subscription
+    (keys: the payload, N distinct values) against a Shared one, in one run: a Key_Shared consumer reads
+    every record of the partition and hashes each key; it delivers its slices' records."""
+    log = _log(backend, tmp_path)
+    print(f"\nreceive + acknowledge, {backend} backend, {N} records, batches of 100")
+    print(f"{'consumers':>9} | {'shared rec/s':>12} | {'key_shared rec/s':>16} | {'ratio':>6}")
+    for n in (1, 2):
+        shared = [log.subscribe("in", 0, f"s{n}", consumer_name=f"c{i}", max_unacked=N + 1) for i in range(n)]
+        keyed = [
+            log.subscribe("in", 0, f"k{n}", consumer_name=f"c{i}", subscription_type="key_shared",
+                          key_column="payload", max_unacked=N + 1)
+            for i in range(n)
+        ]  # fmt: skip
+        s, k = _drain(shared, 100), _drain(keyed, 100)
+        print(f"{n:>9} | {N / s:>12,.0f} | {N / k:>16,.0f} | {s / k:>5.2f}x")
+        for c in shared + keyed:
+            c.close()

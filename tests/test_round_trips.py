@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from latency_storage import DelayedStorage
 
 import txn_core
+from txn_core.clients.subscriptions.keys import SLICE_SIZE, key_hash
 from txn_core.coordinator.actions import Begin, Prepare, Record
 from txn_core.coordinator.service import coordinator_for
 from txn_core.coordinator.txnlog import COMPACTION_MIN_AGE_MS
@@ -333,6 +334,28 @@ def test_a_fresh_consumer_of_a_small_log_has_its_rows_in_two_rounds_and_is_caugh
     assert (1, "read", paths.FORMAT_KEY) in storage.rounds, "the format is read in the first round"
     past = [key for _, kind, key in storage.rounds if kind == "read" and "/log/" in key and int(key[-20:]) > 18]
     assert past == [], "no slot past the first free one is read"
+
+
+def test_a_key_shared_consumer_takes_its_key_slices_in_three_rounds_whatever_their_number() -> None:
+    """A fresh Key_Shared consumer with records in 58 key slices claims them together: one LIST of
+    the slice leases, one round of creates, one LIST that confirms them (not three rounds per slice)."""
+    inner = MemoryStorage(uuid.uuid4().hex)
+    log = txn_core.Log(inner)
+    log.create_topic("k", 1, pa.schema([("id", pa.int64()), ("key", pa.string())]))
+    p = log.producer()
+    p.send("k", pa.table({"id": list(range(640)), "key": [f"user-{i % 320}" for i in range(640)]}), partition=0)
+    p.close()
+    log.subscribe("k", 0, "by-key", subscription_type="key_shared", key_column="key").close()
+    storage = InFlight(inner, rtt_s=0.05)
+    c = txn_core.Log(storage).subscribe(
+        "k", 0, "by-key", subscription_type="key_shared", key_column="key", create=False, max_unacked=1000
+    )
+    assert c.receive(1000).num_rows == 640
+    slices = [(d, kind) for d, kind, key in storage.rounds if "/keys/" in key]
+    taken = len({key_hash(f"user-{i}") // SLICE_SIZE for i in range(320)})  # slices holding a key: 58 of 64
+    assert sum(1 for _, kind in slices if kind == "create") == taken > 50
+    assert sorted({d for d, _ in slices}) == [min(d for d, _ in slices) + i for i in range(3)], slices
+    assert storage.peak >= taken, "the creates overlap"
 
 
 def test_a_fresh_consumer_of_a_rolled_history_reads_its_segments_beside_its_buffer_snapshots() -> None:

@@ -40,6 +40,7 @@ from txn_core.format.arrays import empty_table, to_numpy
 from txn_core.logs import get_logger
 from txn_core.partition.reader import READ_COMMITTED, PartitionReader
 from txn_core.partition.records import with_metadata_schema
+from txn_core.storage.parallel import parallel_map
 
 if TYPE_CHECKING:
     from txn_core.clients.context import SupportsContext
@@ -431,7 +432,6 @@ class Dispatcher:
                 self._drop(k)
 
     def release_all(self, now: int) -> None:
-        for lease in list(self.owned.values()):
-            if lease.valid(now):
-                self.leases.release(lease, now)
+        """Release every lease this consumer holds (the releases overlapped)."""
+        parallel_map(lambda lease: self.leases.release(lease, now), [x for x in self.owned.values() if x.valid(now)])
         self.owned.clear()

@@ -32,19 +32,23 @@ import pyarrow as pa
 from txn_core.clients.subscriptions.acklog import AckLog
 from txn_core.clients.subscriptions.dispatcher import Dispatcher
 from txn_core.clients.subscriptions.keys import KEY_SLICES, KeyLeaseStore, slices_of
-from txn_core.clients.subscriptions.leases import Lease
 from txn_core.clients.subscriptions.redelivery import RedeliveryBackoff
 from txn_core.clients.subscriptions.state import AckStatus
 from txn_core.clients.subscriptions.store import SubscriptionMeta
 from txn_core.errors import DataLossError
 from txn_core.format.arrays import to_numpy
 from txn_core.logs import get_logger
+from txn_core.storage.parallel import parallel_map
 
 if TYPE_CHECKING:
     from txn_core.clients.context import SupportsContext
 
-#: Offsets read per look at the partition (bounds the memory of one receive).
+#: Offsets read per look at the partition at most (bounds the memory of one receive); a look reads
+#: :data:`WINDOW_PER_RECORD` offsets per record the receive may still return, at least :data:`MIN_WINDOW`, so a
+#: small receive does not read (and hash) far past what it returns, only to read it again next time.
 WINDOW = 4096
+MIN_WINDOW = 128
+WINDOW_PER_RECORD = 4
 #: Looks per receive at most (a receive over a long stretch of other consumers' keys returns and goes on
 #: at the next call).
 MAX_WINDOWS = 16
@@ -85,7 +89,7 @@ class KeyDispatcher(Dispatcher):
         if meta.key_column is None:  # pragma: no cover - open_meta checks it
             raise ValueError("a Key_Shared subscription without a key column")
         self.key_column = meta.key_column
-        self.leases = KeyLeaseStore(self.ctx.storage, meta.ref)
+        self.leases: KeyLeaseStore = KeyLeaseStore(self.ctx.storage, meta.ref)
         self.wanted = wanted
         self._others_checked: dict[int, int] = {}  # slice -> when its holder was last looked at
 
@@ -95,8 +99,9 @@ class KeyDispatcher(Dispatcher):
         for k in [k for k in self.scan if k not in wanted and k not in self.owned]:
             del self.scan[k]  # when wanted again, looked at from the mark-delete position
         busy = {d.range for o, d in self.inflight.items() if self._current(o)}
-        for k in [k for k in self.owned if k not in wanted and k not in busy]:
-            self.leases.release(self.owned[k], now)  # stepping down: nothing of it in flight
+        leaving = [k for k in self.owned if k not in wanted and k not in busy]  # stepping down: none in flight
+        parallel_map(lambda k: self.leases.release(self.owned[k], now), leaving)
+        for k in leaving:
             self._drop(k)
         self._look_at_others(wanted, now)
         out: list[pa.Table] = []
@@ -129,12 +134,17 @@ class KeyDispatcher(Dispatcher):
         return self._paused(k, busy, now) if k in self.owned else k in self.others
 
     def _look_at_others(self, wanted: frozenset[int], now: int) -> None:
-        """Forget the holder of a wanted slice that released it (looked at every :data:`SLICE_CHECK_MS`)."""
-        for k in sorted(wanted & set(self.others)):
-            if now - self._others_checked.get(k, now - SLICE_CHECK_MS) < SLICE_CHECK_MS:
-                continue
+        """Forget the holder of a wanted slice that released it (looked at every :data:`SLICE_CHECK_MS`, all
+        such slices in one round)."""
+        due = [
+            k
+            for k in sorted(wanted & set(self.others))
+            if now - self._others_checked.get(k, now - SLICE_CHECK_MS) >= SLICE_CHECK_MS
+        ]
+        if not due:
+            return
+        for k, current in self.leases.latest_many(due).items():
             self._others_checked[k] = now
-            current = self.leases.latest(k)
             if current is None or not current.valid(now) or current.owner == self.owner:
                 del self.others[k]
             else:
@@ -156,12 +166,14 @@ class KeyDispatcher(Dispatcher):
             lo = min(max(self.scan.get(k, mark), mark) for k in live)
             if lo >= end:
                 return
-            table, reached = self._read(lo, min(end, lo + WINDOW))
+            window = min(WINDOW, max(MIN_WINDOW, WINDOW_PER_RECORD * budget))
+            table, reached = self._read(lo, min(end, lo + window))
             if table is None or reached <= lo:
                 return
             slices = slices_of(table.column(self.key_column))
             offsets = to_numpy(table.column("_offset"))
             starts = np.full(KEY_SLICES, np.iinfo(np.int64).max, dtype=np.int64)  # per slice: deliver from here
+            claims: list[int] = []  # slices with a deliverable record to claim or renew first
             for k in live:
                 start = max(self.scan.get(k, mark), mark)
                 if start >= reached:
@@ -170,8 +182,19 @@ class KeyDispatcher(Dispatcher):
                 if not rows.any():
                     self.scan[k] = reached
                     continue
-                if self._ready(k, table.filter(pa.array(rows)), reached, now):
-                    starts[k] = start
+                lease = self.owned.get(k)
+                fresh = lease is None or now >= lease.acquired_ms + self.ack_timeout_ms // 2
+                if fresh and not self._any_deliverable(table.filter(pa.array(rows)), k, lease, now):
+                    # Unheld, only acknowledged records move the look on (see _looked); held, everything
+                    # passed over is in flight under this lease, acknowledged or pending (then in revisit).
+                    sub = table.filter(pa.array(rows))
+                    self.scan[k] = self._looked(sub, reached) if lease is None else reached
+                    continue
+                starts[k] = start
+                if fresh:
+                    claims.append(k)
+            for k in self._claim(claims, now):
+                starts[k] = np.iinfo(np.int64).max
             taking = [k for k in live if starts[k] < reached]
             if not taking:
                 continue
@@ -182,45 +205,28 @@ class KeyDispatcher(Dispatcher):
             for k in taking:
                 self.scan[k] = stop if stop is not None else reached
 
-    def _ready(self, k: int, sub: pa.Table, reached: int, now: int) -> bool:
-        """Whether this consumer takes records of slice ``k`` (its rows ``sub`` of the window, from ``start``)
-        now: it holds the slice with at least half an ack timeout left, claiming or renewing it if something is
-        deliverable. Otherwise moves the slice's look on where it may (see :meth:`_looked`)."""
-        lease = self.owned.get(k)
-        if lease is None:
-            if not self._any_deliverable(sub, k, None, now):
-                self.scan[k] = self._looked(sub, reached)
-                return False
-            # Below ``start`` every record of the slice is acknowledged (see _looked), or the look began at the
-            # mark-delete position: nothing the last holder left is missed.
-            return self._claim(k, now) is not None
-        if now >= lease.acquired_ms + self.ack_timeout_ms // 2:
-            if not self._any_deliverable(sub, k, lease, now):
-                self.scan[k] = reached
-                return False
-            renewed = self.leases.claim(k, self.owner, now, self.ack_timeout_ms, renew=True)
-            if renewed is None:
+    def _claim(self, ks: list[int], now: int) -> list[int]:
+        """Claim (or renew) the slices ``ks`` in one round (:meth:`KeyLeaseStore.claim_many`); returns those not
+        held now, noting their holders. Below a newly claimed slice's look every record is acknowledged (see
+        :meth:`_looked`) or the look began at the mark-delete position: nothing the last holder left is missed."""
+        if not ks:
+            return []
+        failed = []
+        for k, result in self.leases.claim_many(ks, self.owner, now, self.ack_timeout_ms).items():
+            if result.lease is None:
+                failed.append(k)
                 self._drop(k)
-                return False
-            self.owned[k] = renewed
-        return True
-
-    def _claim(self, k: int, now: int) -> Lease | None:
-        """Claim slice ``k`` (renewing a half-spent lease of ours); None, with its holder noted, if taken."""
-        lease = self.leases.claim(k, self.owner, now, self.ack_timeout_ms)
-        if lease is not None and now >= lease.acquired_ms + self.ack_timeout_ms // 2:
-            lease = self.leases.claim(k, self.owner, now, self.ack_timeout_ms, renew=True)
-        if lease is None:
-            current = self.leases.latest(k)
-            if current is not None and current.valid(now) and current.owner != self.owner:
-                self.others[k] = current
-                self._others_checked[k] = now
-            return None
-        self.others.pop(k, None)
-        self.owned[k] = lease
-        self.revisit[k] = set()
-        self.acklog.refresh()  # acknowledgements that landed while we claimed
-        return lease
+                if result.holder is not None:
+                    self.others[k] = result.holder
+                    self._others_checked[k] = now
+                continue
+            if k not in self.owned:
+                self.revisit[k] = set()
+            self.others.pop(k, None)
+            self.owned[k] = result.lease
+        if len(failed) < len(ks):
+            self.acklog.refresh()  # acknowledgements that landed while we claimed
+        return failed
 
     def _looked(self, sub: pa.Table, reached: int) -> int:
         """How far a look at records of a slice nobody holds may count as done: up to its first record not

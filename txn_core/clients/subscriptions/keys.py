@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -35,8 +36,12 @@ from txn_core.clients.routing import key_bytes
 from txn_core.clients.subscriptions.leases import Lease, LeaseStore
 from txn_core.clients.subscriptions.store import SubscriptionRef
 from txn_core.errors import ConfigurationError, ObjectNotFoundError
+from txn_core.format import envelope
 from txn_core.format.slotlog import SlotLog
 from txn_core.storage.base import Storage
+from txn_core.storage.parallel import parallel_map
+
+_KIND = envelope.ObjectKind.SUBSCRIPTION
 
 #: The key hash space is 0 .. HASH_SPACE - 1, as Pulsar's Key_Shared.
 HASH_SPACE = 65536
@@ -124,6 +129,14 @@ def ranges_of_slices(slices: Iterable[int]) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in out)
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """A slice's claim: the lease to deliver under (None: not ours now), and when taken, the holder's lease."""
+
+    lease: Lease | None
+    holder: Lease | None
+
+
 class KeyLeaseStore(LeaseStore):
     """The slice leases of a Key_Shared subscription, ``keys/<020d slice>-<020d gen>`` (see module doc)."""
 
@@ -160,14 +173,70 @@ class KeyLeaseStore(LeaseStore):
         return {k: sorted(found) for k, found in gens.items()}
 
     def claim(self, k: int, owner: str, now_ms: int, ttl_ms: int, *, renew: bool = False) -> Lease | None:
-        """As :meth:`LeaseStore.claim`; a generation this call created counts only if it is still the newest
-        once created (a claimer that read an old tail could otherwise re-create a generation the trimmer
-        deleted below newer ones)."""
-        lease = super().claim(k, owner, now_ms, ttl_ms, renew=renew)
-        if lease is None or lease.acquired_ms != now_ms or lease.owner != owner:
-            return lease
-        newest = self.latest(k)
-        return lease if newest is not None and newest.gen == lease.gen else None
+        """One slice's :meth:`claim_many` (which renews a lease of ``owner``'s once half of it is spent)."""
+        return self.claim_many([k], owner, now_ms, ttl_ms)[k].lease
+
+    def claim_many(self, ks: Sequence[int], owner: str, now_ms: int, ttl_ms: int) -> dict[int, ClaimResult]:
+        """Claim or renew the slices ``ks`` together: every request of a round overlapped, so a consumer taking
+        its 64 slices pays about four round trips, not four per slice. For each slice: the lease ``owner`` may
+        deliver under now (its own valid lease with at least half ``ttl_ms`` left, else a new generation), or
+        None with the valid lease of the consumer holding it (None if it lost a race to an unknown winner).
+
+        Rounds: one LIST of ``keys/`` (every slice's generations); the newest generation of each slice that has
+        one; the creates; the winners of lost creates; one LIST that keeps only creates still newest (see
+        :meth:`claim`)."""
+        gens = self.generations()
+        current = parallel_map(lambda k: self._newest(k, gens.get(k)), list(ks), leaf=True)
+        out: dict[int, ClaimResult] = {}
+        wanted: list[tuple[int, Lease]] = []
+        for k, lease in zip(ks, current, strict=True):
+            if lease is not None and lease.valid(now_ms):
+                if lease.owner != owner:
+                    out[k] = ClaimResult(None, lease)
+                    continue
+                if now_ms < lease.acquired_ms + ttl_ms // 2:
+                    out[k] = ClaimResult(lease, None)
+                    continue
+            gen = lease.gen + 1 if lease is not None else (gens[k][-1] + 1 if gens.get(k) else 0)
+            wanted.append((k, Lease(k, gen, owner, now_ms, now_ms + ttl_ms)))
+        created = parallel_map(self._create, [lease for _k, lease in wanted], leaf=True)
+        lost = [item for item, won in zip(wanted, created, strict=True) if not won]
+        winners = parallel_map(lambda item: self._winner(item[0], item[1].gen), lost, leaf=True)
+        for (k, _lease), winner in zip(lost, winners, strict=True):
+            out[k] = ClaimResult(None, winner if winner is not None and winner.valid(now_ms) else None)
+        mine = [(k, lease) for (k, lease), won in zip(wanted, created, strict=True) if won]
+        if mine:
+            newest = self.generations()
+            for k, lease in mine:
+                still = newest.get(k, [lease.gen])[-1] == lease.gen
+                out[k] = ClaimResult(lease if still else None, None)
+                if still:
+                    self._hint[k] = lease.gen
+        return out
+
+    def latest_many(self, ks: Sequence[int]) -> dict[int, Lease | None]:
+        """The newest generation of each slice of ``ks``: one LIST, then their reads overlapped."""
+        gens = self.generations()
+        return dict(zip(ks, parallel_map(lambda k: self._newest(k, gens.get(k)), list(ks), leaf=True), strict=True))
+
+    def _newest(self, k: int, gens: list[int] | None) -> Lease | None:
+        """Slice ``k``'s newest generation of ``gens`` (a LIST's), or of a fresh LIST if it vanished meanwhile."""
+        if not gens:
+            return None
+        try:
+            return self._read(k, gens[-1])
+        except ObjectNotFoundError:
+            return self.latest(k)
+
+    def _create(self, lease: Lease) -> bool:
+        """Create generation ``lease.gen`` of slice ``lease.range``; False if it exists."""
+        return envelope.create_json(self.storage, self._slots(lease.range).key(lease.gen), _KIND, lease.to_json())
+
+    def _winner(self, k: int, gen: int) -> Lease | None:
+        try:
+            return self._read(k, gen)
+        except ObjectNotFoundError:
+            return None
 
     def delete_stale(self) -> int:
         """Delete every generation of each slice but its newest two (one LIST); returns how many. The newest
