@@ -253,6 +253,20 @@ def test_records_held_by_a_dead_consumers_transaction_come_back_to_the_next_hold
     assert _offsets(other.receive(100)) == got
 
 
+def test_a_record_delivered_again_under_a_half_spent_lease_renews_the_lease_first() -> None:
+    """A negatively acknowledged record goes out again only with at least half an ack timeout of lease ahead
+    (PROTOCOL.md "Dispatch"): past half its lease, the redelivery renews the slice first."""
+    log, clock, _ = _log(8, ["one"])
+    a = _consumer(log, "a", nack_delay_ms=0)
+    assert _offsets(a.receive(1)) == [0]
+    a.negative_acknowledge([0])
+    clock.now += ACK_TIMEOUT // 2 + 1
+    assert _offsets(a.receive(1)) == [0]  # again, under a renewed lease
+    clock.now += ACK_TIMEOUT // 2  # the first lease has lapsed by now
+    s = _slice("one")
+    assert log.subscription("in", 0, "ks").describe().key_holders == {a.consumer_id: ((s * 1024, s * 1024 + 1023),)}
+
+
 def test_idle_consumers_write_nothing_and_trimming_keeps_slice_leases_bounded() -> None:
     log, clock, _ = _log()
     a = _consumer(log, "a")

@@ -109,11 +109,16 @@ class KeyDispatcher(Dispatcher):
             return self._finish(out)
         try:
             budget = max_records
+            agains = {}  # records to deliver again (negatively acknowledged, or their transaction aborted)
             for k in sorted(set(self.owned) & wanted):
-                if budget <= 0 or self._paused(k, busy, now):
-                    continue
-                again = self._again(k, now)
+                again = None if self._paused(k, busy, now) else self._again(k, now)
                 if again is not None and again.num_rows:
+                    agains[k] = again
+            half_spent = [k for k in agains if now >= self.owned[k].acquired_ms + self.ack_timeout_ms // 2]
+            for k in self._claim(half_spent, now):  # renewed first, as for fresh records
+                del agains[k]
+            for k, again in agains.items():
+                if budget > 0:
                     taken, _stop = self._take(k, self.owned[k], again, budget, now)
                     out.append(taken)
                     budget -= taken.num_rows
