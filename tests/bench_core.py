@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -323,6 +324,54 @@ def test_rebuild_one_million_aborted_from_snapshot(tmp_path: Path) -> None:
         )
     )
     print(f"\nrebuild 1M aborted: {short:.3f} s with 10 entries of history, {long:.3f} s with 2,000")
+
+
+def test_two_writers_appending_back_to_back_to_one_partition_share_it(tmp_path: Path) -> None:
+    """Fairness between writers (no assertion: what a broker would serialize, txnlog leaves to the slot race).
+    Two idempotent producers in one process append one-row entries back to back to one partition for 5 s:
+    with the same code and store, and with one of them reading 0.2 ms slower (as a writer with less CPU or
+    a longer round trip). The loser of a slot reads the winner's header before it tries the next slot,
+    while the winner, knowing its tail, appends at once: the slower one lands almost nothing."""
+    import threading
+
+    from latency_storage import DelayedStorage
+
+    from txn_core.storage import open_storage
+
+    class SlowLooks(DelayedStorage):
+        """Creates at full speed; reads, listings and existence checks take ``rtt_s`` more."""
+
+        def create(self, key: str, chunks: Any) -> None:
+            self.inner.create(key, chunks)
+
+        def create_gated(self, key: str, chunks: Any, gate: Any) -> None:
+            self.inner.create_gated(key, chunks, gate)
+
+    for extra_s in (0.0, 0.0002):
+        url = f"file://{tmp_path}/fair-{extra_s}"
+        log = txn_core.open_log(url)
+        log.create_topic("t", 1, pa.schema([("id", pa.int64())]))
+        other = txn_core.Log(SlowLooks(open_storage(url), extra_s))
+        stop = threading.Event()
+        landed = {"a": 0, "b": 0}
+
+        def run(on: txn_core.Log, name: str, stop: threading.Event = stop, landed: dict[str, int] = landed) -> None:
+            p = on.producer()
+            while not stop.is_set():
+                p.send("t", pa.table({"id": [1]}), partition=0)
+                p.flush()
+                landed[name] += 1
+            p.close()
+
+        threads = [threading.Thread(target=run, args=(log, "a")), threading.Thread(target=run, args=(other, "b"))]
+        for t in threads:
+            t.start()
+        time.sleep(5)
+        stop.set()
+        for t in threads:
+            t.join()
+        share = landed["b"] / max(1, landed["a"] + landed["b"])
+        print(f"\ntwo writers back to back, one reading {extra_s * 1000:.1f} ms slower: {landed} ({share:.1%} to it)")
 
 
 def test_zz_print_table() -> None:

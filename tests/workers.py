@@ -179,9 +179,10 @@ def journaled_writer(
     ``journal`` (fsynced), so a process killed between its commit point and that line leaves a committed
     transaction unjournaled. Fenced (a newer process took ``tid`` over), it journals ``fenced`` and returns.
     SIGUSR1 writes the stack of every thread to ``journal + ".stacks"``.
-    ``pause_s`` between transactions: writers appending to the same partitions back to back on a store answering
-    in 50 ms starve one another (the loser of a slot reads back and probes before its next try, while the
-    winner, knowing its tail, appends at once), which is a test of fairness, not of what this one checks."""
+    ``pause_s`` between transactions: writers appending to the same partitions back to back starve one another,
+    on local disk under load as on a store answering in 50 ms (the loser of a slot reads back and probes before
+    its next try, while the winner, knowing its tail, appends at once: PROTOCOL.md "Partition log", no
+    fairness), which is a test of fairness, not of what this one checks."""
     import faulthandler
     import signal
 
