@@ -8,7 +8,7 @@ import random
 import uuid
 import zlib
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pytest
@@ -19,6 +19,8 @@ import txn_core
 from txn_core import AckStatus, SubscriptionType
 from txn_core.clients.subscriptions.keydispatch import SLICE_CHECK_MS
 from txn_core.clients.subscriptions.keys import KEY_SLICES, SLICE_SIZE, auto_split, key_hash, slices_of
+from txn_core.clients.subscriptions.seats import KeySharedSeat
+from txn_core.clients.subscriptions.store import list_subscriptions
 from txn_core.errors import ConfigurationError
 from txn_core.storage import MemoryStorage
 
@@ -231,22 +233,31 @@ def test_transactional_acknowledgements_of_a_dead_consumer_hold_its_keys_until_t
     assert all(b.state().status(o) is AckStatus.ACKED for o in got[:4])
 
 
-def test_records_held_by_a_dead_consumers_transaction_come_back_to_the_next_holder_when_it_aborts() -> None:
-    """One key: its holder acknowledges everything in a transaction and dies. The other consumer finds nothing
-    deliverable while the transaction is open (and must not look past those records), and gets them all, in
-    order, once the transaction times out and aborts."""
-    log, clock, _ = _log(16, ["one"])
+def _holder_dies_in_a_transaction(
+    log: txn_core.Log, clock: FakeClock
+) -> tuple[txn_core.SubscriptionConsumer, txn_core.SubscriptionConsumer, list[int]]:
+    """Two consumers, the log's records all of one key: the one that holds it acknowledges them in a
+    transaction (timeout three ack timeouts) and dies. Returns (holder, the other, the held offsets)."""
     a, b = _consumer(log, "a"), _consumer(log, "b")
     clock.now += SESSION // 4
     a.receive(100)
     b.receive(100)
     holder, other = (a, b) if a.unacknowledged() else (b, a)
-    got = holder.unacknowledged()
-    assert got == list(range(16)) and not other.unacknowledged()
+    held = holder.unacknowledged()
     dying = log.producer("dying", transaction_timeout_ms=3 * ACK_TIMEOUT)
     dying.init_transactions()
     dying.begin_transaction()
-    holder.acknowledge(got, transaction=dying)  # the holder dies here
+    holder.acknowledge(held, transaction=dying)  # the holder dies here
+    return holder, other, held
+
+
+def test_records_held_by_a_dead_consumers_transaction_come_back_to_the_next_holder_when_it_aborts() -> None:
+    """One key: its holder acknowledges everything in a transaction and dies. The other consumer finds nothing
+    deliverable while the transaction is open (and must not look past those records), and gets them all, in
+    order, once the transaction times out and aborts."""
+    log, clock, _ = _log(16, ["one"])
+    _holder, other, got = _holder_dies_in_a_transaction(log, clock)
+    assert got == list(range(16)) and not other.unacknowledged()
     clock.now += ACK_TIMEOUT + SESSION  # its session and lease lapsed: the other wants and may claim the key
     assert not other.receive(100).num_rows  # held by the open transaction
     clock.now += 2 * ACK_TIMEOUT + 1  # the transaction times out; a replica aborts it
@@ -414,3 +425,93 @@ def test_keys_are_split_and_handed_over_on_every_backend(location: Any) -> None:
     held = log.subscription("in", 0, "ks").describe().key_holders
     assert list(held) == [b.consumer_id]
     b.close()
+
+
+def test_a_record_held_by_an_open_transaction_does_not_hold_up_the_other_keys() -> None:
+    """The holder of one key acknowledges its records in a transaction and dies; 3,000 records of other keys
+    follow. The survivor delivers all of them while the transaction stays open (the held records are watched,
+    not looked at again and again), and the held ones once it aborts."""
+    log, clock, _ = _log(16, ["one"])
+    _holder, other, held = _holder_dies_in_a_transaction(log, clock)
+    more = log.producer()
+    others = [k for k in KEYS if k != "one"]
+    for i in range(16, 3_016, 100):
+        ids = list(range(i, i + 100))
+        more.send("in", pa.table({"id": ids, "k": [others[j % len(others)] for j in ids]}), partition=0)
+        more.flush()
+    more.close()
+    clock.now += ACK_TIMEOUT + SESSION  # the holder's session and lease lapsed
+    got: list[int] = []
+    for _ in range(40):  # 30 would do: 100 records each
+        t = other.receive(100)
+        got += _offsets(t)
+        other.acknowledge(t)
+    assert sorted(got) == list(range(16, 3_016))
+    clock.now += 2 * ACK_TIMEOUT + 1  # the transaction times out; a replica aborts it
+    assert _offsets(other.receive(100)) == held
+
+
+def test_records_taken_before_a_storage_error_are_handed_out_not_stranded() -> None:
+    """A receive takes the records due again (negatively acknowledged), then claiming the slice of a new key
+    fails (a storage error listing the slice leases). The records already taken are returned, not left in
+    flight unseen until their lease lapses (and their key's later records delivered first); the error comes
+    at the next receive."""
+    from txn_core.errors import StorageError
+
+    clock = FakeClock()
+    storage = MemoryStorage(uuid.uuid4().hex)
+    log = txn_core.Log(storage, clock=clock)
+    log.create_topic("in", 1, SCHEMA)
+    p = log.producer()
+    p.send("in", pa.table({"id": list(range(8)), "k": ["one"] * 8}), partition=0)
+    p.flush()
+    c = _consumer(log, "a", nack_delay_ms=0)
+    assert _offsets(c.receive(100)) == list(range(8))
+    c.negative_acknowledge([0, 1])
+    c.acknowledge(list(range(2, 8)))
+    two = next(k for k in KEYS if _slice(k) != _slice("one"))
+    p.send("in", pa.table({"id": list(range(8, 16)), "k": [two] * 8}), partition=0)
+    p.close()
+    real_list = storage.list
+
+    def failing_list(prefix: str) -> list[str]:
+        if prefix.endswith("/keys/"):
+            raise StorageError(f"listing {prefix} failed")
+        return real_list(prefix)
+
+    storage.list = failing_list  # type: ignore[method-assign]
+    assert _offsets(c.receive(100)) == [0, 1]  # taken before the claim failed: handed out
+    assert c.unacknowledged() == [0, 1]
+    with pytest.raises(StorageError, match=r"listing .*/keys/ failed"):
+        c.receive(100)
+    storage.list = real_list  # type: ignore[method-assign]
+    c.acknowledge([0, 1])
+    assert _offsets(c.receive(100)) == list(range(8, 16))
+
+
+def test_key_ranges_on_another_type_are_refused_before_anything_is_created() -> None:
+    log, _, _ = _log(8)
+    with pytest.raises(ConfigurationError, match="key_ranges are for subscription_type='key_shared', not 'shared'"):
+        log.subscribe("in", 0, "plain", key_ranges=[(0, 1023)])
+    assert list_subscriptions(log.storage, "in", 0) == []
+
+
+def test_a_sticky_conflict_is_found_even_when_the_holder_renews_while_it_is_read() -> None:
+    """The overlap check lists the member objects, then reads them: a member that renewed in between (its
+    listed object deleted, a newer one created) is listed and read again, not left out."""
+    log, clock, _ = _log(8)
+    low = _consumer(log, "low", key_ranges=[(0, 32767)])
+    storage = log.storage
+    real_read = storage.read
+
+    def renewing_read(key: str, *args: Any) -> Any:
+        if "/members/low-" in key and storage.read is renewing_read:
+            storage.read = real_read  # type: ignore[method-assign]
+            clock.now += SESSION // 2  # half its session spent: the next keep renews
+            cast(KeySharedSeat, low._seat).members.keep(clock.now)  # the renewal, at the worst moment
+        return real_read(key, *args)
+
+    storage.read = renewing_read  # type: ignore[method-assign,assignment]
+    with pytest.raises(txn_core.ConsumerBusyError, match=r"overlap \[\(0, 32767\)\] held by consumer 'low-"):
+        _consumer(log, "second", key_ranges=[(0, 1023)])
+    assert storage.read is real_read, "the read that raced a renewal happened"

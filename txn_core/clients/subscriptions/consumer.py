@@ -197,6 +197,8 @@ class SubscriptionConsumer:
     ) -> None:
         ctx = log.context
         kind = SubscriptionType.parse(subscription_type)
+        if kind is not SubscriptionType.KEY_SHARED and key_ranges is not None:  # before anything is created
+            raise ConfigurationError(f"key_ranges are for subscription_type='key_shared', not {kind.value!r}")
         ranges = None if key_ranges is None else parse_ranges(key_ranges)
         if consumer_name is not None:
             validate_name("consumer", consumer_name)
@@ -231,8 +233,6 @@ class SubscriptionConsumer:
             key_column=key_column,
             key_mode=None if kind is not SubscriptionType.KEY_SHARED else "auto_split" if ranges is None else "sticky",
         )
-        if kind is not SubscriptionType.KEY_SHARED and ranges is not None:
-            raise ConfigurationError(f"key_ranges are for subscription_type='key_shared', not {kind.value!r}")
         self.ref: SubscriptionRef = self.meta.ref
         self.consumer_id = f"{consumer_name or 'consumer'}-{uuid.uuid4().hex[:12]}"
         self.trim_min_age_ms = trim_min_age_ms

@@ -34,7 +34,7 @@ from txn_core.clients.subscriptions.records import ranges_of
 from txn_core.clients.subscriptions.redelivery import DeliveryCounts, RedeliveryBackoff
 from txn_core.clients.subscriptions.state import AckStatus
 from txn_core.clients.subscriptions.store import SubscriptionMeta
-from txn_core.errors import DataLossError, InvalidOffsetError, OffsetOutOfRangeError
+from txn_core.errors import InvalidOffsetError, OffsetOutOfRangeError
 from txn_core.format import paths
 from txn_core.format.arrays import empty_table, to_numpy
 from txn_core.logs import get_logger
@@ -119,10 +119,10 @@ class Dispatcher:
                     budget -= t.num_rows
             if budget > 0:
                 self._claim_and_deliver(budget, now, out)
-        except DataLossError as exc:
-            # Records taken before it are in flight now: hand them out, or nobody would until their lease
-            # runs out. The loss is raised by a later call, once the ranges this consumer leases give
-            # nothing more (their records go first).
+        except Exception as exc:
+            # Records taken before it (a loss, a storage error) are in flight now: hand them out, or nobody would
+            # until their lease runs out. The error is raised by a later call, once the ranges this consumer
+            # leases give nothing more (their records go first).
             if not any(t.num_rows for t in out):
                 raise
             logger.warning("%s; delivering records already taken first", exc)

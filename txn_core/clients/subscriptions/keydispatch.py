@@ -9,9 +9,11 @@ at a time, and it delivers them in offset order.
 
 Every consumer reads the whole partition (read_committed, in windows of :data:`WINDOW` offsets) and keeps,
 per slice it wants, how far it has looked (``scan``). It claims a slice only after a look shows a deliverable
-record in it, so idle consumers write nothing. A look at a slice this consumer does not hold moves on only past
-acknowledged records, so what another holder left unacknowledged (in flight, or held by a transaction that may
-abort) is found again when that holder's lease lapses or is released.
+record in it, so idle consumers write no slice lease. A look at a slice this consumer does not hold never loses
+sight of a record that is not acknowledged: one in flight at another holder makes it try to claim the slice
+(and learn the holder); one held by an open transaction (or waiting out a negative acknowledgement) is
+**watched**, and the slice's look goes back to it once it may go out. So what another holder left is found
+again when its lease lapses or is released, and a pending record never holds up the look at other slices.
 
 **Hand-over.** A consumer wants the slices :mod:`.keys` assigns it (auto split over the members, or its sticky
 ranges). A slice it holds and no longer wants goes out of delivery at once, and its lease is released as soon
@@ -35,7 +37,6 @@ from txn_core.clients.subscriptions.keys import KEY_SLICES, KeyLeaseStore, slice
 from txn_core.clients.subscriptions.redelivery import RedeliveryBackoff
 from txn_core.clients.subscriptions.state import AckStatus
 from txn_core.clients.subscriptions.store import SubscriptionMeta
-from txn_core.errors import DataLossError
 from txn_core.format.arrays import to_numpy
 from txn_core.logs import get_logger
 from txn_core.storage.parallel import parallel_map
@@ -92,12 +93,16 @@ class KeyDispatcher(Dispatcher):
         self.leases: KeyLeaseStore = KeyLeaseStore(self.ctx.storage, meta.ref)
         self.wanted = wanted
         self._others_checked: dict[int, int] = {}  # slice -> when its holder was last looked at
+        #: slice not held -> offsets a look passed over that were not acknowledged (held by an open transaction,
+        #: or waiting out this consumer's negative acknowledgement): looked at again when they may go out
+        self.watch: dict[int, set[int]] = {}
 
     def receive(self, max_records: int, now: int) -> pa.Table:
         self._catch_up(now)
         wanted = self.wanted(now)
         for k in [k for k in self.scan if k not in wanted and k not in self.owned]:
             del self.scan[k]  # when wanted again, looked at from the mark-delete position
+            self.watch.pop(k, None)
         busy = {d.range for o, d in self.inflight.items() if self._current(o)}
         leaving = [k for k in self.owned if k not in wanted and k not in busy]  # stepping down: none in flight
         parallel_map(lambda k: self.leases.release(self.owned[k], now), leaving)
@@ -122,8 +127,11 @@ class KeyDispatcher(Dispatcher):
                     taken, _stop = self._take(k, self.owned[k], again, budget, now)
                     out.append(taken)
                     budget -= taken.num_rows
+            self._recheck_watched(wanted, now)
             self._deliver_fresh(wanted, busy, budget, now, out)
-        except DataLossError as exc:
+        except Exception as exc:
+            # Records taken before it are in flight now: hand them out, or nobody would until their lease runs
+            # out (and a key's later records could go out first). The error comes again at a later call.
             if not any(t.num_rows for t in out):
                 raise
             logger.warning("%s; delivering records already taken first", exc)
@@ -190,10 +198,11 @@ class KeyDispatcher(Dispatcher):
                 lease = self.owned.get(k)
                 fresh = lease is None or now >= lease.acquired_ms + self.ack_timeout_ms // 2
                 if fresh and not self._any_deliverable(table.filter(pa.array(rows)), k, lease, now):
-                    # Unheld, only acknowledged records move the look on (see _looked); held, everything
-                    # passed over is in flight under this lease, acknowledged or pending (then in revisit).
-                    sub = table.filter(pa.array(rows))
-                    self.scan[k] = self._looked(sub, reached) if lease is None else reached
+                    # Held: everything passed over is in flight under this lease, acknowledged or pending (then in
+                    # revisit). Not held: what is not acknowledged is watched (see _recheck_watched).
+                    if lease is None:
+                        self._watch(k, table.filter(pa.array(rows)))
+                    self.scan[k] = reached
                     continue
                 starts[k] = start
                 if fresh:
@@ -212,8 +221,9 @@ class KeyDispatcher(Dispatcher):
 
     def _claim(self, ks: list[int], now: int) -> list[int]:
         """Claim (or renew) the slices ``ks`` in one round (:meth:`KeyLeaseStore.claim_many`); returns those not
-        held now, noting their holders. Below a newly claimed slice's look every record is acknowledged (see
-        :meth:`_looked`) or the look began at the mark-delete position: nothing the last holder left is missed."""
+        held now, noting their holders. Below a newly claimed slice's look every record is acknowledged, or
+        watched (then delivered again from the slice's revisits), or the look began at the mark-delete position:
+        nothing the last holder left is missed."""
         if not ks:
             return []
         failed = []
@@ -226,18 +236,34 @@ class KeyDispatcher(Dispatcher):
                     self._others_checked[k] = now
                 continue
             if k not in self.owned:
-                self.revisit[k] = set()
+                self.revisit[k] = self.watch.pop(k, set())  # what its looks passed over, not acknowledged
             self.others.pop(k, None)
             self.owned[k] = result.lease
         if len(failed) < len(ks):
             self.acklog.refresh()  # acknowledgements that landed while we claimed
         return failed
 
-    def _looked(self, sub: pa.Table, reached: int) -> int:
-        """How far a look at records of a slice nobody holds may count as done: up to its first record not
-        acknowledged (pending: its transaction may abort), else ``reached``."""
+    def _watch(self, k: int, sub: pa.Table) -> None:
+        """Remember the records of ``sub`` (slice ``k``, not held) that are not acknowledged."""
         state = self.acklog.state
-        for o in sub.column("_offset").to_pylist():
-            if state.status(o) is not AckStatus.ACKED:
-                return int(o)
-        return reached
+        pending = {int(o) for o in sub.column("_offset").to_pylist() if state.status(o) is not AckStatus.ACKED}
+        if pending:
+            self.watch.setdefault(k, set()).update(pending)
+
+    def _recheck_watched(self, wanted: frozenset[int], now: int) -> None:
+        """Look again at watched records that may go out now (their transaction aborted, their delay passed):
+        their slice's look goes back to the first of them. Acknowledged ones are forgotten."""
+        state = self.acklog.state
+        for k in [k for k in self.watch if k in wanted and k not in self.owned and k not in self.others]:
+            watched = self.watch[k]
+            watched -= {o for o in watched if state.status(o) is AckStatus.ACKED}
+            due = [o for o in watched if state.status(o) is AckStatus.UNACKED and self.nacked.get(o, 0) <= now]
+            if due:
+                self.scan[k] = min(*due, self.scan.get(k, state.mark_delete))
+                watched.difference_update(due)
+            if not watched:
+                del self.watch[k]
+
+    def _drop(self, k: int) -> None:
+        super()._drop(k)
+        self.watch.pop(k, None)

@@ -173,7 +173,8 @@ class KeyLeaseStore(LeaseStore):
         return {k: sorted(found) for k, found in gens.items()}
 
     def claim(self, k: int, owner: str, now_ms: int, ttl_ms: int, *, renew: bool = False) -> Lease | None:
-        """One slice's :meth:`claim_many` (which renews a lease of ``owner``'s once half of it is spent)."""
+        """One slice's :meth:`claim_many`. Unlike :meth:`LeaseStore.claim`, ``renew`` changes nothing: a lease of
+        ``owner``'s is renewed exactly when half of it is spent, never earlier."""
         return self.claim_many([k], owner, now_ms, ttl_ms)[k].lease
 
     def claim_many(self, ks: Sequence[int], owner: str, now_ms: int, ttl_ms: int) -> dict[int, ClaimResult]:

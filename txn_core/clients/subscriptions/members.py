@@ -109,19 +109,27 @@ class Membership:
         self.storage.delete(self.prefix + name)  # idempotent: a racing member may have deleted it
 
     def objects_of_others(self, now_ms: int) -> dict[str, dict[str, Any]]:
-        """The newest object of every other counting member (one LIST, one read each; a member whose object
-        vanished meanwhile renewed or left, and is left out)."""
-        newest: dict[str, tuple[int, str]] = {}
-        for name, owner, expires in _objects(self.storage, self.prefix):
-            if owner != self.owner and now_ms < expires and expires > newest.get(owner, (0, ""))[0]:
-                newest[owner] = (expires, name)
+        """The newest object of every other counting member: one LIST, one read each. A member that renewed
+        between the LIST and the read (its object deleted, a newer one created) is listed and read again; only
+        a member with no counting object left (it left) is left out."""
         out: dict[str, dict[str, Any]] = {}
-        for owner, (_expires, name) in sorted(newest.items()):
-            try:
-                out[owner] = envelope.read_json(self.storage, self.prefix + name, _KIND)
-            except ObjectNotFoundError:
-                continue
-        return out
+        missing: set[str] | None = None  # members whose object vanished: look for their newer one
+        for _ in range(3):
+            newest: dict[str, tuple[int, str]] = {}
+            for name, owner, expires in _objects(self.storage, self.prefix):
+                if owner == self.owner or owner in out or (missing is not None and owner not in missing):
+                    continue
+                if now_ms < expires and expires > newest.get(owner, (0, ""))[0]:
+                    newest[owner] = (expires, name)
+            missing = set()
+            for owner, (_expires, name) in sorted(newest.items()):
+                try:
+                    out[owner] = envelope.read_json(self.storage, self.prefix + name, _KIND)
+                except ObjectNotFoundError:
+                    missing.add(owner)
+            if not missing:
+                break
+        return dict(sorted(out.items()))
 
 
 def list_members(storage: Storage, ref: SubscriptionRef, now_ms: int) -> list[str]:
