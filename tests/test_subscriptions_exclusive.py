@@ -12,6 +12,7 @@ from fakeclock import FakeClock
 
 import txn_core
 from txn_core import AckStatus, ConfigurationError, ConsumerBusyError, SubscriptionType
+from txn_core.clients.subscriptions.consumer import TRIM_EVERY_MS
 from txn_core.clients.subscriptions.store import (
     META_VERSION,
     META_VERSION_TYPED,
@@ -194,3 +195,25 @@ def test_metadata_of_a_shared_subscription_stays_readable_by_older_releases(env:
     log, _clock, _ = env
     _excl(log, "a").close()
     assert read_meta(log.storage, SubscriptionRef("in", 0, "x")).type is SubscriptionType.EXCLUSIVE
+
+
+def test_an_idle_holders_renewals_are_trimmed_and_the_hold_still_refuses_others(env: Any) -> None:
+    """An idle holder renews its hold every half session timeout: one object each time. Trimming (the
+    consumer's own, every 30 s) keeps the newest two generations, and the hold is still found and held."""
+    log, clock, _ = env
+    root = "subscriptions/in/00000/x/"
+    holder = _excl(log, "holder")
+    for _ in range(40):  # 40 half sessions: 40 renewals, and two of the holder's trims
+        clock.now += SESSION // 2
+        holder.receive(10)
+    generations = sorted(log.storage.list(root + "hold/"))
+    since_trim = TRIM_EVERY_MS // (SESSION // 2) + 1  # renewals since its last trim, at most
+    assert int(generations[0]) > 0 and len(generations) <= 2 + since_trim < 40, generations  # 41 untrimmed
+    assert int(generations[-1]) >= 40  # the generations went on counting: none was re-created
+    with pytest.raises(txn_core.ConsumerBusyError) as busy:
+        _excl(log, "second")
+    assert busy.value.holder == holder.consumer_id
+    log.subscription("in", 0, "x").trim(min_age_ms=0, check_min_age=False)
+    assert len(log.storage.list(root + "hold/")) == 2
+    holder.close()
+    assert _excl(log, "second").receive(100).num_rows == 12  # released: taken at once, its records redelivered

@@ -339,7 +339,14 @@ class SubscriptionConsumer:
             self.acklog.write_snapshot(now)
         if now - self._last_trim >= TRIM_EVERY_MS:
             self._last_trim = now
-            trimming.trim(self.ctx, self.acklog, self._dispatch.leases, min_age_ms=self.trim_min_age_ms, now_ms=now)
+            trimming.trim(
+                self.ctx,
+                self.acklog,
+                self._dispatch.leases,
+                min_age_ms=self.trim_min_age_ms,
+                now_ms=now,
+                holds=self._seat.holds,
+            )
 
     def unacknowledged(self) -> list[int]:
         """Offsets delivered to this consumer and not yet acknowledged or negatively acknowledged."""

@@ -12,6 +12,10 @@ the consumer id (its name and a random suffix). Invariants:
   half its ``ttl_ms`` left (renewing it first when half is spent), so records go out under a hold that
   lasts at least ``ttl_ms / 2`` longer.
 
+Generations older than the newest two are deleted by trimming (:meth:`ListedLeaseStore.delete_stale`), so
+an idle holder's renewals do not pile up; the newest is found by listing ``hold/``, and a generation a
+consumer created counts only while it is the newest.
+
 Crash windows: a consumer that dies holding it leaves a generation that lapses ``ttl_ms`` after it was
 created; the next consumer takes it then. One that dies while creating a generation left it complete or
 absent (create-if-absent), and either is a valid state. Releasing (closing) writes a ``released``
@@ -23,7 +27,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from txn_core.clients.subscriptions.errors import ConsumerBusyError
-from txn_core.clients.subscriptions.leases import Lease, LeaseStore
+from txn_core.clients.subscriptions.leases import Lease, ListedLeaseStore
 from txn_core.clients.subscriptions.store import SubscriptionRef
 from txn_core.format.slotlog import SlotLog
 from txn_core.storage.base import Storage
@@ -32,15 +36,19 @@ from txn_core.storage.base import Storage
 HOLD_RANGE = 0
 
 
-class HoldStore(LeaseStore):
-    """The hold's slot log ``hold/<020d gen>`` (one lease, so no range in the key)."""
+class HoldStore(ListedLeaseStore):
+    """The hold's slot log ``hold/<020d gen>`` (one lease, so no range in the key). Its old generations are
+    deleted by trimming (one is written per half session timeout while a consumer holds it), so it is a
+    listed lease: the newest generation is found with one LIST."""
 
     def __init__(self, storage: Storage, ref: SubscriptionRef) -> None:
-        super().__init__(storage, ref, 1)
-        self.prefix = ref.hold
+        super().__init__(storage, ref, ref.hold)
 
     def _slots(self, k: int) -> SlotLog:
         return SlotLog(self.storage, self.prefix)
+
+    def _parse(self, name: str) -> tuple[int, int] | None:
+        return (HOLD_RANGE, int(name)) if name.isdigit() else None
 
 
 class Hold:

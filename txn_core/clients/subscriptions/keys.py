@@ -16,9 +16,9 @@ Which slices a consumer should hold:
   live consumers must not overlap.
 
 Slice leases are a slot log per slice, ``keys/<020d slice>-<020d gen>``, of the same immutable objects as
-range leases (:mod:`.leases`). Their generations are not bounded by the mark-delete position, so the newest is
-found with one LIST of the slice's prefix rather than by probing from generation 0, and :meth:`KeyLeaseStore.
-delete_stale` deletes all but the newest two generations of each slice (the trimmer calls it).
+range leases (:mod:`.leases`). Their generations are not bounded by the mark-delete position, so they are
+:class:`~.leases.ListedLeaseStore` leases: found with one LIST of ``keys/``, trimmed to the newest two
+generations of each slice, claimed many at once.
 """
 
 from __future__ import annotations
@@ -26,22 +26,17 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 import pyarrow as pa
 
 from txn_core.clients.routing import key_bytes
-from txn_core.clients.subscriptions.leases import Lease, LeaseStore
+from txn_core.clients.subscriptions.leases import ListedLeaseStore
 from txn_core.clients.subscriptions.store import SubscriptionRef
-from txn_core.errors import ConfigurationError, ObjectNotFoundError
-from txn_core.format import envelope
+from txn_core.errors import ConfigurationError
 from txn_core.format.slotlog import SlotLog
 from txn_core.storage.base import Storage
-from txn_core.storage.parallel import parallel_map
-
-_KIND = envelope.ObjectKind.SUBSCRIPTION
 
 #: The key hash space is 0 .. HASH_SPACE - 1, as Pulsar's Key_Shared.
 HASH_SPACE = 65536
@@ -129,126 +124,15 @@ def ranges_of_slices(slices: Iterable[int]) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in out)
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimResult:
-    """A slice's claim: the lease to deliver under (None: not ours now), and when taken, the holder's lease."""
-
-    lease: Lease | None
-    holder: Lease | None
-
-
-class KeyLeaseStore(LeaseStore):
+class KeyLeaseStore(ListedLeaseStore):
     """The slice leases of a Key_Shared subscription, ``keys/<020d slice>-<020d gen>`` (see module doc)."""
 
     def __init__(self, storage: Storage, ref: SubscriptionRef) -> None:
-        super().__init__(storage, ref, 1)
-        self.prefix = ref.keys
+        super().__init__(storage, ref, ref.keys)
 
     def _slots(self, k: int) -> SlotLog:
         return SlotLog(self.storage, f"{self.prefix}{k:020d}-")
 
-    def latest(self, k: int) -> Lease | None:
-        """The newest generation of slice ``k``: one LIST of ``keys/`` (old generations are deleted, so probing
-        from generation 0 would not find the tail; the trimmer keeps the listing to about two names per slice),
-        then one read; None if it has none."""
-        for _ in range(3):
-            gens = self.generations().get(k)
-            if not gens:
-                return None
-            try:
-                lease = self._read(k, gens[-1])
-            except ObjectNotFoundError:
-                continue  # deleted between the LIST and the read (a newer one exists): list again
-            self._hint[k] = lease.gen
-            return lease
-        return None
-
-    def generations(self) -> dict[int, list[int]]:
-        """Every slice's lease generations present, ascending (one LIST)."""
-        gens: dict[int, list[int]] = {}
-        for name in self.storage.list(self.prefix):
-            k_text, _, gen = name.partition("-")
-            if k_text.isdigit() and gen.isdigit():
-                gens.setdefault(int(k_text), []).append(int(gen))
-        return {k: sorted(found) for k, found in gens.items()}
-
-    def claim(self, k: int, owner: str, now_ms: int, ttl_ms: int, *, renew: bool = False) -> Lease | None:
-        """One slice's :meth:`claim_many`. Unlike :meth:`LeaseStore.claim`, ``renew`` changes nothing: a lease of
-        ``owner``'s is renewed exactly when half of it is spent, never earlier."""
-        return self.claim_many([k], owner, now_ms, ttl_ms)[k].lease
-
-    def claim_many(self, ks: Sequence[int], owner: str, now_ms: int, ttl_ms: int) -> dict[int, ClaimResult]:
-        """Claim or renew the slices ``ks`` together: every request of a round overlapped, so a consumer taking
-        its 64 slices pays about four round trips, not four per slice. For each slice: the lease ``owner`` may
-        deliver under now (its own valid lease with at least half ``ttl_ms`` left, else a new generation), or
-        None with the valid lease of the consumer holding it (None if it lost a race to an unknown winner).
-
-        Rounds: one LIST of ``keys/`` (every slice's generations); the newest generation of each slice that has
-        one; the creates; the winners of lost creates; one LIST that keeps only creates still newest (see
-        :meth:`claim`)."""
-        gens = self.generations()
-        current = parallel_map(lambda k: self._newest(k, gens.get(k)), list(ks), leaf=True)
-        out: dict[int, ClaimResult] = {}
-        wanted: list[tuple[int, Lease]] = []
-        for k, lease in zip(ks, current, strict=True):
-            if lease is not None and lease.valid(now_ms):
-                if lease.owner != owner:
-                    out[k] = ClaimResult(None, lease)
-                    continue
-                if now_ms < lease.acquired_ms + ttl_ms // 2:
-                    out[k] = ClaimResult(lease, None)
-                    continue
-            gen = lease.gen + 1 if lease is not None else (gens[k][-1] + 1 if gens.get(k) else 0)
-            wanted.append((k, Lease(k, gen, owner, now_ms, now_ms + ttl_ms)))
-        created = parallel_map(self._create, [lease for _k, lease in wanted], leaf=True)
-        lost = [item for item, won in zip(wanted, created, strict=True) if not won]
-        winners = parallel_map(lambda item: self._winner(item[0], item[1].gen), lost, leaf=True)
-        for (k, _lease), winner in zip(lost, winners, strict=True):
-            out[k] = ClaimResult(None, winner if winner is not None and winner.valid(now_ms) else None)
-        mine = [(k, lease) for (k, lease), won in zip(wanted, created, strict=True) if won]
-        if mine:
-            newest = self.generations()
-            for k, lease in mine:
-                still = newest.get(k, [lease.gen])[-1] == lease.gen
-                out[k] = ClaimResult(lease if still else None, None)
-                if still:
-                    self._hint[k] = lease.gen
-        return out
-
-    def latest_many(self, ks: Sequence[int]) -> dict[int, Lease | None]:
-        """The newest generation of each slice of ``ks``: one LIST, then their reads overlapped."""
-        gens = self.generations()
-        return dict(zip(ks, parallel_map(lambda k: self._newest(k, gens.get(k)), list(ks), leaf=True), strict=True))
-
-    def _newest(self, k: int, gens: list[int] | None) -> Lease | None:
-        """Slice ``k``'s newest generation of ``gens`` (a LIST's), or of a fresh LIST if it vanished meanwhile."""
-        if not gens:
-            return None
-        try:
-            return self._read(k, gens[-1])
-        except ObjectNotFoundError:
-            return self.latest(k)
-
-    def _create(self, lease: Lease) -> bool:
-        """Create generation ``lease.gen`` of slice ``lease.range``; False if it exists."""
-        return envelope.create_json(self.storage, self._slots(lease.range).key(lease.gen), _KIND, lease.to_json())
-
-    def _winner(self, k: int, gen: int) -> Lease | None:
-        try:
-            return self._read(k, gen)
-        except ObjectNotFoundError:
-            return None
-
-    def delete_stale(self) -> int:
-        """Delete every generation of each slice but its newest two (one LIST); returns how many. The newest
-        two stay so that a claimer that listed just before a renewal still finds the generation it read."""
-        deleted = 0
-        for k, found in self.generations().items():
-            for stale in found[:-2]:
-                self.storage.delete(self._slots(k).key(stale))
-                deleted += 1
-        return deleted
-
-    def delete_below(self, offset: int) -> int:
-        """Slice leases are not cut by offsets: trimming deletes stale generations instead."""
-        return self.delete_stale()
+    def _parse(self, name: str) -> tuple[int, int] | None:
+        k_text, _, gen = name.partition("-")
+        return (int(k_text), int(gen)) if k_text.isdigit() and gen.isdigit() else None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from txn_core.clients.subscriptions.dispatcher import Dispatcher
 from txn_core.clients.subscriptions.errors import ConsumerBusyError
-from txn_core.clients.subscriptions.hold import Hold
+from txn_core.clients.subscriptions.hold import Hold, HoldStore
 from txn_core.clients.subscriptions.keys import auto_split, slices_in
 from txn_core.clients.subscriptions.members import Membership
 from txn_core.clients.subscriptions.store import SubscriptionMeta, SubscriptionType
@@ -32,6 +32,9 @@ HOLD_CHECK_MS = 200
 
 class Seat:
     """A consumer of a Shared subscription: it always delivers."""
+
+    #: the hold's generations, which trimming thins out (Exclusive, Failover)
+    holds: HoldStore | None = None
 
     def join(self, now_ms: int) -> None:
         """Take a place when the consumer opens (may refuse: :class:`ConsumerBusyError`)."""
@@ -50,6 +53,7 @@ class ExclusiveSeat(Seat):
     def __init__(self, hold: Hold, dispatch: Dispatcher) -> None:
         self.hold = hold
         self.dispatch = dispatch
+        self.holds = hold.store
 
     def join(self, now_ms: int) -> None:
         self.hold.keep(now_ms)
@@ -75,6 +79,7 @@ class FailoverSeat(Seat):
 
     def __init__(self, hold: Hold, members: Membership, partition: int, dispatch: Dispatcher) -> None:
         self.hold = hold
+        self.holds = hold.store
         self.members = members
         self.partition = partition
         self.dispatch = dispatch

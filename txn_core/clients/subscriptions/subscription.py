@@ -163,7 +163,10 @@ class Subscription:
         acknowledging producer in another process could write its marker at a slot just trimmed."""
         if check_min_age:
             check_min_age_of("trimming the ack log", min_age_ms, SAFE_ENTRY_AGE_MS)
-        return trimming.trim(self.ctx, self.acklog, self.leases, min_age_ms=min_age_ms, now_ms=now_ms)
+        held = self.meta.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
+        return trimming.trim(
+            self.ctx, self.acklog, self.leases, min_age_ms=min_age_ms, now_ms=now_ms, holds=self.holds if held else None
+        )
 
 
 def trim_all(

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from txn_core.clients.subscriptions.acklog import AckLog
-from txn_core.clients.subscriptions.leases import LeaseStore
+from txn_core.clients.subscriptions.leases import LeaseStore, ListedLeaseStore
 from txn_core.errors import CorruptDataError, ObjectNotFoundError
 from txn_core.format import envelope, paths
 
@@ -61,8 +61,10 @@ def trim(
     *,
     min_age_ms: int = MIN_ENTRY_AGE_MS,
     now_ms: int | None = None,
+    holds: ListedLeaseStore | None = None,
 ) -> TrimResult:
-    """Snapshot, then trim the ack log and lease objects as far as is safe (see module doc)."""
+    """Snapshot, then trim the ack log and lease objects as far as is safe (see module doc); with ``holds``
+    (an Exclusive or Failover subscription's), also its hold generations but the newest two."""
     ctx = log.context
     now = ctx.clock() if now_ms is None else now_ms
     state = acklog.refresh()
@@ -103,5 +105,7 @@ def trim(
                 acklog.snapshots.delete(s)
                 snaps_deleted += 1
     leases_deleted = leases.delete_below(acklog.state.mark_delete)
+    if holds is not None:
+        leases_deleted += holds.delete_stale()
     new_start = anchor.slot if anchor is not None and anchor.slot > start.slot else start.slot
     return TrimResult(start.slot, new_start, deleted, snaps_deleted, leases_deleted, written)
