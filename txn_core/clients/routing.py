@@ -10,6 +10,7 @@ distinct key value (after dictionary encoding), not once per row.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -35,17 +36,24 @@ def partition_for(value: object, partitions: int) -> int:
     return zlib.crc32(key_bytes(value)) % partitions
 
 
-def partitions_for_column(column: pa.ChunkedArray | pa.Array, partitions: int) -> np.ndarray:
-    """The partition of every row, as an int32 numpy array."""
+def per_key(column: pa.ChunkedArray | pa.Array, of_key: Callable[[object], int]) -> np.ndarray:
+    """``of_key(value)`` for every row's key value, as an int32 numpy array, computed once per distinct value
+    (after dictionary encoding; null is a value too)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
     encoded = column.dictionary_encode(null_encoding="encode")
     uniques = encoded.dictionary.to_pylist()
-    table = np.fromiter((partition_for(v, partitions) for v in uniques), dtype=np.int32, count=len(uniques))
+    table = np.fromiter((of_key(v) for v in uniques), dtype=np.int32, count=len(uniques))
     indices = encoded.indices.to_numpy(zero_copy_only=False)
-    return table[indices] if len(table) else np.zeros(len(column), dtype=np.int32)
+    out: np.ndarray = table[indices] if len(table) else np.zeros(len(column), dtype=np.int32)
+    return out
+
+
+def partitions_for_column(column: pa.ChunkedArray | pa.Array, partitions: int) -> np.ndarray:
+    """The partition of every row, as an int32 numpy array."""
+    return per_key(column, lambda value: partition_for(value, partitions))
 
 
 def split_by_key(table: pa.Table, key_column: str, partitions: int) -> dict[int, pa.Table]:

@@ -122,7 +122,7 @@ def open_meta(
             raise ConfigurationError(
                 f"key_column {key_column!r} is not a column of topic {topic!r}: columns are {columns}"
             )
-    elif key_column is not None or key_mode == "sticky":
+    elif key_column is not None:  # key_ranges on another type are refused before (SubscriptionConsumer)
         raise ConfigurationError(
             f"key_column and key_ranges are for subscription_type='key_shared', not {subscription_type.value!r}"
         )
@@ -142,8 +142,8 @@ def open_meta(
                 range_size or DEFAULT_RANGE_SIZE,
                 ctx.clock(),
                 subscription_type,
-                key_column if subscription_type is SubscriptionType.KEY_SHARED else None,
-                key_mode if subscription_type is SubscriptionType.KEY_SHARED else None,
+                key_column,  # None for other types (refused above otherwise)
+                key_mode,  # None for other types (the consumer passes none)
             ),
         )
     if stored.type is not subscription_type:

@@ -197,11 +197,12 @@ class KeyDispatcher(Dispatcher):
                     continue
                 lease = self.owned.get(k)
                 fresh = lease is None or now >= lease.acquired_ms + self.ack_timeout_ms // 2
-                if fresh and not self._any_deliverable(table.filter(pa.array(rows)), k, lease, now):
+                sub = table.filter(pa.array(rows)) if fresh else None
+                if sub is not None and not self._any_deliverable(sub, k, lease, now):
                     # Held: everything passed over is in flight under this lease, acknowledged or pending (then in
                     # revisit). Not held: what is not acknowledged is watched (see _recheck_watched).
                     if lease is None:
-                        self._watch(k, table.filter(pa.array(rows)))
+                        self._watch(k, sub)
                     self.scan[k] = reached
                     continue
                 starts[k] = start

@@ -31,7 +31,7 @@ from typing import cast
 import numpy as np
 import pyarrow as pa
 
-from txn_core.clients.routing import key_bytes
+from txn_core.clients.routing import key_bytes, per_key
 from txn_core.clients.subscriptions.leases import ListedLeaseStore
 from txn_core.clients.subscriptions.store import SubscriptionRef
 from txn_core.errors import ConfigurationError
@@ -53,17 +53,7 @@ def key_hash(value: object) -> int:
 
 def slices_of(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """The slice of every row's key, as an int32 numpy array (one hash per distinct key value)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type)
-    if len(column) == 0:
-        return np.zeros(0, dtype=np.int32)
-    encoded = column.dictionary_encode(null_encoding="encode")
-    uniques = encoded.dictionary.to_pylist()
-    table = np.fromiter((key_hash(v) // SLICE_SIZE for v in uniques), dtype=np.int32, count=len(uniques))
-    out: np.ndarray = table[encoded.indices.to_numpy(zero_copy_only=False)]
-    return out
+    return per_key(column, lambda value: key_hash(value) // SLICE_SIZE)
 
 
 def auto_split(members: Sequence[str], owner: str) -> frozenset[int]:

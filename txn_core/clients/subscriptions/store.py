@@ -53,6 +53,11 @@ class SubscriptionType(enum.Enum):
     FAILOVER = "failover"  # any number of consumers; one of them, chosen by name and partition, is active
     KEY_SHARED = "key_shared"  # any number of consumers; the records of one key go to one of them at a time
 
+    @property
+    def held(self) -> bool:
+        """Whether one consumer at a time holds the subscription (its hold, ``hold.py``)."""
+        return self in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
+
     @classmethod
     def parse(cls, value: str | SubscriptionType) -> SubscriptionType:
         if isinstance(value, SubscriptionType):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from txn_core.clients.subscriptions import trim as trimming
 from txn_core.clients.subscriptions.acklog import AckLog
 from txn_core.clients.subscriptions.hold import HOLD_RANGE, HoldStore
 from txn_core.clients.subscriptions.keys import KeyLeaseStore, ranges_of_slices
-from txn_core.clients.subscriptions.leases import LeaseStore
+from txn_core.clients.subscriptions.leases import Lease, LeaseStore, ListedLeaseStore
 from txn_core.clients.subscriptions.members import list_members
 from txn_core.clients.subscriptions.redelivery import DeadLetterPolicy
 from txn_core.clients.subscriptions.state import AckStatus, SubscriptionState
@@ -25,6 +25,7 @@ from txn_core.format import paths
 from txn_core.format.ids import TxnId
 from txn_core.partition.ages import SAFE_ENTRY_AGE_MS, check_min_age_of
 from txn_core.partition.reader import READ_COMMITTED, PartitionReader
+from txn_core.storage.parallel import parallel_map
 
 if TYPE_CHECKING:
     from txn_core.clients.context import SupportsContext
@@ -89,8 +90,7 @@ class Subscription:
         start = self.acklog.plog.log_start(refresh=True)
         end_slot, _ = self.acklog.plog.tail(refresh=True)
         now = self.ctx.clock()
-        held = self.meta.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
-        hold = self.holds.latest(HOLD_RANGE) if held else None
+        hold = self.holds.latest(HOLD_RANGE) if self.meta.type.held else None
         if hold is not None and not hold.valid(now):
             hold = None
         key_shared = self.meta.type is SubscriptionType.KEY_SHARED
@@ -120,16 +120,19 @@ class Subscription:
         )
 
     def _key_holders(self, now: int) -> dict[str, tuple[tuple[int, int], ...]]:
-        """Who holds which key slices now (one LIST, one read per slice with leases)."""
-        store = KeyLeaseStore(self.ctx.storage, self.ref)
-        newest = {k: gens[-1] for k, gens in store.generations().items()}
-        slices: dict[str, list[int]] = {}
-        for k, gen in sorted(newest.items()):
+        """Who holds which key slices now (one LIST, then the newest generation of each slice, read together)."""
+        store = cast(ListedLeaseStore, self.leases)  # a Key_Shared subscription's: its slices
+        newest = sorted((k, gens[-1]) for k, gens in store.generations().items())
+
+        def read(slice_gen: tuple[int, int]) -> Lease | None:
             try:
-                lease = store.read(k, gen)
+                return store.read(*slice_gen)
             except (ObjectNotFoundError, CorruptDataError):
-                continue  # renewed or trimmed meanwhile, or damaged: a description, not a decision
-            if lease.valid(now):
+                return None  # renewed or trimmed meanwhile, or damaged: a description, not a decision
+
+        slices: dict[str, list[int]] = {}
+        for (k, _gen), lease in zip(newest, parallel_map(read, newest, leaf=True), strict=True):
+            if lease is not None and lease.valid(now):
                 slices.setdefault(lease.owner, []).append(k)
         return {owner: ranges_of_slices(ks) for owner, ks in sorted(slices.items())}
 
@@ -163,10 +166,8 @@ class Subscription:
         acknowledging producer in another process could write its marker at a slot just trimmed."""
         if check_min_age:
             check_min_age_of("trimming the ack log", min_age_ms, SAFE_ENTRY_AGE_MS)
-        held = self.meta.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
-        return trimming.trim(
-            self.ctx, self.acklog, self.leases, min_age_ms=min_age_ms, now_ms=now_ms, holds=self.holds if held else None
-        )
+        holds = self.holds if self.meta.type.held else None
+        return trimming.trim(self.ctx, self.acklog, self.leases, min_age_ms=min_age_ms, now_ms=now_ms, holds=holds)
 
 
 def trim_all(
