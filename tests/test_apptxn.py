@@ -492,9 +492,9 @@ def test_a_kept_unit_returns_at_its_commit_point_and_its_next_unit_waits_for_its
     held = threading.Event()
     write_markers = TransactionCoordinator.write_markers
 
-    def slow_markers(self: TransactionCoordinator, prepared: object) -> None:
+    def slow_markers(self: TransactionCoordinator, prepared: object, paths: Any = None) -> None:
         assert held.wait(30)
-        write_markers(self, prepared)  # type: ignore[arg-type]
+        write_markers(self, prepared, paths)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TransactionCoordinator, "write_markers", slow_markers)
     # records as dear as an object store's: the producer hands its markers to its completer thread
@@ -533,10 +533,10 @@ def test_a_kept_unit_whose_markers_failed_is_committed_and_the_next_unit_commits
     failures = iter([True])
     write_markers = TransactionCoordinator.write_markers
 
-    def flaky(self: TransactionCoordinator, prepared: object) -> None:
+    def flaky(self: TransactionCoordinator, prepared: object, paths: Any = None) -> None:
         if next(failures, False):
             raise StorageError("markers lost on the way")
-        write_markers(self, prepared)  # type: ignore[arg-type]
+        write_markers(self, prepared, paths)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TransactionCoordinator, "write_markers", flaky)
     with AppCommitter(log) as committer:

@@ -238,6 +238,76 @@ def _two_fast_txns(log: txn_core.Log) -> None:
     p.close()
 
 
+def _recover_both(inner: Storage, clock: FakeClock, recover: str, where: str = "") -> txn_core.Log:
+    """Recover after a crash in two transactions of TID (FIRST, then TXN) by the id's next
+    ``init_transactions`` or by their timeouts passing; each must end all or nothing, committed iff its
+    PrepareCommit landed, with nothing holding the last stable offset."""
+    first_decided, second_decided = _decided(inner, clock)
+    if recover == "reinit":
+        txn_core.Log(inner, clock=clock).producer(TID, transaction_timeout_ms=10_000).init_transactions()
+    else:
+        clock.now += 11_000
+    log = txn_core.Log(inner, clock=clock)
+    seen = _read_all(log)
+    assert len(seen) == len(set(seen)), f"duplicates {where}"
+    assert sorted(i for i in seen if i < 1000) == BASE
+    assert sorted(i for i in seen if i >= 2000) == (FIRST if first_decided else []), where
+    assert sorted(i for i in seen if 1000 <= i < 2000) == (TXN if second_decided else []), where
+    for part in log.describe_topic("t").partitions:
+        assert part.last_stable_offset == part.log_end_offset, f"{where} partition {part.partition} held: {part}"
+    return log
+
+
+def _carried_stream(log: txn_core.Log, *, second: str) -> None:
+    """Two transactions of one producer in a steady stream: the second one's entries carry the first one's
+    markers into every partition (PROTOCOL.md "Carried markers"); the second commits or aborts (a marker
+    travels in an entry whatever becomes of the entry's own transaction)."""
+    p = log.producer(TID, transaction_timeout_ms=10_000, marker_linger_ms=1000)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": FIRST}), key_column="id")
+    p.commit_transaction()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": TXN}), key_column="id")
+    p.flush()
+    if second == "commit":
+        p.commit_transaction()
+    else:
+        p.abort_transaction()
+    p.close()
+
+
+def _carriers(log: txn_core.Log) -> int:
+    """Entries of topic ``t`` that carry a marker."""
+    n = 0
+    for part in range(PARTITIONS):
+        plog = log.partition_log(f"topics/t/{part:05d}")
+        n += sum(plog.read_header(s).carried is not None for s in range(plog.tail(refresh=True)[0]))
+    return n
+
+
+@pytest.mark.matrix(keep=12)
+@pytest.mark.parametrize("second", ["commit", "abort"])
+@pytest.mark.parametrize("recover", ["reinit", "timeout"])
+@pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
+def test_every_crash_point_of_markers_carried_by_the_next_entries_recovers_both(
+    landed: bool, recover: str, second: str, matrix_sample: Any
+) -> None:
+    """At every storage step of a transaction whose markers travel in the next transaction's entries (the
+    carrier created or not, its retry, the markers nobody carried written alone at the next decision or at
+    close, the Complete records): each transaction ends all or nothing, committed iff its PrepareCommit
+    landed, and nothing holds the last stable offset afterwards."""
+    inner, clock = _setup()
+    counting = FaultyStorage(inner)
+    _carried_stream(txn_core.Log(counting, clock=clock), second=second)
+    assert _carriers(txn_core.Log(inner, clock=clock)) == PARTITIONS, "the second transaction carried the markers"
+    for k in matrix_sample(range(len(counting.ops))):
+        inner, clock = _setup()
+        with pytest.raises(SimulatedCrash):
+            _carried_stream(txn_core.Log(FaultyStorage(inner, crash_at=k, landed=landed), clock=clock), second=second)
+        _recover_both(inner, clock, recover, f"step {k}")
+
+
 @pytest.mark.matrix(keep=6)
 @pytest.mark.parametrize("landed", [False, True], ids=["before-write", "after-write"])
 def test_every_crash_point_of_two_fast_transactions_recovers_on_local_disk(
@@ -368,12 +438,14 @@ def _back_to_back_in(log: txn_core.Log, faulty: FaultyStorage | None) -> None:
     second_begun = threading.Event()
     write_markers = log.coordinator.write_markers
 
-    def gated(prepared: Any) -> None:  # the first transaction's markers land only after the next begin
+    def gated(
+        prepared: Any, paths: Any = None
+    ) -> None:  # the first transaction's markers land only after the next begin
         if prepared.txn is not None and prepared.txn == first_txn[0]:
             while not second_begun.wait(0.001):
                 if faulty is not None and faulty.dead:
                     break
-        write_markers(prepared)
+        write_markers(prepared, paths)
 
     log.coordinator.write_markers = gated  # type: ignore[method-assign]
     first_txn: list[Any] = []
@@ -448,19 +520,7 @@ def test_crash_while_the_previous_transaction_is_completing_recovers_both(
         pass
     else:  # a step past this run's last operation (BACK_TO_BACK_STEPS): it ran to the end
         assert k >= len(faulty.ops), "the crash point was not reached"
-    first_decided, second_decided = _decided(inner, clock)
-    if recover == "reinit":
-        txn_core.Log(inner, clock=clock).producer(TID, transaction_timeout_ms=10_000).init_transactions()
-    else:
-        clock.now += 11_000
-    log = txn_core.Log(inner, clock=clock)
-    seen = _read_all(log)
-    assert len(seen) == len(set(seen)), "duplicates"
-    assert sorted(i for i in seen if i < 1000) == BASE
-    assert sorted(i for i in seen if i >= 2000) == (FIRST if first_decided else [])
-    assert sorted(i for i in seen if 1000 <= i < 2000) == (TXN if second_decided else [])
-    for part in log.describe_topic("t").partitions:
-        assert part.last_stable_offset == part.log_end_offset, f"partition {part.partition} still held: {part}"
+    log = _recover_both(inner, clock, recover)
     view = log.coordinator.view_for(TID)
     view.refresh()
     view._check()

@@ -503,7 +503,7 @@ def test_damage_inside_a_segment_and_in_a_marker_is_found_and_marked_lost(caplog
     url = f"memory://{uuid.uuid4().hex}"
     log = txn_core.open_log(url)
     log.create_topic("t", 1, SCHEMA)
-    p = log.producer("rolled")
+    p = log.producer("rolled", marker_linger_ms=0)  # markers alone: damage in one is a case of its own
     p.init_transactions()
     for n in range(20):  # transaction n: records 3n, 3n + 1, 3n + 2 (a marker may land after the next data)
         p.begin_transaction()

@@ -18,7 +18,7 @@ import pytest
 from test_overlapped_begin import _record_overlaps
 
 import txn_core
-from txn_core.clients.producer import completion
+from txn_core.clients.producer import carried, completion
 from txn_core.errors import StorageError
 from txn_core.format.entry import EntryKind
 from txn_core.format.states import CoordinatorState
@@ -40,6 +40,13 @@ class SlowRecords(DelegatingStorage):
         if "/coordinators/" in key:
             time.sleep(self.delay_s)
         self.inner.create(key, chunks)
+
+
+@pytest.fixture(autouse=True)
+def _markers_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Markers written alone at once (``marker_linger_ms=0``): these tests are about the threads and the
+    records that write them; markers carried by the next entries are tests/test_carried_markers.py's."""
+    monkeypatch.setattr(carried, "MARKER_LINGER_S", 0.0)
 
 
 @pytest.fixture
@@ -69,13 +76,13 @@ def _marker_threads(
 ) -> list[str]:
     """The names of the threads that write markers (each call), holding each call until ``hold`` is set."""
     threads: list[str] = []
-    original: Callable[[Any], None] = log.coordinator.write_markers
+    original: Callable[..., None] = log.coordinator.write_markers
 
-    def spy(prepared: Any) -> None:
+    def spy(prepared: Any, paths: Any = None) -> None:
         threads.append(threading.current_thread().name)
         if hold is not None:
             assert hold.wait(30)
-        original(prepared)
+        original(prepared, paths)
 
     monkeypatch.setattr(log.coordinator, "write_markers", spy)
     return threads
@@ -140,11 +147,11 @@ def test_a_marker_write_failing_on_the_committing_thread_is_retried_in_the_backg
     original = log.coordinator.write_markers
     calls: list[str] = []
 
-    def fail_first(prepared: Any) -> None:
+    def fail_first(prepared: Any, paths: Any = None) -> None:
         calls.append(threading.current_thread().name)
         if len(calls) == 1:
             raise StorageError("injected: marker write failed")
-        original(prepared)
+        original(prepared, paths)
 
     monkeypatch.setattr(log.coordinator, "write_markers", fail_first)
     p = log.producer("retried")
@@ -255,7 +262,7 @@ def test_an_interrupt_while_the_committing_thread_writes_markers_leaves_a_commit
     p.commit_transaction()
     real = log.coordinator.write_markers
 
-    def interrupted(prepared: Any) -> None:
+    def interrupted(prepared: Any, paths: Any = None) -> None:
         monkeypatch.setattr(log.coordinator, "write_markers", real)
         raise KeyboardInterrupt
 

@@ -165,7 +165,7 @@ def test_staged_objects_nobody_references_are_swept(storage: Storage) -> None:
     kept = staging.write_staged(log.storage, prefix, "t", 0, [batch], SCHEMA, tag="a", clock=system_clock)
     orphan = staging.write_staged(log.storage, prefix, "t", 0, [batch], SCHEMA, tag="b", clock=system_clock)
     assert kept is not None and orphan is not None
-    p = log.producer("st")
+    p = log.producer("st", marker_linger_ms=0)  # markers alone: two slots per transaction, as counted below
     p.init_transactions()
     p.begin_transaction()
     p.send_staged([kept])
@@ -178,7 +178,7 @@ def test_staged_objects_nobody_references_are_swept(storage: Storage) -> None:
 
 def _staged_committer(log: txn_core.Log) -> tuple[txn_core.Producer, Callable[[int], None]]:
     """A transactional producer, and ``commit(i)``: one transaction referencing a staged object of id ``i``."""
-    p = log.producer("st")
+    p = log.producer("st", marker_linger_ms=0)  # markers alone: two slots per transaction, as counted below
     p.init_transactions()
 
     def commit(i: int) -> None:
@@ -284,7 +284,7 @@ def test_a_fresh_process_sees_counts_and_sizes_after_retention(storage: Storage)
     clock = FakeClock(2_000_000_000_000)
     log = txn_core.Log(storage, clock=clock)
     log.create_topic("t", 1, SCHEMA)
-    p = log.producer("r")
+    p = log.producer("r", marker_linger_ms=0)  # markers alone: two offsets per transaction
     p.init_transactions()
     for i in range(4):
         p.begin_transaction()

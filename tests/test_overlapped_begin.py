@@ -13,13 +13,20 @@ import pyarrow as pa
 import pytest
 
 import txn_core
-from txn_core.clients.producer import client, completion
+from txn_core.clients.producer import carried, client, completion
 from txn_core.clients.producer.sender import Sender
 from txn_core.errors import CommitFailedError, CompletionFailedError, StorageError
 from txn_core.format.ids import TxnId
 from txn_core.storage import open_storage
 
 SCHEMA = pa.schema([("id", pa.int64())])
+
+
+@pytest.fixture(autouse=True)
+def _markers_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Markers written alone at once (``marker_linger_ms=0``): these tests are about the threads and the
+    records that write them; markers carried by the next entries are tests/test_carried_markers.py's."""
+    monkeypatch.setattr(carried, "MARKER_LINGER_S", 0.0)
 
 
 @pytest.fixture(autouse=True)
@@ -50,9 +57,9 @@ def _record_overlaps(monkeypatch: pytest.MonkeyPatch) -> list[TxnId]:
     overlapped: list[TxnId] = []
     original = Sender._write_with_begin
 
-    def spy(self: Sender, todo: Any, predicted: TxnId) -> None:
+    def spy(self: Sender, todo: Any, predicted: TxnId, extra: Any = None) -> None:
         overlapped.append(predicted)
-        original(self, todo, predicted)
+        original(self, todo, predicted, extra)
 
     monkeypatch.setattr(Sender, "_write_with_begin", spy)
     return overlapped
@@ -139,11 +146,11 @@ def test_a_failed_marker_write_does_not_deadlock_the_next_overlapped_begin(
     original = log.coordinator.write_markers
     calls: list[TxnId | None] = []
 
-    def fail_once(prepared: Any) -> None:
+    def fail_once(prepared: Any, paths: Any = None) -> None:
         calls.append(prepared.txn)
         if len(calls) == 1:
             raise StorageError("injected: marker write failed")
-        original(prepared)
+        original(prepared, paths)
 
     monkeypatch.setattr(log.coordinator, "write_markers", fail_once)
     overlapped = _record_overlaps(monkeypatch)
@@ -197,10 +204,10 @@ def test_a_commit_refused_because_an_earlier_transaction_could_not_complete_says
     original = log.coordinator.write_markers
     healthy = threading.Event()
 
-    def failing(prepared: Any) -> None:
+    def failing(prepared: Any, paths: Any = None) -> None:
         if not healthy.is_set():
             raise StorageError("injected: marker write failed")
-        original(prepared)
+        original(prepared, paths)
 
     monkeypatch.setattr(log.coordinator, "write_markers", failing)
     p = log.producer("earlier-fails")

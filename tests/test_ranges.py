@@ -296,7 +296,7 @@ def _twenty_transactions(monkeypatch: pytest.MonkeyPatch) -> CountingStorage:
     storage = CountingStorage()
     log = txn_core.Log(storage)
     log.create_topic("t", 1, SCHEMA)
-    p = log.producer(transactional_id="t1")
+    p = log.producer(transactional_id="t1", marker_linger_ms=0)  # markers alone: 51 offsets per transaction
     p.init_transactions()
     next_id = itertools.count()
     for _ in range(20):

@@ -257,7 +257,7 @@ def test_a_record_of_several_actions_keeps_the_outcome_of_the_transaction_it_com
 
 def _history(storage: Storage, txns: int) -> None:
     log = _log(storage)
-    p = log.producer("history")
+    p = log.producer("history", marker_linger_ms=0)  # markers alone: two slots per transaction, as counted below
     p.init_transactions()
     for i in range(txns):
         p.begin_transaction()

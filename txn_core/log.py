@@ -207,10 +207,13 @@ class Log:
         *,
         transaction_timeout_ms: int = 60000,
         batch_bytes: int | None = None,
+        marker_linger_ms: int | None = None,
     ) -> Producer:
         """An idempotent producer, or a transactional one when ``transactional_id`` is given; ``batch_bytes``
         (default :data:`txn_core.clients.producer.DEFAULT_BATCH_BYTES`, 4 MiB) is what a partition buffers
-        before a write."""
+        before a write; ``marker_linger_ms`` (default 200) how long a decided transaction's markers wait to
+        travel in the producer's next entries before they are written alone (0: at once; PROTOCOL.md
+        "Carried markers")."""
         from txn_core.clients.producer import DEFAULT_BATCH_BYTES, Producer
 
         return Producer(
@@ -218,6 +221,7 @@ class Log:
             transactional_id,
             transaction_timeout_ms=transaction_timeout_ms,
             batch_bytes=DEFAULT_BATCH_BYTES if batch_bytes is None else batch_bytes,
+            marker_linger_ms=marker_linger_ms,
         )
 
     def consumer(

@@ -287,6 +287,17 @@ def _annotate(log: Log, topic: str, got: _Partition, first: int) -> None:
                         }
                     )
             else:
+                if header.carried is not None and header.base_offset >= first:
+                    markers.append(
+                        {
+                            "_partition": got.partition,
+                            "_offset": header.base_offset,
+                            "_timestamp": _ts(header.timestamp_ms),
+                            "_kind": header.carried.kind.name,
+                            "_txn": str(header.carried.txn),
+                            "_transactional_id": None,  # a carried marker names its transaction only
+                        }
+                    )
                 bases.append(header.base_offset)
                 txns.append(txn)
             slot += 1
@@ -306,7 +317,7 @@ def _annotate(log: Log, topic: str, got: _Partition, first: int) -> None:
         }
         for r in got.rows
     ]
-    got.rows = sorted(rows + markers, key=lambda r: int(r["_offset"]))
+    got.rows = sorted(markers + rows, key=lambda r: int(r["_offset"]))  # a carried marker before its entry's rows
 
 
 def _ts(ms: int) -> dt.datetime:

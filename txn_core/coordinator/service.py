@@ -23,7 +23,7 @@ and (3), for the completing transaction as for the current one. After (3) nothin
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from txn_core.clock import Clock
 from txn_core.coordinator.actions import Action, Add, Begin, Complete, Init, Outcome, Prepare, Withdraw
@@ -384,8 +384,9 @@ class TransactionCoordinator:
             f"transactional id {prepared.tid!r}: transaction {txn} could not be completed: its state kept changing"
         )
 
-    def write_markers(self, prepared: TidState) -> None:
-        """One COMMIT or ABORT marker entry per participant log, written in parallel."""
+    def write_markers(self, prepared: TidState, paths: Collection[str] | None = None) -> None:
+        """One COMMIT or ABORT marker entry per participant log (or per log of ``paths``, some of them),
+        written in parallel."""
         txn = prepared.txn
         if txn is None:  # pragma: no cover
             return
@@ -396,7 +397,7 @@ class TransactionCoordinator:
             lambda path: self.logs(path).append_payload(
                 kind, payload, 1, producer_id=pid, producer_epoch=epoch, txn=txn
             ),
-            list(prepared.participants),
+            list(prepared.participants) if paths is None else list(paths),
         )
 
     # --- timeouts, recovery, admin ------------------------------------------------------------

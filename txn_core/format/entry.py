@@ -4,7 +4,7 @@ Header layout (little-endian)::
 
     off size field            meaning
     0   4    magic            b"TXLE"
-    4   1    version          1
+    4   1    version          1; 2 for a DATA or DATA_REF entry that carries a marker
     5   1    kind             0 DATA, 1 COMMIT marker, 2 ABORT marker, 3 DATA_REF, 4 SEAL
     6   2    flags            bit 0: transactional
     8   2    header_size      128
@@ -20,8 +20,15 @@ Header layout (little-endian)::
     64  8    payload_len
     72  4    payload_crc      CRC-32C of the payload
     76  16   writer_id        unique per write attempt; resolves unknown outcomes
-    92  32   reserved         zero
+    92  32   carried marker   zero in version 1; in version 2 the marker the entry carries:
+                                 92 u8 kind (1 COMMIT, 2 ABORT), 93 3 zero bytes, 96 i32 epoch,
+                                 100 u64 txn_hi, 108 u64 txn_lo, 116 8 zero bytes
     124 4    header_crc       CRC-32C of bytes [0, 124)
+
+A **carried marker** (version 2, PROTOCOL.md "Carried markers") is a COMMIT or ABORT marker of an earlier
+transaction of the entry's producer, travelling in the producer's next entry to that partition instead of an
+entry of its own: readers apply it before the entry's records, at the entry's base offset (it takes no
+offset). A version-1 reader refuses a version-2 header ("upgrade txnlog"), so it never misses the marker.
 
 DATA payload: an Arrow IPC stream (schema + record batches). DATA_REF payload: JSON naming one staged
 object (an entry-format DATA object written elsewhere) with its size, payload crc and row count.
@@ -45,10 +52,16 @@ from txn_core.format.ids import TxnId
 
 MAGIC = b"TXLE"
 VERSION = 1
+#: the version of an entry that carries a marker (:class:`CarriedMarker`)
+VERSION_CARRIER = 2
+VERSIONS = (VERSION, VERSION_CARRIER)
 HEADER_SIZE = 128
 _STRUCT = struct.Struct("<4sBBHHHqIqiiQQqQI16s32s")
 assert _STRUCT.size == 124
 _CRC = struct.Struct("<I")
+_CARRIED = struct.Struct("<B3xiQQ8x")
+assert _CARRIED.size == 32
+_NO_CARRIED = b"\0" * 32
 FLAG_TRANSACTIONAL = 1
 
 
@@ -68,8 +81,26 @@ class EntryKind(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class CarriedMarker:
+    """The marker of transaction ``txn`` (its outcome, and its producer's epoch) that a data entry carries
+    (header version 2). Same producer id as the carrying entry."""
+
+    committed: bool
+    txn: TxnId
+    epoch: int
+
+    @property
+    def kind(self) -> EntryKind:
+        return EntryKind.COMMIT if self.committed else EntryKind.ABORT
+
+    def encode(self) -> bytes:
+        return _CARRIED.pack(int(self.kind), self.epoch, self.txn.header_hi, self.txn.sequence)
+
+
+@dataclass(frozen=True, slots=True)
 class EntryHeader:
-    """A decoded entry header. ``txn`` is None for non-transactional entries."""
+    """A decoded entry header. ``txn`` is None for non-transactional entries; ``carried`` is the marker a
+    version-2 data entry carries (applied before its records, at its base offset), else None."""
 
     kind: EntryKind
     base_offset: int
@@ -82,6 +113,7 @@ class EntryHeader:
     payload_len: int
     payload_crc: int
     writer_id: bytes
+    carried: CarriedMarker | None = None
 
     @property
     def next_offset(self) -> int:
@@ -108,6 +140,7 @@ class EntryHeader:
             self.payload_len,
             self.payload_crc,
             self.writer_id,
+            self.carried,
         )
 
     def encode(self) -> bytes:
@@ -115,7 +148,7 @@ class EntryHeader:
         flags = FLAG_TRANSACTIONAL if self.txn is not None else 0
         body = _STRUCT.pack(
             MAGIC,
-            VERSION,
+            VERSION if self.carried is None else VERSION_CARRIER,
             int(self.kind),
             flags,
             HEADER_SIZE,
@@ -131,7 +164,7 @@ class EntryHeader:
             self.payload_len,
             self.payload_crc,
             self.writer_id,
-            b"\0" * 32,
+            _NO_CARRIED if self.carried is None else self.carried.encode(),
         )
         return body + _CRC.pack(crc32c(body))
 
@@ -168,7 +201,7 @@ def decode_header(data: Any, key: str) -> EntryHeader:
         plen,
         pcrc,
         writer_id,
-        _pad,
+        reserved,
     ) = _STRUCT.unpack(body)
     if magic != MAGIC:
         raise _foreign(key, magic)
@@ -176,10 +209,10 @@ def decode_header(data: Any, key: str) -> EntryHeader:
     if crc != crc32c(body):
         check = f"header checksum mismatch (stored {crc:#010x}, computed {crc32c(body):#010x})"
         raise CorruptDataError(f"{key}: entry {check}; the object is corrupt.", key, check)
-    if version != VERSION or header_size != HEADER_SIZE:
+    if version not in VERSIONS or header_size != HEADER_SIZE:
         raise CorruptDataError(
             f"{key}: entry format version {version} (header {header_size} bytes) is not supported by this "
-            f"txnlog (version {VERSION}); upgrade txnlog.",
+            f"txnlog (versions {VERSION} and {VERSION_CARRIER}); upgrade txnlog.",
             key,
             f"unsupported entry format version {version}",
         )
@@ -190,7 +223,19 @@ def decode_header(data: Any, key: str) -> EntryHeader:
     if ekind is EntryKind.LOST:
         raise CorruptDataError(f"{key}: unknown entry kind {kind}", key, f"unknown entry kind {kind}")
     txn = TxnId.from_header(txn_hi, txn_lo) if flags & FLAG_TRANSACTIONAL else None
-    return EntryHeader(ekind, base_offset, count, pid, epoch, seq, txn, ts, plen, pcrc, writer_id)
+    carried = carried_marker(version, ekind, reserved, key) if version == VERSION_CARRIER else None
+    return EntryHeader(ekind, base_offset, count, pid, epoch, seq, txn, ts, plen, pcrc, writer_id, carried)
+
+
+def carried_marker(version: int, kind: EntryKind, reserved: bytes, key: str) -> CarriedMarker | None:
+    """The marker a header of ``version`` carries in its 32 reserved bytes (None for version 1)."""
+    if version != VERSION_CARRIER:
+        return None
+    mkind, mepoch, mhi, mlo = _CARRIED.unpack(reserved)
+    if kind not in (EntryKind.DATA, EntryKind.DATA_REF) or mkind not in (EntryKind.COMMIT, EntryKind.ABORT):
+        check = f"a version-2 {kind.name} entry carrying a marker of kind {mkind}"
+        raise CorruptDataError(f"{key}: {check}; only data entries carry COMMIT or ABORT markers.", key, check)
+    return CarriedMarker(mkind == EntryKind.COMMIT, TxnId.from_header(mhi, mlo), mepoch)
 
 
 def _foreign(key: str, magic: bytes) -> CorruptDataError:

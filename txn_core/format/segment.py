@@ -49,8 +49,15 @@ import numpy as np
 
 from txn_core.errors import CorruptDataError
 from txn_core.format.checksum import crc32c
-from txn_core.format.entry import HEADER_SIZE, EntryHeader, EntryKind, decode_header
-from txn_core.format.entry import VERSION as VERSION_ENTRY
+from txn_core.format.entry import (
+    HEADER_SIZE,
+    VERSION_CARRIER,
+    VERSIONS,
+    CarriedMarker,
+    EntryHeader,
+    EntryKind,
+    decode_header,
+)
 from txn_core.format.ids import TxnId
 
 MAGIC = b"TXLS"
@@ -83,7 +90,13 @@ ROW_DTYPE = np.dtype(
         ("payload_len", "<u8"),
         ("payload_crc", "<u4"),
         ("writer_id", "V16"),
-        ("pad", "V32"),
+        # the carried marker of a version-2 header (zero in version 1)
+        ("marker_kind", "u1"),
+        ("marker_pad", "V3"),
+        ("marker_epoch", "<i4"),
+        ("marker_txn_hi", "<u8"),
+        ("marker_txn_lo", "<u8"),
+        ("pad", "V8"),
         ("header_crc", "<u4"),
         ("position", "<u8"),
         ("length", "<u8"),
@@ -96,6 +109,17 @@ ROW_DTYPE = np.dtype(
 assert ROW_DTYPE.itemsize == ROW_SIZE
 _KIND_OF = {int(k): k for k in EntryKind if k is not EntryKind.LOST}  # LOST is never stored
 _KINDS = np.array(sorted(_KIND_OF), dtype=np.uint8)
+
+
+def _carriers_valid(rows: np.ndarray) -> bool:
+    """Whether every version-2 row is a data entry carrying a COMMIT or ABORT marker (what
+    :func:`~txn_core.format.entry.decode_header` checks of one header)."""
+    v2 = rows["version"] == VERSION_CARRIER
+    if not v2.any():
+        return True
+    data = np.isin(rows["kind"][v2], [int(EntryKind.DATA), int(EntryKind.DATA_REF)])
+    marker = np.isin(rows["marker_kind"][v2], [int(EntryKind.COMMIT), int(EntryKind.ABORT)])
+    return bool(np.all(data & marker))
 
 
 class Form(enum.IntEnum):
@@ -309,7 +333,8 @@ class SegmentIndex:
         crcs = rows["header_crc"].tolist()
         self._damaged = (
             any(crc32c(raw[ROW_SIZE * n : ROW_SIZE * n + 124]) != crc for n, crc in enumerate(crcs))
-            or not bool(np.all(rows["version"] == VERSION_ENTRY))
+            or not bool(np.all(np.isin(rows["version"], VERSIONS)))
+            or not _carriers_valid(rows)
             or not bool(np.all(rows["header_size"] == HEADER_SIZE))
             # np.isin, not np.unique: unique imports numpy.ma on first use (~75 ms on a fresh reader's path)
             or not bool(np.all(np.isin(rows["kind"], _KINDS)))
@@ -345,6 +370,14 @@ class SegmentIndex:
         i, j = first - self.header.first_slot, end - self.header.first_slot
         rows = self.rows[i:j]
         kinds = [_KIND_OF[k] for k in rows["kind"].tolist()]
+        carried: list[CarriedMarker | None] = [None] * len(rows)
+        for n in np.flatnonzero(rows["version"] == VERSION_CARRIER).tolist():
+            row = rows[n]
+            carried[n] = CarriedMarker(
+                int(row["marker_kind"]) == int(EntryKind.COMMIT),
+                TxnId.from_header(int(row["marker_txn_hi"]), int(row["marker_txn_lo"])),
+                int(row["marker_epoch"]),
+            )
         columns = zip(
             kinds,
             rows["flags"].tolist(),
@@ -359,6 +392,7 @@ class SegmentIndex:
             rows["payload_len"].tolist(),
             rows["payload_crc"].tolist(),
             rows["writer_id"].tolist(),
+            carried,
             strict=True,
         )
         return [
@@ -374,8 +408,9 @@ class SegmentIndex:
                 plen,
                 pcrc,
                 wid,
+                marker,
             )
-            for kind, flags, base, count, pid, epoch, seq, hi, lo, ts, plen, pcrc, wid in columns
+            for kind, flags, base, count, pid, epoch, seq, hi, lo, ts, plen, pcrc, wid, marker in columns
         ]
 
     def where(self, slot: int) -> str:

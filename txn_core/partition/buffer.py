@@ -106,6 +106,11 @@ class TxnBuffer:
                 raise ValueError(f"{self.where}: the lost entry at slot {slot} came without its record")
             return self._apply_lost(slot, header, size, lost)
         txn = header.txn
+        if header.carried is not None:
+            # A carried marker (PROTOCOL.md "Carried markers") applies first, at the entry's base offset,
+            # whatever becomes of the entry's own records (a fenced or duplicate carrier's marker counts).
+            marker = header.carried
+            self._end(marker.txn, marker.committed, header.base_offset)
         if header.kind.is_control:
             self._advance(slot, header, size)
             if txn is not None:

@@ -34,7 +34,7 @@ from typing import Any
 from txn_core.clock import Clock, monotonic
 from txn_core.errors import ConfigurationError, CorruptDataError, DamagedEntryError
 from txn_core.format import paths
-from txn_core.format.entry import EntryHeader, EntryKind, Payload
+from txn_core.format.entry import CarriedMarker, EntryHeader, EntryKind, Payload
 from txn_core.format.ids import TxnId
 from txn_core.format.slotlog import SlotLog
 from txn_core.partition.appender import Appender, AppendResult
@@ -237,6 +237,7 @@ class PartitionLog:
         timestamp_ms: int | None = None,
         writer_id: bytes | None = None,
         gate: Callable[[], bool] | None = None,
+        carried: CarriedMarker | None = None,
     ) -> AppendResult:
         """Append one entry; returns where it landed. Safe against any number of concurrent appenders.
 
@@ -244,7 +245,8 @@ class PartitionLog:
         retrying after an :class:`UnknownOutcomeError` passes the same writer id and gets the same slot.
         ``gate``: the entry becomes visible only once it returns True (:meth:`Storage.create_gated`; a
         backend that stages creates writes the bytes meanwhile); if it returns False nothing is appended
-        and :class:`~txn_core.storage.base.GateClosedError` is raised.
+        and :class:`~txn_core.storage.base.GateClosedError` is raised. ``carried``: the marker a data entry
+        carries (PROTOCOL.md "Carried markers").
         """
         if kind is EntryKind.LOST:
             raise ConfigurationError('an entry of kind LOST is never written (PROTOCOL.md "Damage")')
@@ -252,7 +254,18 @@ class PartitionLog:
         wid = writer_id or uuid.uuid4().bytes
         ts = self.clock() if timestamp_ms is None else timestamp_ms
         template = EntryHeader(
-            kind, 0, record_count, producer_id, producer_epoch, base_sequence, txn, ts, payload_len, payload_crc, wid
+            kind,
+            0,
+            record_count,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            txn,
+            ts,
+            payload_len,
+            payload_crc,
+            wid,
+            carried,
         )
         return self._appender.append(template, chunks, gate)
 
@@ -268,6 +281,7 @@ class PartitionLog:
         txn: TxnId | None = None,
         writer_id: bytes | None = None,
         gate: Callable[[], bool] | None = None,
+        carried: CarriedMarker | None = None,
     ) -> AppendResult:
         """:meth:`append` of a :class:`~txn_core.format.entry.Payload` (its chunks, length and checksum)."""
         return self.append(
@@ -282,6 +296,7 @@ class PartitionLog:
             txn=txn,
             writer_id=writer_id,
             gate=gate,
+            carried=carried,
         )
 
     # --- read: txn_core.partition.fetch ---------------------------------------------------------

@@ -116,6 +116,8 @@ class PartitionState:
         disposition = self.buffer.apply(slot, header, size, lost)
         if header.is_control and header.txn is not None:
             self.decisions.pop(header.txn, None)
+        if header.carried is not None:
+            self.decisions.pop(header.carried.txn, None)
         if self.damage is not None and slot >= self.damage.slot:
             self.damage = None  # passed: marked lost or restored since
         return disposition

@@ -35,6 +35,7 @@ from txn_core.format.entry import Payload
 from txn_core.format.ids import is_int
 
 if TYPE_CHECKING:
+    from txn_core.clients.producer.carried import Offer
     from txn_core.clients.topics import TopicMeta, TopicStore
     from txn_core.partition.staging import StagedRef
 
@@ -51,6 +52,8 @@ class InFlight:
     rows: int
     #: the base sequence it carries (-1 for entries without a sequence)
     sequence: int
+    #: the marker of an earlier transaction it carries (PROTOCOL.md "Carried markers"), kept across retries
+    carried: Offer | None = None
 
 
 @dataclass
@@ -85,17 +88,21 @@ class PartitionBuffer:
         self.rows -= sum(t.num_rows for t in tables)
         return tables
 
-    def next_entry(self, max_bytes: int, sequence: int) -> InFlight:
-        """Encode the next entry's tables as one payload and put it in flight with a fresh writer id."""
+    def next_entry(self, max_bytes: int, sequence: int, carried: Offer | None = None) -> InFlight:
+        """Encode the next entry's tables as one payload and put it in flight with a fresh writer id (carrying
+        the marker of ``carried``, when given)."""
         tables = self.take(max_bytes)
         batches = [b for t in tables for b in t.to_batches() if b.num_rows]
         payload = Payload.of_arrow(batches, tables[0].schema)
-        self.inflight = InFlight(uuid.uuid4().bytes, payload, sum(t.num_rows for t in tables), sequence)
+        self.inflight = InFlight(uuid.uuid4().bytes, payload, sum(t.num_rows for t in tables), sequence, carried)
         return self.inflight
 
     def clear(self) -> None:
+        """Drop everything buffered and the append in flight (its carried marker is then written alone)."""
         self.tables.clear()
         self.nbytes = self.rows = 0
+        if self.inflight is not None and self.inflight.carried is not None:
+            self.inflight.carried.release()
         self.inflight = None
 
 
@@ -172,4 +179,6 @@ class RecordAccumulator:
 
     def clear(self) -> None:
         """Drop every buffer, appends in flight included (a new or aborted transaction)."""
+        for buffer in self.buffers.values():
+            buffer.clear()
         self.buffers.clear()

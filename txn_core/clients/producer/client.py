@@ -41,7 +41,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from txn_core.clients import offsets_fence
+from txn_core.clients.producer import carried
 from txn_core.clients.producer.accumulator import DEFAULT_BATCH_BYTES, MAX_ENTRY_BYTES, RecordAccumulator
+from txn_core.clients.producer.carried import MarkerOffers
 from txn_core.clients.producer.completion import Completions
 from txn_core.clients.producer.sender import Offsets, OffsetsEntry, RecordMetadata, Sender
 from txn_core.clients.producer.sequences import SEQUENCE_LIMIT, ProducerSequences
@@ -75,6 +77,9 @@ _S = ClientState
 #: test or benchmark needs a transaction's own begin record. Read at each decision.
 BEGIN_AHEAD = True
 
+#: The longest ``marker_linger_ms``: well below the 5 s after which anyone completes a prepared transaction.
+MAX_MARKER_LINGER_MS = 1000
+
 
 class Producer:
     """Sends Arrow data to topics; see module doc. Thread-safe."""
@@ -86,8 +91,11 @@ class Producer:
         *,
         transaction_timeout_ms: int = 60000,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
+        marker_linger_ms: int | None = None,
     ) -> None:
         ctx = log.context
+        if marker_linger_ms is None:
+            marker_linger_ms = round(carried.MARKER_LINGER_S * 1000)
         if transactional_id is not None:
             validate_name("transactional id", transactional_id)
         from txn_core.coordinator.service import MAX_TIMEOUT_MS
@@ -99,11 +107,21 @@ class Producer:
             )
         if batch_bytes <= 0:
             raise ConfigurationError(f"batch_bytes must be positive, got {batch_bytes}")
+        if not is_int(marker_linger_ms) or not 0 <= marker_linger_ms <= MAX_MARKER_LINGER_MS:
+            raise ConfigurationError(
+                f"marker_linger_ms must be a whole number of milliseconds in [0, {MAX_MARKER_LINGER_MS}] (how long a "
+                "decided transaction's markers wait to travel in the producer's next entries; 0 writes them at "
+                f"once), got {marker_linger_ms!r}"
+            )
         self.ctx = ctx
         self.transactional_id = transactional_id
         self.transaction_timeout_ms = transaction_timeout_ms
         self._lock = threading.RLock()
-        self._completions = Completions(lambda: self.ctx.coordinator)
+        #: decided transactions' markers waiting for this producer's next entries (PROTOCOL.md "Carried markers")
+        self._offers = (
+            MarkerOffers(marker_linger_ms / 1000) if transactional_id is not None and marker_linger_ms else None
+        )
+        self._completions = Completions(lambda: self.ctx.coordinator, self._offers)
         self._ids = ProducerSequences()
         if transactional_id is None:
             from txn_core.coordinator.pidalloc import allocate_producer_id
@@ -128,6 +146,7 @@ class Producer:
             claim_fence=functools.partial(offsets_fence.claim, ctx),
             stages_creates=ctx.storage.stages_creates,
             remote=ctx.storage.overlap_reads,
+            offers=self._offers,
         )
 
     # --- state ----------------------------------------------------------------------------------
@@ -243,7 +262,8 @@ class Producer:
         with self._lock:
             self._states.require_transactional("commit_transaction")
             self._states.require_open()
-            second_phase = self._txns.commit(self._sender.flush, metadata, begin_ahead=BEGIN_AHEAD)
+            flush = functools.partial(self._sender.flush, final=True)
+            second_phase = self._txns.commit(flush, metadata, begin_ahead=BEGIN_AHEAD)
             if second_phase is not None:  # the producer is Ready: an interrupt here leaves a decided transaction
                 second_phase()
 

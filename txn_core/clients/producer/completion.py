@@ -33,6 +33,7 @@ writes the missing markers and the Complete record (PROTOCOL.md "Recovery").
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -40,9 +41,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from txn_core.clients.producer.carried import MarkerOffers, MarkerSet
 from txn_core.coordinator.txnlog import TidState
 from txn_core.errors import CompletionFailedError, StorageError, TxnLogError
+from txn_core.format.entry import CarriedMarker
 from txn_core.format.ids import TxnId
+from txn_core.format.states import CoordinatorState
 from txn_core.logs import get_logger
 
 if TYPE_CHECKING:
@@ -83,6 +87,11 @@ class PendingCompletion:
     completed: TidState | None = None
     #: when its markers were written by the committing thread (time.monotonic)
     markers_at: float = 0.0
+    #: its topic partitions' markers, offered to the producer's next entries (PROTOCOL.md "Carried markers");
+    #: None when every marker is written alone
+    offers: MarkerSet | None = None
+    #: the logs whose markers are written alone at once (None: every participant)
+    lone: list[str] | None = None
 
     @property
     def txn(self) -> TxnId:
@@ -95,9 +104,11 @@ class Completions:
     """The pending second phases of one producer. Used under the producer's lock, except for the
     background thread, which touches a completion only under that completion's lock."""
 
-    def __init__(self, coordinator: Callable[[], TransactionCoordinator]) -> None:
+    def __init__(self, coordinator: Callable[[], TransactionCoordinator], offers: MarkerOffers | None = None) -> None:
         # Looked up at each use, so a test (or a wrapper) may replace the coordinator's methods.
         self._coordinator = coordinator
+        #: where the markers of topic partitions wait for the producer's next entries (None: never)
+        self._offers = offers
         self._pending: list[PendingCompletion] = []
         self._executor: ThreadPoolExecutor | None = None
         #: moving average of the wall time of this producer's decision records (None: none measured yet)
@@ -124,6 +135,9 @@ class Completions:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txnlog-completer")
         pending = PendingCompletion(prepared)
         self._pending.append(pending)
+        if self._offer(pending):
+            self._start_offered(pending)
+            return
         if not self.fast_records():
             pending.future = self._executor.submit(self._second_phase, pending)
             return
@@ -139,13 +153,57 @@ class Completions:
         pending.markers_written.set()
         self._watch(pending)
 
+    def _offer(self, pending: PendingCompletion) -> bool:
+        """Offer ``pending``'s topic-partition markers to the producer's next entries (PROTOCOL.md "Carried
+        markers"); False when none may be carried."""
+        offers, prepared = self._offers, pending.prepared
+        if offers is None or not offers.enabled or prepared.txn is None:
+            return False
+        carriable = offers.carriable(prepared.participants)
+        if not carriable:
+            return False
+        committed = prepared.state in (CoordinatorState.PREPARE_COMMIT, CoordinatorState.COMPLETE_COMMIT)
+        marker = CarriedMarker(committed, prepared.txn, prepared.epoch)
+        coordinator = self._coordinator
+
+        def write(paths: list[str]) -> None:
+            coordinator().write_markers(prepared, paths)
+
+        pending.offers = MarkerSet(marker, prepared.producer_id, carriable, write)
+        pending.lone = [p for p in prepared.participants if p not in pending.offers.offers]
+        offers.add(pending.offers)
+        return True
+
+    def _start_offered(self, pending: PendingCompletion) -> None:
+        """The second phase of a transaction whose topic-partition markers are offered: the others are
+        written at once (here where records are fast), the offered ones by the producer's next entries or,
+        after the linger, alone; then the Complete as always."""
+        lone_written = False
+        if pending.lone and self.fast_records():
+            try:
+                self._coordinator().write_markers(pending.prepared, pending.lone)
+                lone_written = True
+            except Exception as exc:
+                logger.debug(
+                    "transaction %s: markers failed here (%s); writing them in the background", pending.txn, exc
+                )
+        elif not pending.lone:
+            lone_written = True
+        if self._executor is None:  # pragma: no cover - start() made it
+            raise TxnLogError("no completer")
+        pending.future = self._executor.submit(self._second_phase, pending, lone_written)
+
     def fast_records(self) -> bool:
         """Whether this producer's records are cheaper to write on its own thread than to hand off
         (:data:`FAST_RECORD_S`): then it writes its markers, and its begin, itself."""
         return self._record_s is not None and self._record_s < FAST_RECORD_S
 
-    def _second_phase(self, pending: PendingCompletion) -> None:
-        self._coordinator().write_markers(pending.prepared)
+    def _second_phase(self, pending: PendingCompletion, lone_written: bool = False) -> None:
+        if not lone_written:
+            self._coordinator().write_markers(pending.prepared, pending.lone)
+        offers = pending.offers
+        if offers is not None and not offers.wait(self._offers.linger_s if self._offers is not None else 0):
+            offers.force()  # nothing carried them within the linger: alone
         pending.markers_written.set()
         if not pending.claimed.wait(COMPLETE_LINGER_S):
             self._complete_alone(pending)
@@ -325,7 +383,11 @@ class Completions:
 
     @staticmethod
     def _wait_markers(pending: PendingCompletion) -> None:
-        """Block until ``pending``'s markers are durable; raises what failed while writing them."""
+        """Block until ``pending``'s markers are durable (writing alone at once those still offered); raises
+        what failed while writing them."""
+        if pending.offers is not None and not pending.offers.landed:
+            with contextlib.suppress(StorageError):  # the background phase meets it too, and raises it below
+                pending.offers.force()
         while not pending.markers_written.wait(0.05):
             if pending.future is not None and pending.future.done():
                 pending.future.result()  # raises the failure

@@ -46,7 +46,7 @@ from txn_core.clients.producer.sequences import SEQUENCE_LIMIT, ProducerSequence
 from txn_core.clients.producer.transactions import TransactionManager
 from txn_core.errors import InvalidTxnStateError, TransactionTooLargeError, TxnLogError
 from txn_core.format import paths
-from txn_core.format.entry import EntryKind, Payload
+from txn_core.format.entry import CarriedMarker, EntryKind, Payload
 from txn_core.format.ids import TopicPartition, TxnId
 from txn_core.logs import get_logger
 from txn_core.partition.partition import AppendResult
@@ -55,6 +55,7 @@ from txn_core.storage.base import GateClosedError
 from txn_core.storage.parallel import submit
 
 if TYPE_CHECKING:
+    from txn_core.clients.producer.carried import MarkerOffers, Offer
     from txn_core.partition.partition import PartitionLog
 
 logger = get_logger("txnlog.producer")
@@ -111,6 +112,7 @@ class Sender:
         claim_fence: FenceClaim,
         stages_creates: bool,
         remote: bool = True,
+        offers: MarkerOffers | None = None,
     ) -> None:
         self._txns = txns
         self._ids = ids
@@ -126,29 +128,44 @@ class Sender:
         self._pool: ThreadPoolExecutor | None = None
         #: partition logs written at once (:data:`WRITERS_REMOTE`, :data:`WRITERS_LOCAL`)
         self._writers = WRITERS_REMOTE if remote else WRITERS_LOCAL
+        #: decided transactions' markers this producer's next entries may carry (PROTOCOL.md "Carried markers")
+        self._offers = offers
 
     def take_results(self) -> list[RecordMetadata]:
         """Where each entry landed since the last call."""
         results, self._results = self._results, []
         return results
 
-    def flush(self) -> None:
-        """Write everything buffered, and every append in flight."""
+    def flush(self, *, final: bool = False) -> None:
+        """Write everything buffered, and every append in flight. ``final`` (a commit's flush): also write
+        alone, at the same time, the offered markers no entry of this flush will carry, so that the decision
+        that follows never waits for their linger."""
         todo = self._accumulator.pending()
-        if todo:
-            self.write_buffers(todo)
+        lone: list[Offer] = []
+        if final and self._offers is not None:
+            lone = self._offers.take_all(exclude={path for path, b in todo.items() if b.tables})
+        try:
+            if todo:
+                self.write_buffers(todo, lone)
+            elif lone:
+                self.run_all([functools.partial(_write_alone, o) for o in lone])
+        finally:
+            for offer in lone:
+                offer.release()  # those written are landed already; the rest are free again
 
-    def write_buffers(self, todo: dict[str, PartitionBuffer]) -> None:
-        """Write ``todo``'s buffers, registering their logs first (or overlapping the begin that does)."""
+    def write_buffers(self, todo: dict[str, PartitionBuffer], lone: list[Offer] | None = None) -> None:
+        """Write ``todo``'s buffers, registering their logs first (or overlapping the begin that does), and
+        the markers of ``lone`` alone beside them."""
+        extra: list[Callable[[], list[RecordMetadata]]] = [functools.partial(_write_alone, o) for o in lone or ()]
         txns = self._txns
         txns.adopt_ahead()  # its epoch, and so the sequences, apply from here
         self.make_sequence_room({path: b.rows + (b.inflight.rows if b.inflight else 0) for path, b in todo.items()})
         predicted = txns.overlapped_begin() if self._stages_creates else None
         if predicted is not None:
-            self._write_with_begin(todo, predicted)
+            self._write_with_begin(todo, predicted, extra)
             return
         txns.ensure_registered(list(todo))
-        self.run_all([functools.partial(self._write_one, path, buffer) for path, buffer in todo.items()])
+        self.run_all([functools.partial(self._write_one, path, buffer) for path, buffer in todo.items()] + extra)
 
     def make_sequence_room(self, rows: dict[str, int]) -> None:
         """Make sure ``rows`` more records per partition log fit in the current epoch's sequences (PROTOCOL.md
@@ -183,7 +200,12 @@ class Sender:
             "smaller ones"
         )
 
-    def _write_with_begin(self, todo: dict[str, PartitionBuffer], predicted: TxnId) -> None:
+    def _write_with_begin(
+        self,
+        todo: dict[str, PartitionBuffer],
+        predicted: TxnId,
+        extra: list[Callable[[], list[RecordMetadata]]] | None = None,
+    ) -> None:
         """The transaction's first writes overlap its ``begin`` record, on a store that stages creates
         (local disk): each entry is written and fsynced under the transaction id the begin is expected to
         get, and linked only once the begin is durable with that id (the gate). The rule "a participant is
@@ -200,6 +222,7 @@ class Sender:
         try:
             self.run_all(
                 [functools.partial(self._write_one, path, buffer, predicted, gate) for path, buffer in todo.items()]
+                + (extra or [])
             )
         except GateClosedError:
             logger.debug("producer %s: begin landed at %s, not %s", txns.transactional_id, txns.txn, predicted)
@@ -217,18 +240,27 @@ class Sender:
         only_inflight: bool = False,
     ) -> list[RecordMetadata]:
         """Append ``buffer``'s in-flight entry (if any), then (unless ``only_inflight``) its buffered tables as
-        entries (the first one behind ``gate``, under ``txn`` instead of the current transaction id when given)."""
+        entries (the first one behind ``gate``, under ``txn`` instead of the current transaction id when given).
+        A new entry carries the oldest marker offered for ``path``, if any."""
         ids = self._ids
         while True:
             if buffer.inflight is None:
                 if only_inflight or not buffer.tables:
                     return []
-                buffer.next_entry(MAX_ENTRY_BYTES, ids.next(path))
+                buffer.next_entry(MAX_ENTRY_BYTES, ids.next(path), self._take_offer(path))
             inflight = buffer.inflight
             if inflight is None:  # pragma: no cover
                 return []
-            result = self.append(
-                path, inflight.payload, inflight.rows, EntryKind.DATA, inflight.sequence, inflight.writer_id, txn, gate
+            result = self._append_carrying(
+                inflight.carried,
+                path,
+                inflight.payload,
+                inflight.rows,
+                EntryKind.DATA,
+                inflight.sequence,
+                inflight.writer_id,
+                txn,
+                gate,
             )
             gate = None  # open: later entries follow it
             buffer.inflight = None
@@ -237,6 +269,37 @@ class Sender:
             self._results.append(
                 RecordMetadata(topic, partition, result.base_offset, inflight.rows, result.timestamp_ms)
             )
+
+    def _take_offer(self, path: str) -> Offer | None:
+        """The oldest marker offered for ``path`` that this producer's next entry there may carry."""
+        if self._offers is None or self._txns.transactional_id is None:
+            return None
+        return self._offers.take(path, self._ids.producer_id)
+
+    def _append_carrying(
+        self,
+        offer: Offer | None,
+        path: str,
+        payload: Payload,
+        record_count: int,
+        kind: EntryKind,
+        sequence: int,
+        writer_id: bytes | None = None,
+        txn: TxnId | None = None,
+        gate: Callable[[], bool] | None = None,
+    ) -> AppendResult:
+        """:meth:`append` of an entry carrying ``offer``'s marker (if any): landed when the entry is, freed for
+        a lone write when the append fails."""
+        carried = offer.marker if offer is not None else None
+        try:
+            result = self.append(path, payload, record_count, kind, sequence, writer_id, txn, gate, carried)
+        except BaseException:
+            if offer is not None:
+                offer.release()
+            raise
+        if offer is not None:
+            offer.landed()
+        return result
 
     def append(
         self,
@@ -248,6 +311,7 @@ class Sender:
         writer_id: bytes | None = None,
         txn: TxnId | None = None,
         gate: Callable[[], bool] | None = None,
+        carried: CarriedMarker | None = None,
     ) -> AppendResult:
         """One entry of this producer (its id, epoch and current transaction, or ``txn``) into ``path``."""
         if sequence + record_count > SEQUENCE_LIMIT:  # make_sequence_room is asked first where it can help
@@ -265,6 +329,7 @@ class Sender:
             txn=txn or self._txns.txn,
             writer_id=writer_id,
             gate=gate,
+            carried=carried,
         )
 
     def write_offsets(self, entry: OffsetsEntry) -> None:
@@ -319,10 +384,13 @@ class Sender:
     def _write_staged(self, path: str, items: list[StagedRef]) -> list[RecordMetadata]:
         """One DATA_REF entry per reference into ``path``, in order."""
         out = []
-        for ref in items:
+        for n, ref in enumerate(items):
             seq = self._ids.next(path)
+            offer = self._take_offer(path) if n == 0 else None
             try:
-                r = self.append(path, Payload.of(reference_payload(ref)), ref.rows, EntryKind.DATA_REF, seq)
+                r = self._append_carrying(
+                    offer, path, Payload.of(reference_payload(ref)), ref.rows, EntryKind.DATA_REF, seq
+                )
             except BaseException:
                 if self._txns.transactional_id is None:
                     self._unsure.add(path)  # it may have landed with ``seq``; see make_sequence_room
@@ -359,6 +427,12 @@ class Sender:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+def _write_alone(offer: Offer) -> list[RecordMetadata]:
+    """Write ``offer``'s marker as an entry of its own (a pool task of :meth:`Sender.run_all`)."""
+    offer.write_alone()
+    return []
 
 
 def _split_path(path: str) -> tuple[str, int]:

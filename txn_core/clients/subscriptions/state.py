@@ -245,6 +245,8 @@ class SubscriptionState:
                 key,
             )
         verdict: Verdict | None = None
+        if header.carried is not None:  # applied first, as a partition's buffer does
+            self.apply_marker(header.carried.txn, header.carried.committed)
         if header.kind in (EntryKind.COMMIT, EntryKind.ABORT):
             if header.txn is None:
                 raise CorruptDataError(f"{key}: a marker without a transaction", key)
