@@ -213,7 +213,7 @@ def _committed_history(url: str, options: dict[str, Any] | None, topic: str, txn
     partition (a data entry and a marker per partition per transaction), written by producer ``txn_id``."""
     log = txn_core.open_log(url, options)
     log.create_topic(topic, PARTITIONS, SCHEMA)
-    p = log.producer(txn_id)
+    p = log.producer(txn_id, marker_linger_ms=0)  # markers alone: the entries ISSUE 34 items 1 and 2 count
     p.init_transactions()
     for i in range(txns):
         p.begin_transaction()

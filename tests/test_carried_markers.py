@@ -6,6 +6,7 @@ entries. The crash windows are tests/test_crash_points.py's
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,9 +19,10 @@ from test_cli import txnlog_inprocess
 import txn_core
 from txn_core.clients.producer import client, completion
 from txn_core.clock import system_clock
-from txn_core.errors import CommitFailedError, CorruptDataError, StorageError
+from txn_core.errors import CommitFailedError, ConfigurationError, CorruptDataError, StorageError
 from txn_core.format import entry as entry_format
 from txn_core.format import paths
+from txn_core.format.checksum import crc32c
 from txn_core.format.entry import CarriedMarker, EntryHeader, EntryKind, decode_header
 from txn_core.format.ids import TxnId
 from txn_core.ops import maintenance
@@ -236,6 +238,72 @@ def test_a_carrier_that_fails_leaves_its_marker_to_a_lone_write_and_the_retried_
     _assert_settled(log)
 
 
+def _finishes(action: Any, within_s: float = 20.0) -> None:
+    """Run ``action`` on a thread; it must return (or raise) within ``within_s``, else the test fails."""
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(within_s), f"{action} still blocked after {within_s} s"
+    if errors:
+        raise errors[0]
+
+
+def test_a_commit_whose_record_finishes_an_earlier_failed_completion_does_not_hang() -> None:
+    """The earlier transaction's lone marker failed after its linger; the next commit registers a partition
+    the earlier one did not write, and that record's claim finishes the earlier transaction, writing its
+    markers alone: it must not wait for markers its own flush would only write later."""
+    storage = CountingCreates(MemoryStorage(f"carried-{uuid.uuid4().hex}"))
+    log = _log(storage)
+    p = log.producer("stalled", marker_linger_ms=50)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [1]}), partition=0)
+    p.commit_transaction()
+    storage.fail, storage.fail_under = 1, "topics/t/00000/"  # its lone marker, once the linger is over
+    deadline = time.monotonic() + 10
+    while storage.fail and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not storage.fail, "the lone write was attempted"
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [2]}), partition=1)
+    _finishes(p.commit_transaction)
+    _finishes(p.close)
+    assert _read(log) == [1, 2]
+    _assert_settled(log)
+
+
+def test_an_entry_that_fails_to_encode_leaves_no_marker_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    from txn_core.clients.producer import accumulator
+
+    log = _log()
+    p = log.producer("encoding", marker_linger_ms=1000)
+    p.init_transactions()
+    first = _stream(p, 0, 1)
+
+    def boom(batches: Any, schema: Any) -> Any:
+        raise MemoryError("injected: encoding failed")
+
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [100]}), partition=0)
+    with monkeypatch.context() as m:
+        m.setattr(accumulator.Payload, "of_arrow", boom)  # type: ignore[attr-defined]
+        with pytest.raises(MemoryError):
+            p.flush()
+    _finishes(p.abort_transaction)
+    _finishes(p.close)
+    assert _read(log) == first
+    _assert_settled(log)
+
+
 def test_an_aborted_carrier_still_ends_the_transaction_it_carries_the_marker_of() -> None:
     log = _log()
     p = log.producer("aborts", marker_linger_ms=1000)
@@ -396,3 +464,15 @@ def test_a_version_2_header_that_is_not_a_data_entry_carrying_a_marker_is_corrup
     marker = EntryHeader(EntryKind.COMMIT, 0, 1, 7, 0, -1, T1, 0, 0, 0, b"\0" * 16, CarriedMarker(True, T2, 0))
     with pytest.raises(CorruptDataError, match="only data entries carry COMMIT or ABORT markers"):
         decode_header(marker.encode(), "k")
+
+
+def test_a_carried_marker_with_stray_bytes_is_corrupt_and_control_entries_carry_none() -> None:
+    raw = bytearray(_data(0, 1, T2, carried=CarriedMarker(True, T1, 0)).encode())
+    raw[93] = 1  # padding after the marker's kind
+    body = bytes(raw[:124])
+    raw[124:128] = crc32c(body).to_bytes(4, "little")
+    with pytest.raises(CorruptDataError, match="non-zero padding"):
+        decode_header(bytes(raw), "k")
+    plog = _log().partition_log(paths.partition_log_path("t", 0))
+    with pytest.raises(ConfigurationError, match="a COMMIT entry carries no marker"):
+        plog.append(EntryKind.COMMIT, b"{}", 2, 0, 1, txn=T1, carried=CarriedMarker(True, T2, 0))

@@ -232,6 +232,9 @@ def carried_marker(version: int, kind: EntryKind, reserved: bytes, key: str) -> 
     if version != VERSION_CARRIER:
         return None
     mkind, mepoch, mhi, mlo = _CARRIED.unpack(reserved)
+    if reserved[1:4] != b"\0\0\0" or reserved[24:] != b"\0" * 8:
+        check = "a carried marker with non-zero padding"
+        raise CorruptDataError(f"{key}: {check}; the header is corrupt.", key, check)
     if kind not in (EntryKind.DATA, EntryKind.DATA_REF) or mkind not in (EntryKind.COMMIT, EntryKind.ABORT):
         check = f"a version-2 {kind.name} entry carrying a marker of kind {mkind}"
         raise CorruptDataError(f"{key}: {check}; only data entries carry COMMIT or ABORT markers.", key, check)

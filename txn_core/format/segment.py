@@ -119,7 +119,8 @@ def _carriers_valid(rows: np.ndarray) -> bool:
         return True
     data = np.isin(rows["kind"][v2], [int(EntryKind.DATA), int(EntryKind.DATA_REF)])
     marker = np.isin(rows["marker_kind"][v2], [int(EntryKind.COMMIT), int(EntryKind.ABORT)])
-    return bool(np.all(data & marker))
+    padding = (rows["marker_pad"][v2] == np.void(b"\0" * 3)) & (rows["pad"][v2] == np.void(b"\0" * 8))
+    return bool(np.all(data & marker & padding))
 
 
 class Form(enum.IntEnum):

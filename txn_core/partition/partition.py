@@ -250,6 +250,8 @@ class PartitionLog:
         """
         if kind is EntryKind.LOST:
             raise ConfigurationError('an entry of kind LOST is never written (PROTOCOL.md "Damage")')
+        if carried is not None and kind not in (EntryKind.DATA, EntryKind.DATA_REF):
+            raise ConfigurationError(f'a {kind.name} entry carries no marker (PROTOCOL.md "Carried markers")')
         chunks = [payload] if isinstance(payload, bytes | memoryview) else list(payload)
         wid = writer_id or uuid.uuid4().bytes
         ts = self.clock() if timestamp_ms is None else timestamp_ms

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -88,12 +89,14 @@ class PartitionBuffer:
         self.rows -= sum(t.num_rows for t in tables)
         return tables
 
-    def next_entry(self, max_bytes: int, sequence: int, carried: Offer | None = None) -> InFlight:
-        """Encode the next entry's tables as one payload and put it in flight with a fresh writer id (carrying
-        the marker of ``carried``, when given)."""
+    def next_entry(self, max_bytes: int, sequence: int, carry: Callable[[], Offer | None] | None = None) -> InFlight:
+        """Encode the next entry's tables as one payload and put it in flight with a fresh writer id, carrying
+        the marker ``carry()`` offers, if any (asked once the payload is encoded: an encoding error takes
+        no marker)."""
         tables = self.take(max_bytes)
         batches = [b for t in tables for b in t.to_batches() if b.num_rows]
         payload = Payload.of_arrow(batches, tables[0].schema)
+        carried = carry() if carry is not None else None
         self.inflight = InFlight(uuid.uuid4().bytes, payload, sum(t.num_rows for t in tables), sequence, carried)
         return self.inflight
 

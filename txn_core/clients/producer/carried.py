@@ -12,14 +12,20 @@ offers from when it encodes a new entry.
 
 Invariants:
 
-* an offer is taken by at most one party at a time (a carrier entry or a lone write), under its set's lock;
-  it is *landed* once an entry holding its marker is durable (a carrier that was appended, or the lone
-  marker), and never goes back;
+* an offer is carried by at most one entry: a new entry takes it only while it is free, under its set's
+  lock; it is *landed* once an entry holding its marker is durable (a carrier that was appended, or the
+  lone marker), and never goes back;
 * a carrier whose append fails releases its offer, which is then written alone (the carrier may still
   land on a retry: a second marker for an ended transaction changes nothing, PROTOCOL.md "Transaction
   buffer");
+* :meth:`MarkerSet.force` never waits for another party: it writes alone every marker not landed yet,
+  those a carrier holds included (a carrier in flight at that moment lands a second marker, harmless), so
+  a carrier that never finishes cannot hang it; it waits only for another lone write, which lands or frees
+  its markers;
 * the set is landed (:meth:`MarkerSet.wait`) only when every offer is: only then is the transaction's
-  Complete record written (:mod:`txn_core.clients.producer.completion`).
+  Complete record written (:mod:`txn_core.clients.producer.completion`); a set whose transaction was
+  completed another way (every marker written by the coordinator's whole second phase) is *retired*: no
+  entry carries its markers any more.
 
 Crash windows: a producer dying with offers pending leaves a prepared transaction without those markers,
 as a producer dying before its background markers does; whoever meets it after the completion grace writes
@@ -47,7 +53,7 @@ class Offer:
 
     path: str
     owner: MarkerSet
-    #: offered (free to take), taken (a carrier or a lone write holds it) or landed (durable)
+    #: offered (free to take), carrying (a carrier entry holds it), writing (a lone write holds it) or landed
     state: str = "offered"
 
     @property
@@ -60,10 +66,14 @@ class Offer:
 
     def release(self) -> None:
         """The carrier that took it failed: free to take again (a lone write or a later carrier)."""
-        self.owner._release(self)
+        self.owner._release(self, "carrying")
+
+    def release_alone(self) -> None:
+        """The lone write that took it did not land it: free to take again."""
+        self.owner._release(self, "writing")
 
     def write_alone(self) -> None:
-        """Write this (taken) offer's marker as an entry of its own."""
+        """Write this offer's marker (held by the caller's lone write) as an entry of its own."""
         self.owner._write([self])
 
 
@@ -89,14 +99,25 @@ class MarkerSet:
         #: markers that travelled in a carrier entry, and markers written alone (for tests and benchmarks)
         self.carried = 0
         self.alone = 0
+        #: completed another way: nothing more to carry (:meth:`retire`)
+        self.retired = False
 
     def take(self, path: str) -> Offer | None:
-        """The offer of ``path`` if it is free (now taken), else None."""
+        """The offer of ``path`` if it is free (now held by the caller's carrier entry), else None."""
         with self._lock:
             offer = self.offers.get(path)
             if offer is None or offer.state != "offered":
                 return None
-            offer.state = "taken"
+            offer.state = "carrying"
+            return offer
+
+    def take_alone(self, path: str) -> Offer | None:
+        """The offer of ``path`` if it is free (now held by the caller's lone write), else None."""
+        with self._lock:
+            offer = self.offers.get(path)
+            if offer is None or offer.state != "offered":
+                return None
+            offer.state = "writing"
             return offer
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -108,24 +129,33 @@ class MarkerSet:
         return self._done.is_set()
 
     def force(self) -> None:
-        """Write every free offer alone now (in parallel), and wait for those carriers hold: on return all
-        markers are durable. Raises what a lone write raised (its offers are free again)."""
+        """Write alone now (in parallel) every marker not landed yet, those a carrier holds included, and
+        wait for those another lone write holds (it lands or frees them): on return all markers are durable.
+        Raises what a lone write raised (its offers are free again)."""
         while True:
             with self._lock:
-                free = [o for o in self.offers.values() if o.state == "offered"]
-                for offer in free:
-                    offer.state = "taken"
-            if free:
-                self._write(free)
-            if self._done.wait(0.05):
+                due = [o for o in self.offers.values() if o.state in ("offered", "carrying")]
+                for offer in due:
+                    offer.state = "writing"
+            if due:
+                self._write(due)
+            if self._done.wait(0 if due else 0.01):
                 return
+
+    def retire(self) -> None:
+        """The transaction was completed another way (every marker written): no entry carries these any more."""
+        with self._lock:
+            self.retired = True
+            for offer in self.offers.values():
+                if offer.state == "offered":
+                    offer.state = "writing"  # never taken again: its marker is written
 
     def _write(self, offers: list[Offer]) -> None:
         try:
             self._write_paths([o.path for o in offers])
         except BaseException:
             for offer in offers:
-                self._release(offer)
+                self._release(offer, "writing")
             raise
         for offer in offers:
             self._landed(offer, alone=True)
@@ -143,9 +173,9 @@ class MarkerSet:
             if not self._left:
                 self._done.set()
 
-    def _release(self, offer: Offer) -> None:
+    def _release(self, offer: Offer, held: str) -> None:
         with self._lock:
-            if offer.state == "taken":
+            if offer.state == held and not self.retired:
                 offer.state = "offered"
 
 
@@ -173,10 +203,7 @@ class MarkerOffers:
 
     def take(self, path: str, producer_id: int) -> Offer | None:
         """The oldest free offer for ``path`` of ``producer_id`` (now taken by the caller's entry), or None."""
-        with self._lock:
-            while self._sets and self._sets[0].landed:
-                self._sets.popleft()
-            sets = list(self._sets)
+        sets = self._live()
         for markers in sets:
             if markers.producer_id == producer_id:
                 offer = markers.take(path)
@@ -186,13 +213,18 @@ class MarkerOffers:
 
     def take_all(self, exclude: Collection[str] = ()) -> list[Offer]:
         """Every free offer for a log not in ``exclude`` (now taken by the caller, to write alone)."""
-        with self._lock:
-            sets = list(self._sets)
+        sets = self._live()
         out = []
         for markers in sets:
             for path in list(markers.offers):
                 if path not in exclude:
-                    offer = markers.take(path)
+                    offer = markers.take_alone(path)
                     if offer is not None:
                         out.append(offer)
         return out
+
+    def _live(self) -> list[MarkerSet]:
+        """The sets with markers still to land, oldest first (dropping the others)."""
+        with self._lock:
+            self._sets = deque(m for m in self._sets if not (m.landed or m.retired))
+            return list(self._sets)

@@ -357,6 +357,8 @@ class Completions:
             self._wait_markers(pending)
         except TxnLogError:
             pending.completed = coordinator.complete(pending.prepared)  # the whole second phase again, once
+            if pending.offers is not None:
+                pending.offers.retire()  # every marker written: nothing left to carry
             pending.done.set()
             return pending.completed
         with pending.lock:

@@ -44,7 +44,7 @@ import pyarrow as pa
 from txn_core.clients.producer.accumulator import MAX_ENTRY_BYTES, PartitionBuffer, RecordAccumulator
 from txn_core.clients.producer.sequences import SEQUENCE_LIMIT, ProducerSequences
 from txn_core.clients.producer.transactions import TransactionManager
-from txn_core.errors import InvalidTxnStateError, TransactionTooLargeError, TxnLogError
+from txn_core.errors import InvalidTxnStateError, StorageError, TransactionTooLargeError, TxnLogError
 from txn_core.format import paths
 from txn_core.format.entry import CarriedMarker, EntryKind, Payload
 from txn_core.format.ids import TopicPartition, TxnId
@@ -141,31 +141,41 @@ class Sender:
         alone, at the same time, the offered markers no entry of this flush will carry, so that the decision
         that follows never waits for their linger."""
         todo = self._accumulator.pending()
-        lone: list[Offer] = []
-        if final and self._offers is not None:
-            lone = self._offers.take_all(exclude={path for path, b in todo.items() if b.tables})
-        try:
-            if todo:
-                self.write_buffers(todo, lone)
-            elif lone:
-                self.run_all([functools.partial(_write_alone, o) for o in lone])
-        finally:
-            for offer in lone:
-                offer.release()  # those written are landed already; the rest are free again
+        offers = self._offers
+        lone: Callable[[], list[Offer]] | None = None
+        if final and offers is not None:
+            carrying = {path for path, b in todo.items() if b.tables}  # new entries: they take their offers
+            lone = functools.partial(offers.take_all, exclude=carrying)
+        if todo:
+            self.write_buffers(todo, lone)
+        elif lone is not None:
+            self._run_with_lone([], lone)
 
-    def write_buffers(self, todo: dict[str, PartitionBuffer], lone: list[Offer] | None = None) -> None:
+    def write_buffers(self, todo: dict[str, PartitionBuffer], lone: Callable[[], list[Offer]] | None = None) -> None:
         """Write ``todo``'s buffers, registering their logs first (or overlapping the begin that does), and
-        the markers of ``lone`` alone beside them."""
-        extra: list[Callable[[], list[RecordMetadata]]] = [functools.partial(_write_alone, o) for o in lone or ()]
+        the markers ``lone()`` takes alone beside them. They are taken only once the logs are registered: a
+        record's claim may write every marker of an earlier transaction alone, and must not find some held
+        by this thread for later."""
         txns = self._txns
         txns.adopt_ahead()  # its epoch, and so the sequences, apply from here
         self.make_sequence_room({path: b.rows + (b.inflight.rows if b.inflight else 0) for path, b in todo.items()})
         predicted = txns.overlapped_begin() if self._stages_creates else None
         if predicted is not None:
-            self._write_with_begin(todo, predicted, extra)
+            self._write_with_begin(todo, predicted, lone)
             return
         txns.ensure_registered(list(todo))
-        self.run_all([functools.partial(self._write_one, path, buffer) for path, buffer in todo.items()] + extra)
+        self._run_with_lone([functools.partial(self._write_one, path, buffer) for path, buffer in todo.items()], lone)
+
+    def _run_with_lone(
+        self, work: list[Callable[[], list[RecordMetadata]]], lone: Callable[[], list[Offer]] | None
+    ) -> list[list[RecordMetadata]]:
+        """:meth:`run_all` of ``work`` and, beside it, a lone write of each marker ``lone()`` takes."""
+        taken = lone() if lone is not None else []
+        try:
+            return self.run_all(work + [functools.partial(_write_alone, o) for o in taken])
+        finally:
+            for offer in taken:
+                offer.release_alone()  # those written are landed already; the rest are free again
 
     def make_sequence_room(self, rows: dict[str, int]) -> None:
         """Make sure ``rows`` more records per partition log fit in the current epoch's sequences (PROTOCOL.md
@@ -204,7 +214,7 @@ class Sender:
         self,
         todo: dict[str, PartitionBuffer],
         predicted: TxnId,
-        extra: list[Callable[[], list[RecordMetadata]]] | None = None,
+        lone: Callable[[], list[Offer]] | None = None,
     ) -> None:
         """The transaction's first writes overlap its ``begin`` record, on a store that stages creates
         (local disk): each entry is written and fsynced under the transaction id the begin is expected to
@@ -220,9 +230,11 @@ class Sender:
             return txns.txn == predicted
 
         try:
-            self.run_all(
-                [functools.partial(self._write_one, path, buffer, predicted, gate) for path, buffer in todo.items()]
-                + (extra or [])
+            # The begin is created on another thread meanwhile; its claim never writes the markers of the
+            # newest decided transaction (TransactionManager.overlapped_begin: at most one is pending).
+            self._run_with_lone(
+                [functools.partial(self._write_one, path, buffer, predicted, gate) for path, buffer in todo.items()],
+                lone,
             )
         except GateClosedError:
             logger.debug("producer %s: begin landed at %s, not %s", txns.transactional_id, txns.txn, predicted)
@@ -247,7 +259,7 @@ class Sender:
             if buffer.inflight is None:
                 if only_inflight or not buffer.tables:
                     return []
-                buffer.next_entry(MAX_ENTRY_BYTES, ids.next(path), self._take_offer(path))
+                buffer.next_entry(MAX_ENTRY_BYTES, ids.next(path), functools.partial(self._take_offer, path))
             inflight = buffer.inflight
             if inflight is None:  # pragma: no cover
                 return []
@@ -386,11 +398,10 @@ class Sender:
         out = []
         for n, ref in enumerate(items):
             seq = self._ids.next(path)
+            payload = Payload.of(reference_payload(ref))
             offer = self._take_offer(path) if n == 0 else None
             try:
-                r = self._append_carrying(
-                    offer, path, Payload.of(reference_payload(ref)), ref.rows, EntryKind.DATA_REF, seq
-                )
+                r = self._append_carrying(offer, path, payload, ref.rows, EntryKind.DATA_REF, seq)
             except BaseException:
                 if self._txns.transactional_id is None:
                     self._unsure.add(path)  # it may have landed with ``seq``; see make_sequence_room
@@ -430,8 +441,13 @@ class Sender:
 
 
 def _write_alone(offer: Offer) -> list[RecordMetadata]:
-    """Write ``offer``'s marker as an entry of its own (a pool task of :meth:`Sender.run_all`)."""
-    offer.write_alone()
+    """Write ``offer``'s marker as an entry of its own (a pool task of :meth:`Sender.run_all`). A failure is
+    not this flush's: the marker stays free, and the decision that follows writes it or fails naming the
+    earlier transaction (:class:`~txn_core.errors.CompletionFailedError`)."""
+    try:
+        offer.write_alone()
+    except StorageError as exc:
+        logger.debug("marker of %s in %s not written alone: %s", offer.marker.txn, offer.path, exc)
     return []
 
 
