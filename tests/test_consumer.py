@@ -307,3 +307,39 @@ def test_a_seek_past_entries_appended_since_a_read_ahead_missed_them(tmp_path: P
     c.seek(("t", 0), 50)
     assert c.poll().column("id").to_pylist() == list(range(50, 60))
     p.close()
+
+
+def test_a_closed_consumer_leaves_no_snapshot_being_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader writes its buffer snapshots behind its records, on another thread; close() waits for them, so
+    nothing a closed consumer started still writes (a listing taken after close is the final one)."""
+    import threading
+    import time
+
+    from txn_core.partition import snapshots
+    from txn_core.storage.base import Chunks, DelegatingStorage
+
+    monkeypatch.setattr(snapshots, "SNAPSHOT_EVERY_TXNS", 1)
+    started = threading.Event()
+
+    class SlowSnapshots(DelegatingStorage):
+        def create(self, key: str, chunks: Chunks) -> None:
+            if "/snapshots/" in key:
+                started.set()
+                time.sleep(0.3)
+            self.inner.create(key, chunks)
+
+    inner = MemoryStorage(uuid.uuid4().hex)
+    log = txn_core.Log(inner)
+    log.create_topic("t", 1, pa.schema([("id", pa.int64())]))
+    p = log.producer("w")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", pa.table({"id": [1, 2]}), partition=0)
+    p.commit_transaction()
+    p.close()
+    c = txn_core.Log(SlowSnapshots(inner)).consumer()
+    c.assign([("t", 0)])
+    assert c.poll().num_rows == 2
+    assert started.wait(5), "a snapshot was due and began behind the records"
+    c.close()
+    assert inner.list("topics/t/00000/snapshots/"), "written by the time close() returned"

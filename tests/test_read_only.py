@@ -109,6 +109,7 @@ def test_the_cli_group_and_transaction_verbs_read_a_read_only_mount(tmp_path: Pa
         while consumer.poll().num_rows:
             pass
         consumer.commit()
+        consumer.close()  # the snapshots it writes behind its records are written once it is closed
     before = listing(source)
     with read_only_bind_mount(source, tmp_path / "ro") as ro:
         for verb in (

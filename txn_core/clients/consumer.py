@@ -390,9 +390,13 @@ class Consumer:
             }
 
     def close(self) -> None:
+        """Close; waits for the buffer snapshots its readers are writing behind their records, so that a
+        closed consumer leaves nothing being written (PROTOCOL.md "Snapshots")."""
         with self._lock:
             self._closed = True
-            self._readers = {}
+            readers, self._readers = self._readers, {}
+        for reader in readers.values():
+            reader.state.snapshots.settle()
 
     def __enter__(self) -> Consumer:
         return self

@@ -113,6 +113,13 @@ class SnapshotStore:
     def _list_finals(self) -> list[int]:
         return [int(name) for name in paths.slot_names(self.storage.list(self.prefix))]
 
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Wait (up to ``timeout_s``) for the write this store began behind a reader, if any: a closing
+        reader leaves nothing being written. Its failure is not raised (a snapshot is only a shortcut)."""
+        pending = self._pending
+        if pending is not None:
+            wait([pending], timeout=timeout_s)
+
     def writing(self) -> bool:
         """Whether a write this store began behind a reader (:meth:`write_behind`) is still running."""
         return self._pending is not None and not self._pending.done()
