@@ -137,7 +137,7 @@ def _reads_the_tail_from_one_listing(root: str, options: dict[str, Any], caplog:
     url = f"{root}/tail-{uuid.uuid4().hex[:8]}"
     with txn_core.open_log(url, options) as log:
         log.create_topic("t", 1, SCHEMA)
-        producer = log.producer("writer")
+        producer = log.producer("writer", marker_linger_ms=0)  # markers alone: 18 entries, as counted below
         producer.init_transactions()
         for i in range(9):  # 18 entries: a data entry and a marker each
             producer.begin_transaction()
