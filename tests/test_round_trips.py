@@ -336,6 +336,29 @@ def test_a_fresh_consumer_of_a_small_log_has_its_rows_in_two_rounds_and_is_caugh
     assert past == [], "no slot past the first free one is read"
 
 
+def test_a_fresh_consumer_reads_its_first_entries_beside_its_buffer_snapshots() -> None:
+    """ISSUE 34 item 1 with the snapshots an earlier reader left: the listings (1); the buffer snapshots and
+    the listed entries at once (2): the first rows. Reading the entries only once the buffer was loaded took
+    a round more (3)."""
+    name = uuid.uuid4().hex
+    _history(MemoryStorage(name), 9)
+    earlier = txn_core.Log(MemoryStorage(name)).consumer()
+    earlier.assign([("t", p) for p in range(4)])
+    while earlier.poll().num_rows:
+        pass
+    earlier.close()  # its snapshots are written
+    assert MemoryStorage(name).list("topics/t/00000/snapshots/")
+    storage = InFlight(MemoryStorage(name), rtt_s=0.15)
+    c = txn_core.Log(storage).consumer()
+    c.assign([("t", p) for p in range(4)])
+    rows = c.poll().column("id").to_pylist()
+    assert sorted(rows) == sorted(i * 10 + p for i in range(9) for p in range(4))
+    snapshot_reads = {d for d, kind, key in storage.rounds if kind == "read" and "/snapshots/0" in key}
+    entry_reads = {d for d, kind, key in storage.rounds if kind == "read" and "/log/" in key}
+    assert snapshot_reads == {2} and min(entry_reads) == 2, storage.rounds
+    assert storage.last_round("/snapshots/0") == 2, storage.rounds
+
+
 def test_a_key_shared_consumer_takes_its_key_slices_in_three_rounds_whatever_their_number() -> None:
     """A fresh Key_Shared consumer with records in 58 key slices claims them together: one LIST of
     the slice leases, one round of creates, one LIST that confirms them (not three rounds per slice)."""

@@ -134,6 +134,7 @@ class Consumer:
                 elif self.auto_offset_reset == "earliest":
                     start = reader.log.recent_log_start()  # listed a moment ago
                     reader.log.segments.open_ahead(start.slot)  # beside the buffer snapshot's read
+                    reader.read_ahead_from(start.slot)  # the first entries too
                     reader.seek(start.offset)
                 else:
                     reader.seek(available_end(state, self.isolation_level))

@@ -172,6 +172,12 @@ class _Ahead(Generic[T]):
             self._depth, self._streak, self._run, self._hold = 1, 0, 0, 0
             self._paced = False
 
+    def start(self, slot: int) -> None:
+        """Continue at ``slot`` and issue its first reads now (a reader that will start there overlaps them
+        with what it reads first)."""
+        self.seek(slot)
+        self._issue()
+
     def _issue(self) -> None:
         """Issue reads up to the depth and byte budget: spans of segments at once, loose slots by depth."""
         avg = max(self._avg_bytes, 1.0)

@@ -92,6 +92,14 @@ class PartitionReader:
     def skip_damaged(self) -> bool:
         return self.state.skip_damaged
 
+    def read_ahead_from(self, slot: int) -> None:
+        """Start reading the entries from ``slot`` now, before the buffer is loaded: a reader about to start at
+        ``slot`` (a fresh one at the log start) gets its first entries in the round of its buffer snapshot
+        instead of the round after. A seek that lands elsewhere drops them. Local disk reads run on the
+        reading thread, later, as always."""
+        if not self._inline:
+            self._ahead.start(slot)
+
     def seek(self, offset: int) -> None:
         """Deliver from ``offset`` on. Below the log start raises :class:`DataLossError`; past a damaged
         entry the buffer cannot pass, its :class:`DamagedEntryError`. A seek that raises changes nothing.
