@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -477,12 +476,12 @@ def test_the_cli_writes_one_app_version_to_two_topics(tmp_path: Path, capsys: py
     assert _topic_ids(fresh, "t") == _topic_ids(fresh, "u") == [1, 2]
 
 
-def test_a_kept_unit_returns_at_its_commit_point_and_its_next_unit_waits_for_its_markers(
+def test_a_kept_unit_returns_at_its_commit_point_and_its_next_unit_carries_its_markers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A unit whose producer is kept returns once its PrepareCommit is durable, as Kafka's commitTransaction
-    does; its markers and cleanup run behind it. Readers see it at once (through the transaction log), and
-    the application's next unit begins only after them."""
+    """A kept producer's unit returns at its commit point, visible whatever its markers; the next unit does
+    not wait for them: its references carry them into the partitions (PROTOCOL.md "Carried markers"), and
+    a lone write of them, held here, is never needed."""
     import threading
 
     from txn_core.clients.producer import completion
@@ -491,33 +490,33 @@ def test_a_kept_unit_returns_at_its_commit_point_and_its_next_unit_waits_for_its
     log = _log()
     held = threading.Event()
     write_markers = TransactionCoordinator.write_markers
+    alone: list[object] = []
 
     def slow_markers(self: TransactionCoordinator, prepared: object, paths: Any = None) -> None:
+        alone.append(getattr(prepared, "txn", None))
         assert held.wait(30)
         write_markers(self, prepared, paths)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TransactionCoordinator, "write_markers", slow_markers)
-    # records as dear as an object store's: the producer hands its markers to its completer thread
-    # (memory's records are cheap enough that it would write them on its own thread, inside the commit)
+    # records as dear as an object store's: the producer leaves its markers to the next unit or its completer
     monkeypatch.setattr(completion, "FAST_RECORD_S", 0.0)
     with AppCommitter(log) as committer:
         first = committer.write_once(AppVersion("loader", run_id="r", version=0), "t", pa.table({"id": [1, 2]}))
         assert first.outcome == "committed"
-        assert isinstance(first.cleanup, Future) and not first.cleanup.done(), "returned before its markers"
         assert _ids(log) == [1, 2], "visible from the commit point, markers or not"
-        second: list[object] = []
-        nxt = threading.Thread(
-            target=lambda: second.append(
-                committer.write_once(AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [3]}))
-            )
-        )
-        nxt.start()
-        nxt.join(0.3)
-        assert nxt.is_alive(), "the next unit waits for the previous one's markers"
+        second = committer.write_once(AppVersion("loader", run_id="r", version=1), "t", pa.table({"id": [3, 4]}))
+        assert second.outcome == "committed"
+        assert not alone, "the first unit's markers travelled in the second unit's entries"
         held.set()
-        nxt.join(30)
-        assert first.deleted == 0 and [getattr(r, "outcome", None) for r in second] == ["committed"]
-    assert _ids(log) == [1, 2, 3]
+    assert _ids(log) == [1, 2, 3, 4]
+    carried = [
+        h.carried
+        for part in (0, 1)
+        for plog in [log.partition_log(paths.partition_log_path("t", part))]
+        for h in (plog.read_header(s) for s in range(plog.tail(refresh=True)[0]))
+        if h.carried is not None
+    ]
+    assert carried and len({m.txn for m in carried}) == 1 and all(m.committed for m in carried), carried
     assert not [k for k in _staged(log) if "_manifest-" in k], "every cleanup finished by close()"
 
 

@@ -7,6 +7,7 @@ Input comes from ``sinktest_counter`` (tests/sink_sources.py), whose batch ``b``
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,12 @@ def test_each_micro_batch_is_one_transaction_routed_by_key(sspark: Any, log: txn
     for key, part in zip(out.column("key").to_pylist(), out.column("_partition").to_pylist(), strict=True):
         assert part == partition_for(key, 3)
     assert progress(log, tmp_path / "chk")["batch_id"] == 2
+    # the last batch's markers, which no later batch carries, are written alone after their linger
+    deadline = time.monotonic() + 10
+    while [p.committed_transactions for p in log.describe_topic("out").partitions] != [3, 3, 3]:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert [p.committed_transactions for p in log.describe_topic("out").partitions] == [3, 3, 3], (
         "3 micro-batches, each one transaction over every partition"
     )

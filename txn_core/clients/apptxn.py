@@ -19,8 +19,10 @@ however often it is retried or replayed. Distributed writers stage rows as objec
 4. ``begin``; one ``DATA_REF`` entry per staged object, and with a consumer group its offsets (fenced by
    their start position, PROTOCOL.md "Offsets fence"), all at once; ``commit_transaction(progress)``: the
    progress rides on the PrepareCommit record, so output, offsets and progress are one decision.
-5. Wait for the markers; delete the unit's staged objects the commit does not name (failed or duplicate
-   attempts), then the manifest. Failures here are logged: the unit is committed. A unit whose producer is
+5. Delete the unit's staged objects the commit does not name (failed or duplicate attempts), then the
+   manifest (no marker is waited for: the next unit's entries carry them, PROTOCOL.md "Carried markers";
+   a one-shot write's producer writes them as it closes). Failures here are logged: the unit is committed.
+   A unit whose producer is
    kept, on a store whose requests are round trips (``Storage.overlap_reads``: not local disk), returns at
    its commit point and finishes step 5 behind (:class:`Kept`), as Kafka's
    ``commitTransaction`` returns once PrepareCommit is durable while the coordinator writes the markers:
@@ -116,8 +118,8 @@ class Kept(NamedTuple):
     finishing: Future[int] | None = None
 
     def settle(self) -> bool:
-        """Wait for the previous unit's step 5; False if it failed (its markers may not be written: the
-        producer is not reused, the next unit starts from storage alone)."""
+        """Wait for the previous unit's step 5; False if it failed (the producer is not reused: closing it
+        writes the markers, and the next unit starts from storage alone)."""
         if self.finishing is None:
             return True
         try:
@@ -181,9 +183,20 @@ def commit_staged(
     return _commit(ctx, storage, unit, refs, topic, group, offsets, begin_hook, hit, producer, previous, source)
 
 
+#: How long a unit's markers wait for the next unit's entries to carry them (PROTOCOL.md "Carried markers"):
+#: an application's units come a micro-batch apart (hundreds of milliseconds for Spark), so the producer's
+#: default of 200 ms would leave most of them alone. Well below the 5 s after which anyone completes a
+#: prepared transaction.
+APP_MARKER_LINGER_MS = 1000
+
+
 def _producer(ctx: LogContext, transactional_id: str, *, transaction_timeout_ms: int) -> Producer:
     return Producer(
-        ctx, transactional_id, transaction_timeout_ms=transaction_timeout_ms, batch_bytes=DEFAULT_BATCH_BYTES
+        ctx,
+        transactional_id,
+        transaction_timeout_ms=transaction_timeout_ms,
+        batch_bytes=DEFAULT_BATCH_BYTES,
+        marker_linger_ms=APP_MARKER_LINGER_MS,
     )
 
 
@@ -254,7 +267,7 @@ def _commit(
             if unit.write_id is None:
                 keep = Kept(producer, progress)
             return CommitResult("committed", rows, objects, finished), keep
-        # Kept: the markers, the Complete and the cleanup run behind.
+        # Kept: the cleanup runs behind; the markers ride in the next unit's entries (or follow their linger).
         finishing = submit(partial(_finish, behind=True), producer, storage, unit, refs, manifest_key, listing, hit)
         keep = Kept(producer, progress, finishing)
         return CommitResult("committed", rows, objects, finishing), keep
@@ -284,23 +297,17 @@ def _finish(
     *,
     behind: bool = False,
 ) -> int:
-    """Step 5 of a committed unit: its markers in every partition, then its cleanup (objects deleted).
-    ``behind``: run behind the returned commit, which also writes the Complete record.
+    """Step 5 of a committed unit: its cleanup (objects deleted). ``behind``: run behind the returned commit.
+
+    Its markers are not waited for: a kept producer's next unit carries them in its entries (PROTOCOL.md
+    "Carried markers"), or the producer writes them alone after their linger; a one-shot write's producer
+    writes them when it closes, before the write returns. The cleanup needs none of them: the unit was
+    decided at its commit point.
 
     Crash windows: before the markers land, readers decide the unit through the transaction log and the
     id's next ``init_transactions`` (or the coordinator's recovery) writes them; before the manifest is
     deleted, a replay of the unit finishes the cleanup from it (PROTOCOL.md "Application transactions")."""
-    try:
-        if behind:
-            # and its Complete now, off the next unit's path: left to the linger it would land while the
-            # next unit writes, and that unit's PrepareCommit would queue behind it in the transaction log
-            producer.wait_for_completion()
-        else:
-            producer.wait_for_markers()
-        hit("after_commit")
-    except Exception as exc:
-        logger.warning("%s: committed; its markers are not all written yet: %s", unit.prefix, exc)
-        raise
+    hit("after_commit")
     return appmanifest.cleanup_committed(storage, unit, refs, manifest_key, listing)
 
 
