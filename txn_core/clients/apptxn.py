@@ -20,9 +20,9 @@ however often it is retried or replayed. Distributed writers stage rows as objec
    their start position, PROTOCOL.md "Offsets fence"), all at once; ``commit_transaction(progress)``: the
    progress rides on the PrepareCommit record, so output, offsets and progress are one decision.
 5. Delete the unit's staged objects the commit does not name (failed or duplicate attempts), then the
-   manifest (no marker is waited for: the next unit's entries carry them, PROTOCOL.md "Carried markers";
-   a one-shot write's producer writes them as it closes). Failures here are logged: the unit is committed.
-   A unit whose producer is
+   manifest; before returning (local disk, one-shot writes) wait for the markers first, while behind the
+   commit the next unit's entries carry them (PROTOCOL.md "Carried markers"). Failures here are logged:
+   the unit is committed. A unit whose producer is
    kept, on a store whose requests are round trips (``Storage.overlap_reads``: not local disk), returns at
    its commit point and finishes step 5 behind (:class:`Kept`), as Kafka's
    ``commitTransaction`` returns once PrepareCommit is durable while the coordinator writes the markers:
@@ -297,16 +297,24 @@ def _finish(
     *,
     behind: bool = False,
 ) -> int:
-    """Step 5 of a committed unit: its cleanup (objects deleted). ``behind``: run behind the returned commit.
+    """Step 5 of a committed unit: its markers unless they may travel, then its cleanup (objects deleted).
+    ``behind``: run behind the returned commit, on a store whose requests are round trips.
 
-    Its markers are not waited for: a kept producer's next unit carries them in its entries (PROTOCOL.md
-    "Carried markers"), or the producer writes them alone after their linger; a one-shot write's producer
-    writes them when it closes, before the write returns. The cleanup needs none of them: the unit was
-    decided at its commit point.
+    Behind the commit the markers are not waited for: the kept producer's next unit carries them in its
+    entries (PROTOCOL.md "Carried markers"), or the producer writes them alone after their linger. Before
+    returning (local disk, where writing them costs less than a hand-off, and one-shot writes) they are
+    written first, so that a unit returned there leaves nothing for anyone to complete. The cleanup needs
+    none of them: the unit was decided at its commit point.
 
     Crash windows: before the markers land, readers decide the unit through the transaction log and the
     id's next ``init_transactions`` (or the coordinator's recovery) writes them; before the manifest is
     deleted, a replay of the unit finishes the cleanup from it (PROTOCOL.md "Application transactions")."""
+    if not behind:
+        try:
+            producer.wait_for_markers()
+        except Exception as exc:
+            logger.warning("%s: committed; its markers are not all written yet: %s", unit.prefix, exc)
+            raise
     hit("after_commit")
     return appmanifest.cleanup_committed(storage, unit, refs, manifest_key, listing)
 
