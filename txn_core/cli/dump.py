@@ -21,7 +21,7 @@ from txn_core.cli.common import Parser, SubParsers, add_verb, get_topic, non_neg
 from txn_core.cli.output import Progress, json_line, print_table
 from txn_core.errors import ConfigurationError, CorruptDataError, DamagedEntryError
 from txn_core.format import paths
-from txn_core.format.entry import decode_json
+from txn_core.format.entry import EntryHeader, EntryKind, decode_json
 from txn_core.log import Log
 from txn_core.partition.readahead import HeaderReadAhead
 from txn_core.partition.reader import ISOLATION_LEVELS, READ_COMMITTED
@@ -276,28 +276,12 @@ def _annotate(log: Log, topic: str, got: _Partition, first: int) -> None:
                 if header.base_offset >= first:
                     entry = plog.read_entry(slot)
                     payload = decode_json(entry.payload(), entry.key)
-                    markers.append(
-                        {
-                            "_partition": got.partition,
-                            "_offset": header.base_offset,
-                            "_timestamp": _ts(header.timestamp_ms),
-                            "_kind": header.kind.name,
-                            "_txn": txn,
-                            "_transactional_id": payload.get("tid"),
-                        }
-                    )
+                    markers.append(_marker_row(got.partition, header, header.kind, txn, payload.get("tid")))
             else:
                 if header.carried is not None and header.base_offset >= first:
-                    markers.append(
-                        {
-                            "_partition": got.partition,
-                            "_offset": header.base_offset,
-                            "_timestamp": _ts(header.timestamp_ms),
-                            "_kind": header.carried.kind.name,
-                            "_txn": str(header.carried.txn),
-                            "_transactional_id": None,  # a carried marker names its transaction only
-                        }
-                    )
+                    # a carried marker names its transaction only
+                    carried = header.carried
+                    markers.append(_marker_row(got.partition, header, carried.kind, str(carried.txn), None))
                 bases.append(header.base_offset)
                 txns.append(txn)
             slot += 1
@@ -318,6 +302,20 @@ def _annotate(log: Log, topic: str, got: _Partition, first: int) -> None:
         for r in got.rows
     ]
     got.rows = sorted(markers + rows, key=lambda r: int(r["_offset"]))  # a carried marker before its entry's rows
+
+
+def _marker_row(
+    partition: int, header: EntryHeader, kind: EntryKind, txn: str | None, tid: str | None
+) -> dict[str, Any]:
+    """The dump's row of a marker (alone in ``header``'s entry, or carried by it): at the entry's base offset."""
+    return {
+        "_partition": partition,
+        "_offset": header.base_offset,
+        "_timestamp": _ts(header.timestamp_ms),
+        "_kind": kind.name,
+        "_txn": txn,
+        "_transactional_id": tid,
+    }
 
 
 def _ts(ms: int) -> dt.datetime:

@@ -223,14 +223,12 @@ def decode_header(data: Any, key: str) -> EntryHeader:
     if ekind is EntryKind.LOST:
         raise CorruptDataError(f"{key}: unknown entry kind {kind}", key, f"unknown entry kind {kind}")
     txn = TxnId.from_header(txn_hi, txn_lo) if flags & FLAG_TRANSACTIONAL else None
-    carried = carried_marker(version, ekind, reserved, key) if version == VERSION_CARRIER else None
+    carried = _carried_marker(ekind, reserved, key) if version == VERSION_CARRIER else None
     return EntryHeader(ekind, base_offset, count, pid, epoch, seq, txn, ts, plen, pcrc, writer_id, carried)
 
 
-def carried_marker(version: int, kind: EntryKind, reserved: bytes, key: str) -> CarriedMarker | None:
-    """The marker a header of ``version`` carries in its 32 reserved bytes (None for version 1)."""
-    if version != VERSION_CARRIER:
-        return None
+def _carried_marker(kind: EntryKind, reserved: bytes, key: str) -> CarriedMarker:
+    """The marker a version-2 header of ``kind`` carries in its 32 reserved bytes."""
     mkind, mepoch, mhi, mlo = _CARRIED.unpack(reserved)
     if reserved[1:4] != b"\0\0\0" or reserved[24:] != b"\0" * 8:
         check = "a carried marker with non-zero padding"

@@ -96,28 +96,17 @@ class MarkerSet:
         self._done = threading.Event()
         if not self._left:
             self._done.set()
-        #: markers that travelled in a carrier entry, and markers written alone (for tests and benchmarks)
-        self.carried = 0
-        self.alone = 0
         #: completed another way: nothing more to carry (:meth:`retire`)
         self.retired = False
 
-    def take(self, path: str) -> Offer | None:
-        """The offer of ``path`` if it is free (now held by the caller's carrier entry), else None."""
+    def take(self, path: str, *, alone: bool = False) -> Offer | None:
+        """The offer of ``path`` if it is free, now held by the caller's carrier entry (or, ``alone``, its lone
+        write); else None."""
         with self._lock:
             offer = self.offers.get(path)
             if offer is None or offer.state != "offered":
                 return None
-            offer.state = "carrying"
-            return offer
-
-    def take_alone(self, path: str) -> Offer | None:
-        """The offer of ``path`` if it is free (now held by the caller's lone write), else None."""
-        with self._lock:
-            offer = self.offers.get(path)
-            if offer is None or offer.state != "offered":
-                return None
-            offer.state = "writing"
+            offer.state = "writing" if alone else "carrying"
             return offer
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -158,17 +147,13 @@ class MarkerSet:
                 self._release(offer, "writing")
             raise
         for offer in offers:
-            self._landed(offer, alone=True)
+            self._landed(offer)
 
-    def _landed(self, offer: Offer, *, alone: bool = False) -> None:
+    def _landed(self, offer: Offer) -> None:
         with self._lock:
             if offer.state == "landed":
                 return
             offer.state = "landed"
-            if alone:
-                self.alone += 1
-            else:
-                self.carried += 1
             self._left -= 1
             if not self._left:
                 self._done.set()
@@ -218,7 +203,7 @@ class MarkerOffers:
         for markers in sets:
             for path in list(markers.offers):
                 if path not in exclude:
-                    offer = markers.take_alone(path)
+                    offer = markers.take(path, alone=True)
                     if offer is not None:
                         out.append(offer)
         return out

@@ -136,7 +136,8 @@ class Completions:
         pending = PendingCompletion(prepared)
         self._pending.append(pending)
         if self._offer(pending):
-            self._start_offered(pending)
+            # the offered markers are carried by the producer's next entries or, after the linger, written alone
+            pending.future = self._executor.submit(self._second_phase, pending, self._lone_here(pending))
             return
         if not self.fast_records():
             pending.future = self._executor.submit(self._second_phase, pending)
@@ -174,24 +175,19 @@ class Completions:
         offers.add(pending.offers)
         return True
 
-    def _start_offered(self, pending: PendingCompletion) -> None:
-        """The second phase of a transaction whose topic-partition markers are offered: the others are
-        written at once (here where records are fast), the offered ones by the producer's next entries or,
-        after the linger, alone; then the Complete as always."""
-        lone_written = False
-        if pending.lone and self.fast_records():
-            try:
-                self._coordinator().write_markers(pending.prepared, pending.lone)
-                lone_written = True
-            except Exception as exc:
-                logger.debug(
-                    "transaction %s: markers failed here (%s); writing them in the background", pending.txn, exc
-                )
-        elif not pending.lone:
-            lone_written = True
-        if self._executor is None:  # pragma: no cover - start() made it
-            raise TxnLogError("no completer")
-        pending.future = self._executor.submit(self._second_phase, pending, lone_written)
+    def _lone_here(self, pending: PendingCompletion) -> bool:
+        """Write the markers of ``pending`` that are not offered (a group's or an ack log's) on this thread
+        where records are fast; whether none is left for the background phase."""
+        if not pending.lone:
+            return True
+        if not self.fast_records():
+            return False
+        try:
+            self._coordinator().write_markers(pending.prepared, pending.lone)
+        except Exception as exc:
+            logger.debug("transaction %s: markers failed here (%s); writing them in the background", pending.txn, exc)
+            return False
+        return True
 
     def fast_records(self) -> bool:
         """Whether this producer's records are cheaper to write on its own thread than to hand off
