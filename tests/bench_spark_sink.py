@@ -16,14 +16,17 @@ parquet copy, and the storage requests the driver's commit made per micro-batch 
 
 Run (10M rows, several minutes)::
 
-    /work/venv/bin/pytest tests/bench_spark_sink.py -m bench -s -p no:cacheprovider
+    .venv/bin/pytest tests/bench_spark_sink.py -m bench -s -p no:cacheprovider
 
 A quick run: ``TXNLOG_BENCH_ROWS=1000000``. ``TXNLOG_BENCH_ROUNDS`` (3) sets the runs per copy.
 
 Two more benchmarks, also runnable as a script (``.venv/bin/python tests/bench_spark_sink.py
 2000000:1000000:strings --rounds 3 --small``): ``test_bench_copy_sizes`` copies every case of ``CASES`` (rows,
-micro-batch rows, "strings" or "numeric" rows), each txnlog run right after a parquet run, and reports the
-ratio of each pair and their range (on a shared machine only same-run ratios mean anything);
+micro-batch rows, "strings" or "numeric" rows) four ways, each right after a parquet run: the exactly-once copy;
+the same with ``includeMetadata=false``; parquet into a bare Python Arrow sink (the floor of any sink written with
+PySpark's Python data source API); and a bare Python Arrow source into that sink (the floor of any Python source
+-> Python sink copy: both hops of the API and nothing else). It reports the ratio of each pair and their range (on
+a shared machine only same-run ratios mean anything);
 ``test_bench_small_micro_batch`` runs steady micro-batches of 8,000 rows (one input transaction or parquet file
 each) and reports the median milliseconds per phase of Spark's progress, txnlog -> txnlog against parquet ->
 parquet.
@@ -34,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 import time
 from collections.abc import Iterator
@@ -44,7 +48,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 import txn_core
 
@@ -108,6 +119,7 @@ def write_input(
     producer.init_transactions()
     parquet_dir = root / f"parquet-{topic}"
     parquet_dir.mkdir()
+    (root / f"arrow-{topic}").mkdir()
     files = 0
     for i, table in enumerate(chunks(rows, chunk, shape)):
         producer.begin_transaction()
@@ -116,6 +128,11 @@ def write_input(
             producer.send(topic, table.slice(p * step, step), partition=p)
         producer.commit_transaction()
         pq.write_table(table, parquet_dir / f"part-{i:05d}.parquet")
+        with (
+            pa.OSFile(str(root / f"arrow-{topic}" / f"{i:05d}.arrow"), "wb") as sink,
+            pa.ipc.new_file(sink, table.schema) as ipc,
+        ):
+            ipc.write_table(table, max_chunksize=BARE_BATCH_ROWS)
         files += 1
     producer.close()
     return log, str(parquet_dir), files
@@ -222,6 +239,84 @@ class BareArrowSink(DataSource):
         return _BareArrowWriter(directory)
 
 
+#: Rows per Arrow batch of the bare source's files: the batch size of txnlog's own reads.
+BARE_BATCH_ROWS = 65_536
+
+
+class _FileRange(InputPartition):
+    def __init__(self, files: list[str]) -> None:
+        self.files = files
+
+
+class _BareArrowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Arrow IPC files (one per input chunk, in name order) as a stream, ``maxFilesPerTrigger`` files per
+    micro-batch (under ``Trigger.AvailableNow`` too, as txnlog's and parquet's sources: without
+    ``SupportsTriggerAvailableNow`` Spark would read everything in one micro-batch), each file a task that
+    yields its batches as they are on disk: no checks, no offsets in the rows, nothing but PySpark's own
+    hand-over to the JVM."""
+
+    def __init__(self, directory: str, per_trigger: int) -> None:
+        self.files = sorted(os.path.join(directory, f) for f in os.listdir(directory))
+        self.per_trigger = per_trigger
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+        return {"file": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        return ReadMaxRows(self.per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        pass  # the files are all there at start: nothing to fix
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
+        step = limit.max_rows if isinstance(limit, ReadMaxRows) else len(self.files)
+        return {"file": min(len(self.files), start["file"] + step)}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        return [_FileRange([f]) for f in self.files[start["file"] : end["file"]]]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _FileRange)
+        for name in partition.files:
+            with pa.OSFile(name, "rb") as f:
+                reader = pa.ipc.open_file(f)
+                for i in range(reader.num_record_batches):
+                    yield reader.get_batch(i)
+
+
+class BareArrowSource(DataSource):
+    """``format("bench_bare_arrow_source")``: the cheapest streaming source PySpark's Python data source API
+    allows, the peer of txnlog's source."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bench_bare_arrow_source"
+
+    def schema(self) -> str:
+        return self.options["ddl"]
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
+        return _BareArrowStreamReader(self.options["path"], int(self.options["maxFilesPerTrigger"]))
+
+
+def bare_pair_copy(spark: Any, arrow_dir: str, root: Path, name: str, files_per_trigger: int, ddl: str) -> Any:
+    """:class:`BareArrowSource` into :class:`BareArrowSink`: both hops of the Python data source API and
+    nothing else, the floor of any Python source -> Python sink copy."""
+    df = (
+        spark.readStream.format("bench_bare_arrow_source")
+        .option("path", arrow_dir)
+        .option("ddl", ddl)
+        .option("maxFilesPerTrigger", str(files_per_trigger))
+        .load()
+    )
+    return (
+        df.writeStream.format("bench_bare_arrow")
+        .option("checkpointLocation", str(root / f"chk-{name}"))
+        .trigger(availableNow=True)
+        .start(str(root / name))
+    )
+
+
 def bare_copy(spark: Any, log: txn_core.Log, root: Path, name: str, offsets_per_trigger: int) -> Any:
     df = (
         spark.readStream.format("txnlog")
@@ -282,12 +377,7 @@ COPIES = {
 @pytest.mark.bench
 @pytest.mark.spark
 def test_bench_exactly_once_txnlog_copy_vs_parquet_copy(spark: Any, tmp_path: Path) -> None:
-    import sys
-
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
-    spark.dataSource.register(BareArrowSink)
+    register_bare_sink(spark)
     t0 = time.perf_counter()
     log, parquet_dir, files = write_input(tmp_path)
     written = time.perf_counter() - t0
@@ -351,41 +441,94 @@ def test_bench_exactly_once_txnlog_copy_vs_parquet_copy(spark: Any, tmp_path: Pa
 # --- copies of several sizes, and the steady small micro-batch -------------------------------------------
 
 
-#: Per round: txnlog -> txnlog rows/s, parquet -> parquet rows/s, and their ratio.
-Rates = tuple[list[float], list[float], list[float]]
+#: The copies of :func:`copy_ratios`, each run right after a parquet -> parquet run of the same rows: the
+#: exactly-once copy as a user writes it (metadata columns included, the default), the same without them, and
+#: the floor of any Python sink: parquet files into a sink that only appends its Arrow batches to a file.
+RATIO_COPIES = {
+    "txnlog": "txnlog -> txnlog",
+    "nometa": "txnlog -> txnlog, includeMetadata=false",
+    "floor": "parquet -> bare Python Arrow sink",
+    "pair": "bare Python Arrow source -> bare Python Arrow sink",
+}
+#: Per round: rows/s of parquet -> parquet and of each of ``RATIO_COPIES`` (key "parquet" and its keys), and each
+#: copy's ratio to the parquet run right before it (key "<copy>/parquet").
+Rates = dict[str, list[float]]
+
+
+def floor_copy(spark: Any, parquet_dir: str, root: Path, name: str, files_per_trigger: int, ddl: str) -> Any:
+    """Parquet files into :class:`BareArrowSink`: what PySpark's Python data source writer costs by itself
+    (rows handed to a Python worker as Arrow batches, appended to one file per task)."""
+    df = spark.readStream.schema(ddl).option("maxFilesPerTrigger", str(files_per_trigger)).parquet(parquet_dir)
+    return (
+        df.writeStream.format("bench_bare_arrow")
+        .option("checkpointLocation", str(root / f"chk-{name}"))
+        .trigger(availableNow=True)
+        .start(str(root / name))
+    )
+
+
+def register_bare_sink(spark: Any) -> None:
+    import sys
+
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
+    spark.dataSource.register(BareArrowSink)
+    spark.dataSource.register(BareArrowSource)
+
+
+def discard(directory: Path) -> None:
+    """Remove a measured copy's output: a run of every case writes tens of GB otherwise."""
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def copy_ratios(spark: Any, root: Path, rows: int, batch_rows: int, shape: str, rounds: int) -> Rates:
-    """Exactly-once txnlog -> txnlog against parquet -> parquet, alternating, ``rounds`` times each:
-    per round the txnlog copy's rows/s, parquet's, and their ratio (each txnlog run against the parquet run
-    right before it). Input: ``rows`` in transactions (and parquet files) of ``batch_rows / 4`` rows, copied
-    in micro-batches of ``batch_rows``."""
+    """Each of ``RATIO_COPIES`` against parquet -> parquet, ``rounds`` times each, every copy right after a
+    parquet run (its peer in that round). Input: ``rows`` in transactions (and parquet files) of
+    ``batch_rows / 4`` rows, copied in micro-batches of ``batch_rows``."""
+    register_bare_sink(spark)
     chunk = max(1, batch_rows // FILES_PER_BATCH)
     topic = f"in-{shape}-{rows}-{batch_rows}"
     log, parquet_dir, _ = write_input(root, rows, chunk, shape, topic)
     offsets_per_trigger = batch_rows + FILES_PER_BATCH * PARTITIONS  # one marker per partition per transaction
-    txn_rates, parquet_rates, ratios = [], [], []
+    rates: Rates = {}
     for r in range(rounds):
-        name = f"{topic}-r{r}"
-        elapsed_p, n, _ = timed(parquet_copy(spark, parquet_dir, root, f"pq-{name}", FILES_PER_BATCH, DDL[shape]))
-        assert n == rows, (name, n)
-        q = txnlog_copy(spark, log, root, f"tx-{name}", offsets_per_trigger, None, metadata=True, source=topic)
-        elapsed_t, n, _ = timed(q)
-        assert n == rows, (name, n)
-        group = log.groups.committed(f"tx-{name}")
-        assert {tp.partition: o.offset for tp, o in group.items()} == {
-            p.partition: p.log_end_offset for p in log.describe_topic(topic).partitions
-        }
-        txn_rates.append(rows / elapsed_t)
-        parquet_rates.append(rows / elapsed_p)
-        ratios.append(elapsed_p / elapsed_t)
-        print(
-            f"{shape} {rows:,} rows in batches of {batch_rows:,}, round {r + 1}: parquet {elapsed_p:.2f} s, "
-            f"txnlog {elapsed_t:.2f} s, {ratios[-1]:.2f}x",
-            flush=True,
-        )
+        for kind, label in RATIO_COPIES.items():
+            name = f"{topic}-r{r}"
+            elapsed_p, n, _ = timed(
+                parquet_copy(spark, parquet_dir, root, f"pq-{kind}-{name}", FILES_PER_BATCH, DDL[shape])
+            )
+            assert n == rows, (name, n)
+            discard(root / f"pq-{kind}-{name}")
+            if kind == "floor":
+                q = floor_copy(spark, parquet_dir, root, f"fl-{name}", FILES_PER_BATCH, DDL[shape])
+            elif kind == "pair":
+                arrow_dir = str(root / f"arrow-{topic}")
+                q = bare_pair_copy(spark, arrow_dir, root, f"pair-{name}", FILES_PER_BATCH, DDL[shape])
+            else:
+                q = txnlog_copy(
+                    spark, log, root, f"{kind}-{name}", offsets_per_trigger, None, kind == "txnlog", source=topic
+                )
+            elapsed, n, _ = timed(q)
+            assert n == rows, (name, n)
+            if kind in ("txnlog", "nometa"):
+                group = log.groups.committed(f"{kind}-{name}")
+                assert {tp.partition: o.offset for tp, o in group.items()} == {
+                    p.partition: p.log_end_offset for p in log.describe_topic(topic).partitions
+                }
+                discard(root / "log" / "topics" / f"{kind}-{name}")  # checked; nothing reads it again
+            else:
+                discard(root / f"{'fl' if kind == 'floor' else 'pair'}-{name}")
+            rates.setdefault("parquet", []).append(rows / elapsed_p)
+            rates.setdefault(kind, []).append(rows / elapsed)
+            rates.setdefault(f"{kind}/parquet", []).append(elapsed_p / elapsed)
+            print(
+                f"{shape} {rows:,} rows in batches of {batch_rows:,}, round {r + 1}: parquet {elapsed_p:.2f} s, "
+                f"{label} {elapsed:.2f} s, {elapsed_p / elapsed:.2f}x",
+                flush=True,
+            )
     log.close()
-    return txn_rates, parquet_rates, ratios
+    return rates
 
 
 PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
@@ -425,14 +568,14 @@ def small_batch_times(
 
 
 def report_copies(cases: list[tuple[int, int, str]], results: list[Rates]) -> None:
-    print("\n| rows | micro-batch | row shape | txnlog -> txnlog rows/s | parquet -> parquet rows/s | ratio (range) |")
-    print("|---:|---:|---|---:|---:|---:|")
-    for (rows, batch_rows, shape), (txn, parquet, ratios) in zip(cases, results, strict=True):
-        print(
-            f"| {rows / 1e6:g}M | {batch_rows / 1e6:g}M | {shape} | {min(txn) / 1e6:.2f}-{max(txn) / 1e6:.2f}M | "
-            f"{min(parquet) / 1e6:.2f}-{max(parquet) / 1e6:.2f}M | {min(ratios):.2f}-{max(ratios):.2f}x "
-            f"(median {statistics.median(ratios):.2f}x) |"
-        )
+    print("\n| rows | micro-batch | row shape | copy | rows/s | vs parquet -> parquet, per round (median) |")
+    print("|---:|---:|---|---|---:|---:|")
+    for (rows, batch_rows, shape), rates in zip(cases, results, strict=True):
+        for kind, label in {"parquet": "parquet -> parquet", **RATIO_COPIES}.items():
+            rate = f"{min(rates[kind]) / 1e6:.2f}-{max(rates[kind]) / 1e6:.2f}M"
+            ratios = rates.get(f"{kind}/parquet")
+            shown = f"{min(ratios):.2f}-{max(ratios):.2f}x ({statistics.median(ratios):.2f}x)" if ratios else "1.00x"
+            print(f"| {rows / 1e6:g}M | {batch_rows / 1e6:g}M | {shape} | {label} | {rate} | {shown} |")
 
 
 def report_small(rows: int, txn: list[dict[str, float]], parquet: list[dict[str, float]]) -> None:
@@ -451,7 +594,12 @@ def report_small(rows: int, txn: list[dict[str, float]], parquet: list[dict[str,
 
 #: rows, micro-batch rows, row shape: the sizes the copy is measured at (``TXNLOG_BENCH_CASES`` overrides,
 #: e.g. ``2000000:1000000:strings,2000000:1000000:numeric``).
-CASES = [(10_000_000, 2_000_000, "strings"), (5_000_000, 1_000_000, "strings"), (10_000_000, 2_000_000, "numeric")]
+CASES = [
+    (10_000_000, 2_000_000, "strings"),
+    (5_000_000, 1_000_000, "strings"),
+    (10_000_000, 2_000_000, "numeric"),
+    (5_000_000, 1_000_000, "numeric"),
+]
 
 
 def _cases(spec: str | None) -> list[tuple[int, int, str]]:
