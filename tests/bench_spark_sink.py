@@ -377,7 +377,7 @@ COPIES = {
 @pytest.mark.bench
 @pytest.mark.spark
 def test_bench_exactly_once_txnlog_copy_vs_parquet_copy(spark: Any, tmp_path: Path) -> None:
-    register_bare_sink(spark)
+    register_bare_peers(spark)
     t0 = time.perf_counter()
     log, parquet_dir, files = write_input(tmp_path)
     written = time.perf_counter() - t0
@@ -467,7 +467,9 @@ def floor_copy(spark: Any, parquet_dir: str, root: Path, name: str, files_per_tr
     )
 
 
-def register_bare_sink(spark: Any) -> None:
+def register_bare_peers(spark: Any) -> None:
+    """Register :class:`BareArrowSink` and :class:`BareArrowSource` (this module pickled by value: the Python
+    workers cannot import ``tests``)."""
     import sys
 
     from pyspark import cloudpickle
@@ -486,7 +488,7 @@ def copy_ratios(spark: Any, root: Path, rows: int, batch_rows: int, shape: str, 
     """Each of ``RATIO_COPIES`` against parquet -> parquet, ``rounds`` times each, every copy right after a
     parquet run (its peer in that round). Input: ``rows`` in transactions (and parquet files) of
     ``batch_rows / 4`` rows, copied in micro-batches of ``batch_rows``."""
-    register_bare_sink(spark)
+    register_bare_peers(spark)
     chunk = max(1, batch_rows // FILES_PER_BATCH)
     topic = f"in-{shape}-{rows}-{batch_rows}"
     log, parquet_dir, _ = write_input(root, rows, chunk, shape, topic)
