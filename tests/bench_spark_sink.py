@@ -58,6 +58,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 import txn_core
+from txn_core.format import paths
+from txn_core.partition.ranges import MAX_BATCH_ROWS
 
 ROWS = int(os.environ.get("TXNLOG_BENCH_ROWS", "10000000"))
 #: Runs per case (the first also warms up the JVM); the best is reported.
@@ -132,7 +134,7 @@ def write_input(
             pa.OSFile(str(root / f"arrow-{topic}" / f"{i:05d}.arrow"), "wb") as sink,
             pa.ipc.new_file(sink, table.schema) as ipc,
         ):
-            ipc.write_table(table, max_chunksize=BARE_BATCH_ROWS)
+            ipc.write_table(table, max_chunksize=MAX_BATCH_ROWS)  # txnlog's reads' batches
         files += 1
     producer.close()
     return log, str(parquet_dir), files
@@ -177,6 +179,11 @@ def txnlog_copy(
     return writer.trigger(**(trigger or {"availableNow": True})).start(log.url)
 
 
+def parquet_stream(spark: Any, parquet_dir: str, files_per_trigger: int, ddl: str = DDL["strings"]) -> Any:
+    """The input's parquet files as a stream of ``files_per_trigger`` files per micro-batch."""
+    return spark.readStream.schema(ddl).option("maxFilesPerTrigger", str(files_per_trigger)).parquet(parquet_dir)
+
+
 def parquet_copy(
     spark: Any,
     parquet_dir: str,
@@ -186,7 +193,7 @@ def parquet_copy(
     ddl: str = DDL["strings"],
     trigger: dict[str, Any] | None = None,
 ) -> Any:
-    df = spark.readStream.schema(ddl).option("maxFilesPerTrigger", str(files_per_trigger)).parquet(parquet_dir)
+    df = parquet_stream(spark, parquet_dir, files_per_trigger, ddl)
     return (
         df.writeStream.format("parquet")
         .option("path", str(root / name))
@@ -239,13 +246,9 @@ class BareArrowSink(DataSource):
         return _BareArrowWriter(directory)
 
 
-#: Rows per Arrow batch of the bare source's files: the batch size of txnlog's own reads.
-BARE_BATCH_ROWS = 65_536
-
-
-class _FileRange(InputPartition):
-    def __init__(self, files: list[str]) -> None:
-        self.files = files
+class _File(InputPartition):
+    def __init__(self, path: str) -> None:
+        self.path = path
 
 
 class _BareArrowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -273,15 +276,14 @@ class _BareArrowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return {"file": min(len(self.files), start["file"] + step)}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        return [_FileRange([f]) for f in self.files[start["file"] : end["file"]]]
+        return [_File(f) for f in self.files[start["file"] : end["file"]]]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, _FileRange)
-        for name in partition.files:
-            with pa.OSFile(name, "rb") as f:
-                reader = pa.ipc.open_file(f)
-                for i in range(reader.num_record_batches):
-                    yield reader.get_batch(i)
+        assert isinstance(partition, _File)
+        with pa.OSFile(partition.path, "rb") as f:
+            reader = pa.ipc.open_file(f)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
 
 
 class BareArrowSource(DataSource):
@@ -299,6 +301,16 @@ class BareArrowSource(DataSource):
         return _BareArrowStreamReader(self.options["path"], int(self.options["maxFilesPerTrigger"]))
 
 
+def into_bare_sink(df: Any, root: Path, name: str) -> Any:
+    """Start ``df`` into :class:`BareArrowSink` (files under ``root / name``), ``Trigger.AvailableNow``."""
+    return (
+        df.writeStream.format("bench_bare_arrow")
+        .option("checkpointLocation", str(root / f"chk-{name}"))
+        .trigger(availableNow=True)
+        .start(str(root / name))
+    )
+
+
 def bare_pair_copy(spark: Any, arrow_dir: str, root: Path, name: str, files_per_trigger: int, ddl: str) -> Any:
     """:class:`BareArrowSource` into :class:`BareArrowSink`: both hops of the Python data source API and
     nothing else, the floor of any Python source -> Python sink copy."""
@@ -309,12 +321,7 @@ def bare_pair_copy(spark: Any, arrow_dir: str, root: Path, name: str, files_per_
         .option("maxFilesPerTrigger", str(files_per_trigger))
         .load()
     )
-    return (
-        df.writeStream.format("bench_bare_arrow")
-        .option("checkpointLocation", str(root / f"chk-{name}"))
-        .trigger(availableNow=True)
-        .start(str(root / name))
-    )
+    return into_bare_sink(df, root, name)
 
 
 def bare_copy(spark: Any, log: txn_core.Log, root: Path, name: str, offsets_per_trigger: int) -> Any:
@@ -325,22 +332,13 @@ def bare_copy(spark: Any, log: txn_core.Log, root: Path, name: str, offsets_per_
         .option("maxOffsetsPerTrigger", str(offsets_per_trigger))
         .load(log.url)
     )
-    return (
-        df.writeStream.format("bench_bare_arrow")
-        .option("checkpointLocation", str(root / f"chk-{name}"))
-        .trigger(availableNow=True)
-        .start(str(root / name))
-    )
+    return into_bare_sink(df, root, name)
 
 
 def sink_only_copy(
     spark: Any, log: txn_core.Log, parquet_dir: str, root: Path, name: str, files_per_trigger: int
 ) -> Any:
-    df = (
-        spark.readStream.schema("id LONG, key STRING, value STRING")
-        .option("maxFilesPerTrigger", str(files_per_trigger))
-        .parquet(parquet_dir)
-    )
+    df = parquet_stream(spark, parquet_dir, files_per_trigger)
     return (
         df.writeStream.format("txnlog")
         .option("checkpointLocation", str(root / f"chk-{name}"))
@@ -458,13 +456,7 @@ Rates = dict[str, list[float]]
 def floor_copy(spark: Any, parquet_dir: str, root: Path, name: str, files_per_trigger: int, ddl: str) -> Any:
     """Parquet files into :class:`BareArrowSink`: what PySpark's Python data source writer costs by itself
     (rows handed to a Python worker as Arrow batches, appended to one file per task)."""
-    df = spark.readStream.schema(ddl).option("maxFilesPerTrigger", str(files_per_trigger)).parquet(parquet_dir)
-    return (
-        df.writeStream.format("bench_bare_arrow")
-        .option("checkpointLocation", str(root / f"chk-{name}"))
-        .trigger(availableNow=True)
-        .start(str(root / name))
-    )
+    return into_bare_sink(parquet_stream(spark, parquet_dir, files_per_trigger, ddl), root, name)
 
 
 def register_bare_peers(spark: Any) -> None:
@@ -496,31 +488,26 @@ def copy_ratios(spark: Any, root: Path, rows: int, batch_rows: int, shape: str, 
     rates: Rates = {}
     for r in range(rounds):
         for kind, label in RATIO_COPIES.items():
-            name = f"{topic}-r{r}"
-            elapsed_p, n, _ = timed(
-                parquet_copy(spark, parquet_dir, root, f"pq-{kind}-{name}", FILES_PER_BATCH, DDL[shape])
-            )
+            name = f"{kind}-{topic}-r{r}"  # the copy's output (a topic for txnlog's), its group, its checkpoint
+            elapsed_p, n, _ = timed(parquet_copy(spark, parquet_dir, root, f"pq-{name}", FILES_PER_BATCH, DDL[shape]))
             assert n == rows, (name, n)
-            discard(root / f"pq-{kind}-{name}")
+            discard(root / f"pq-{name}")
             if kind == "floor":
-                q = floor_copy(spark, parquet_dir, root, f"fl-{name}", FILES_PER_BATCH, DDL[shape])
+                q = floor_copy(spark, parquet_dir, root, name, FILES_PER_BATCH, DDL[shape])
             elif kind == "pair":
-                arrow_dir = str(root / f"arrow-{topic}")
-                q = bare_pair_copy(spark, arrow_dir, root, f"pair-{name}", FILES_PER_BATCH, DDL[shape])
+                q = bare_pair_copy(spark, str(root / f"arrow-{topic}"), root, name, FILES_PER_BATCH, DDL[shape])
             else:
-                q = txnlog_copy(
-                    spark, log, root, f"{kind}-{name}", offsets_per_trigger, None, kind == "txnlog", source=topic
-                )
+                q = txnlog_copy(spark, log, root, name, offsets_per_trigger, None, kind == "txnlog", source=topic)
             elapsed, n, _ = timed(q)
             assert n == rows, (name, n)
             if kind in ("txnlog", "nometa"):
-                group = log.groups.committed(f"{kind}-{name}")
+                group = log.groups.committed(name)
                 assert {tp.partition: o.offset for tp, o in group.items()} == {
                     p.partition: p.log_end_offset for p in log.describe_topic(topic).partitions
                 }
-                discard(root / "log" / "topics" / f"{kind}-{name}")  # checked; nothing reads it again
+                discard(root / "log" / paths.topic_root(name))  # checked; nothing reads it again
             else:
-                discard(root / f"{'fl' if kind == 'floor' else 'pair'}-{name}")
+                discard(root / name)
             rates.setdefault("parquet", []).append(rows / elapsed_p)
             rates.setdefault(kind, []).append(rows / elapsed)
             rates.setdefault(f"{kind}/parquet", []).append(elapsed_p / elapsed)
