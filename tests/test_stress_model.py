@@ -139,11 +139,24 @@ def test_random_operations_match_the_model(seed: int, monkeypatch: pytest.Monkey
         if p is None or p.state in (txn_core.ClientState.FATAL_ERROR, txn_core.ClientState.CLOSED):
             for i in model.open.pop(tid, []):  # init fences the old instance: its open txn aborts
                 model.aborted.add(i)
-            p = txn_core.Log(storage, clock=clock).producer(tid, transaction_timeout_ms=5_000)
+            # the longest linger: a marker waits a whole second of real time for its producer's next entry
+            p = txn_core.Log(storage, clock=clock).producer(tid, transaction_timeout_ms=5_000, marker_linger_ms=1000)
             p.init_transactions()
             producers[tid] = p
             every.append(p)
         return p
+
+    # Markers carried and alone whatever the draw (on a loaded machine random steps can outlast any linger, and
+    # a run once carried none): p0's first transaction's marker travels in its second's entry, and the second's
+    # is written alone.
+    first = producer("p0")
+    for _ in range(2):
+        first.begin_transaction()
+        vals = [next(next_id)]
+        first.send("t", pa.table({"id": vals}), partition=0)
+        first.commit_transaction()
+        model.committed.update(vals)
+    settle()
 
     for _step in range(300):
         op = rng.choice(
