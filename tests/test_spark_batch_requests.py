@@ -15,7 +15,9 @@ from test_spark_sink_protocol import SCHEMA, ident, options, stage
 import txn_core
 from spark_txn_sink import commit as commit_module
 from spark_txn_sink.commit import commit_batch
+from txn_core.clients import apptxn
 from txn_core.clients.apptxn import AppCommitter
+from txn_core.clients.producer import client as producer_client
 from txn_core.clients.producer import completion
 from txn_core.partition import partition, snapshots
 
@@ -31,9 +33,13 @@ def batches(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, int]]:
     # loaded machine that took longer than that counted its create (18, 18, 19). And a writer re-checks
     # its cached tail once a minute (TAIL_RECHECK_S, one existence check): a loaded CI machine counted
     # commits of 15, 15, 16. A decided transaction's Complete rides on the next begin when that comes within
-    # COMPLETE_LINGER_S (0.2 s) of its markers, else it is written alone: a loaded machine pays it.
+    # COMPLETE_LINGER_S (0.2 s) of its markers, else it is written alone: a loaded machine pays it. A batch's
+    # markers likewise ride in the next batch's entries when that comes within APP_MARKER_LINGER_MS (1 s), else
+    # they are written alone: a loaded machine counted commits of 10, 11, 11.
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(completion, "COMPLETE_LINGER_S", 3600.0)
+        patch.setattr(apptxn, "APP_MARKER_LINGER_MS", 3_600_000)
+        patch.setattr(producer_client, "MAX_MARKER_LINGER_MS", 3_600_000)
         patch.setattr(partition, "LOG_START_RECHECK_S", 3600.0)
         patch.setattr(partition, "TAIL_RECHECK_S", 3600.0)
         patch.setattr(snapshots, "SNAPSHOT_EVERY_MS", 3_600_000)
