@@ -146,11 +146,42 @@ def test_a_committed_offset_beyond_the_log_end_names_the_group_and_the_fix(log: 
         (lambda lg: lg.consumer().poll(), "no partitions assigned"),
         (lambda lg: lg.consumer().commit(), "needs a consumer with a group_id"),
         (lambda lg: lg.consumer("bad/group"), "invalid group name"),
+        (lambda lg: lg.consumer().assign(None), r"assign\(\) takes a list of \(topic, partition\) pairs"),
+        (lambda lg: lg.consumer().assign([txn_core.TopicPartition("t", "0")]), "partition of 't' must be"),  # type: ignore[arg-type]
+        (lambda lg: lg.consumer().assign([("t", True)]), "partition of 't' must be"),
+        (lambda lg: lg.consumer().assign([(0, "t")]), "topic's name first"),
+        (lambda lg: _assigned(lg).poll("10"), "max_records must be an int"),  # type: ignore[arg-type]
+        (lambda lg: _assigned(lg, "g").commit([("t", 0)]), "offsets must be a mapping"),  # type: ignore[arg-type]
+        (lambda lg: _assigned(lg, "g").commit({"t": 1}), r"expected a \(topic, partition\) pair, got 't'"),  # type: ignore[dict-item]
+        (lambda lg: _assigned(lg, "g").commit({("t", 0): 1}, metadata=123), "metadata must be a string"),  # type: ignore[arg-type]
+        (lambda lg: lg.add_partitions("t", "3"), "partitions must be an integer"),
     ],
 )
 def test_bad_consumer_calls(log: txn_core.Log, call: object, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         call(log)  # type: ignore[operator]
+
+
+def _assigned(log: txn_core.Log, group: str | None = None) -> txn_core.Consumer:
+    c = log.consumer(group)
+    c.assign([("t", 0)])
+    return c
+
+
+def test_a_partition_given_as_a_numpy_int_is_taken(log: txn_core.Log) -> None:
+    import numpy as np
+
+    c = log.consumer()
+    c.assign([("t", np.int64(1))])  # type: ignore[list-item]
+    assert c.assignment() == [txn_core.TopicPartition("t", 1)]
+    assert type(c.assignment()[0].partition) is int
+    assert c.poll().num_rows == 20
+
+
+def test_seek_to_a_bool_is_refused(log: txn_core.Log) -> None:
+    c = _assigned(log)
+    with pytest.raises(txn_core.InvalidOffsetError, match="non-negative int, got True"):
+        c.seek(("t", 0), True)
 
 
 def test_seek_beyond_end_and_before_start(log: txn_core.Log) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import threading
 import uuid
 from pathlib import Path
@@ -14,7 +15,7 @@ from raw_entries import append_data
 
 import txn_core
 from conftest import EMULATED, make_location
-from txn_core.errors import InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
+from txn_core.errors import ConfigurationError, InvalidTxnStateError, ProducerFencedError, TransactionTimedOutError
 from txn_core.format.states import (
     CLIENT_TRANSITIONS,
     COORDINATOR_TRANSITIONS,
@@ -181,6 +182,25 @@ def test_commit_metadata_is_stored_with_the_decision(log: txn_core.Log) -> None:
     send(p, [1])
     p.abort_transaction()
     assert txn_core.Log(log.storage).transaction_metadata("sink-1") == {"batch": 7}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "named"),
+    [({"when": datetime.datetime(2026, 1, 1)}, "'when'"), ({"x": float("nan")}, "'x'"), ([1], "list"), ({1: 2}, "1")],
+)
+def test_commit_metadata_that_is_not_json_is_refused_before_anything_moves(
+    log: txn_core.Log, metadata: Any, named: str
+) -> None:
+    p = tx(log, "sink-2")
+    p.begin_transaction()
+    send(p, [5])
+    with pytest.raises(ConfigurationError, match=named):
+        p.commit_transaction(metadata=metadata)
+    assert p.state is ClientState.IN_TRANSACTION  # still open: nothing flushed, nothing decided
+    assert ids(log) == []
+    p.commit_transaction(metadata={"when": "2026-01-01T00:00:00"})
+    assert ids(log) == [5]
+    assert log.transaction_metadata("sink-2") == {"when": "2026-01-01T00:00:00"}
 
 
 # --- fencing and epochs ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, cast
@@ -49,13 +50,23 @@ OFFSET_RESETS = ("earliest", "latest")
 
 
 def _tp(tp: tuple[str, int] | TopicPartition) -> TopicPartition:
-    if isinstance(tp, TopicPartition):
-        return tp
+    """``tp`` as a TopicPartition: a topic name and a partition number (an int, numpy's included; not a
+    string, a float or a bool), else :class:`ConfigurationError` naming what was given."""
     try:
-        topic, partition = tp
+        topic, partition = (tp.topic, tp.partition) if isinstance(tp, TopicPartition) else tp
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"expected a (topic, partition) pair, got {tp!r}") from exc
-    return TopicPartition(topic, int(partition))
+    if not isinstance(topic, str):
+        raise ConfigurationError(f"expected a (topic, partition) pair with the topic's name first, got {tp!r}")
+    try:
+        number = operator.index(partition)
+    except TypeError:
+        number = -1
+    if isinstance(partition, bool) or number < 0:
+        raise ConfigurationError(
+            f"partition of {topic!r} must be a non-negative int, got {partition!r} ({type(partition).__name__})"
+        )
+    return tp if isinstance(tp, TopicPartition) and type(partition) is int else TopicPartition(topic, number)
 
 
 class Consumer:
@@ -114,8 +125,12 @@ class Consumer:
         ``auto_offset_reset``. Replaces any previous assignment."""
         with self._lock:
             self._check_open()
-            self._deferred = None
+            if isinstance(partitions, (str, TopicPartition)) or not isinstance(partitions, Iterable):
+                raise ConfigurationError(
+                    f"assign() takes a list of (topic, partition) pairs, e.g. [('orders', 0)], got {partitions!r}"
+                )
             tps = [_tp(t) for t in partitions]
+            self._deferred = None
             committed = self.ctx.groups.committed(self.group_id, require_stable=True) if self.group_id else {}
 
             def open_reader(tp: TopicPartition) -> PartitionReader:
@@ -188,7 +203,7 @@ class Consumer:
     def seek(self, tp: tuple[str, int] | TopicPartition, offset: int) -> None:
         with self._lock:
             self._check_open()
-            if not isinstance(offset, int) or offset < 0:
+            if not is_int(offset) or offset < 0:
                 raise InvalidOffsetError(f"offset must be a non-negative int, got {offset!r}")
             self._reader(_tp(tp)).seek(offset)
             self._moved(_tp(tp))
@@ -265,6 +280,8 @@ class Consumer:
             self._check_open()
             if self._schema is None:
                 raise ConfigurationError("no partitions assigned; call assign() first")
+            if max_records is not None and not is_int(max_records):
+                raise ConfigurationError(f"max_records must be an int or None, got {max_records!r}")
             if max_records is not None and max_records <= 0:
                 raise ConfigurationError(f"max_records must be positive, got {max_records}")
             if self._deferred is not None:  # met by the previous poll, after records it returned

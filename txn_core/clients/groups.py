@@ -188,16 +188,12 @@ class GroupStore:
         self, offsets: Mapping[tuple[str, int] | TopicPartition, int], metadata: str | None = None
     ) -> pa.Table:
         """The offsets entry's rows, stamped with the log's clock (``commit_ms``)."""
-        topics, parts, offs = [], [], []
-        for tp, off in offsets.items():
-            topic, partition = (tp.topic, tp.partition) if isinstance(tp, TopicPartition) else tp
-            if not is_int(off) or off < 0:
-                raise InvalidOffsetError(f"offset for {topic}-{partition} must be a non-negative int, got {off!r}")
-            if not isinstance(partition, int) or partition < 0:
-                raise ConfigurationError(f"bad partition {partition!r} for topic {topic!r}")
-            topics.append(str(topic))
-            parts.append(partition)
-            offs.append(off)
+        if metadata is not None and not isinstance(metadata, str):
+            raise ConfigurationError(f"offset metadata must be a string, got {type(metadata).__name__}")
+        items = offset_items(offsets)
+        topics = [t for t, _p, _o in items]
+        parts = [p for _t, p, _o in items]
+        offs = [o for _t, _p, o in items]
         now = self.clock()
         return pa.table(
             {
@@ -253,3 +249,33 @@ class GroupStore:
 
     def list(self) -> list[str]:
         return [n.rstrip("/") for n in self.storage.list(paths.GROUPS) if n.endswith("/")]
+
+
+def offset_items(
+    offsets: Mapping[tuple[str, int] | TopicPartition, int], *, what: str = "offsets", least: int = 0
+) -> list[tuple[str, int, int]]:
+    """``offsets`` as ``(topic, partition, offset)`` triples, each offset at least ``least``;
+    :class:`ConfigurationError` (or :class:`InvalidOffsetError` for an offset) naming what is wrong."""
+    if not isinstance(offsets, Mapping):
+        raise ConfigurationError(
+            f"{what} must be a mapping of (topic, partition) to the next offset to read, e.g. {{('orders', 0): 42}}; "
+            f"got {type(offsets).__name__}"
+        )
+    items = []
+    for tp, off in offsets.items():
+        if isinstance(tp, TopicPartition):
+            topic, partition = tp.topic, tp.partition
+        elif isinstance(tp, tuple) and len(tp) == 2:
+            topic, partition = tp
+        else:
+            raise ConfigurationError(f"{what} keys must be (topic, partition) pairs or TopicPartitions, got {tp!r}")
+        if not isinstance(topic, str):
+            raise ConfigurationError(f"bad topic {topic!r} in {what}: topics are named by strings")
+        if not is_int(partition) or partition < 0:
+            raise ConfigurationError(f"bad partition {partition!r} for topic {topic!r} in {what}")
+        if not is_int(off) or off < least:
+            raise InvalidOffsetError(
+                f"{what}: offset for {topic}-{partition} must be an int of at least {least}, got {off!r}"
+            )
+        items.append((topic, partition, off))
+    return items

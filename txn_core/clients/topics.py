@@ -208,6 +208,8 @@ class TopicStore:
 
     def update(self, name: str, *, partitions: int | None = None, config: TopicConfig | None = None) -> TopicMeta:
         """Write a new metadata version (more partitions, new config); retried on concurrent updates."""
+        if partitions is not None and (not is_int(partitions) or not 1 <= partitions <= MAX_PARTITIONS):
+            raise ConfigurationError(f"partitions must be an integer in [1, {MAX_PARTITIONS}], got {partitions!r}")
         while True:
             current = self.get(name)
             if partitions is not None and partitions < current.partitions:

@@ -6,7 +6,7 @@ import difflib
 import inspect
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,6 +43,17 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
     url = url.strip()
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise ConfigurationError(
+            f"storage options must be a dict of option names to values, got {type(storage_options).__name__} "
+            f"{storage_options!r}"
+        )
+    if storage_options and scheme in ("", "file", "local", "memory"):
+        where = "in memory" if scheme == "memory" else "on local disk"
+        raise ConfigurationError(
+            f"storage option(s) {', '.join(repr(str(k)) for k in sorted(storage_options, key=str))} do not apply to "
+            f"a log {where} ({redact_url(url)!r}): they configure object stores (s3://, gs://, abfs://); remove them"
+        )
     storage: Storage
     if scheme in ("", "file", "local"):
         path = parts.path if scheme else url

@@ -36,11 +36,13 @@ the lock's holder waits). :class:`Completions` has locks of its own for its back
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from txn_core.clients import offsets_fence
+from txn_core.clients.groups import offset_items
 from txn_core.clients.producer import carried
 from txn_core.clients.producer.accumulator import DEFAULT_BATCH_BYTES, MAX_ENTRY_BYTES, RecordAccumulator
 from txn_core.clients.producer.carried import MarkerOffers
@@ -215,6 +217,8 @@ class Producer:
             self._states.require_in_transaction("send_offsets_to_transaction")
             validate_name("group", group_id)
             table = self.ctx.groups.offsets_table(offsets)
+            if start_offsets is not None:
+                offset_items(start_offsets, what="start_offsets", least=-1)  # -1: no position yet
             self._txns.ensure_registered([paths.group_log_path(group_id)])
             self._sender.write_offsets(OffsetsEntry(group_id, table, offsets, start_offsets))
 
@@ -259,6 +263,7 @@ class Producer:
         failures raise :class:`CommitFailedError` (not committed; call again to resume, or abort) or
         :class:`CommitStateUnknownError` (the decision may be durable; call again to learn it).
         """
+        _check_metadata(metadata)  # before anything moves: a refused commit leaves the transaction as it was
         with self._lock:
             self._states.require_transactional("commit_transaction")
             self._states.require_open()
@@ -336,6 +341,8 @@ class Producer:
                 if group_id is None:
                     raise ConfigurationError("send_staged(offsets=...) needs the group_id the offsets belong to")
                 validate_name("group", group_id)
+                if start_offsets is not None:
+                    offset_items(start_offsets, what="start_offsets", least=-1)  # -1: no position yet
                 entry = OffsetsEntry(group_id, self.ctx.groups.offsets_table(offsets), offsets, start_offsets)
             return self._sender.send_staged(self._accumulator.staged(refs), entry)
 
@@ -370,3 +377,23 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close(flush=exc[0] is None)
+
+
+def _check_metadata(metadata: object) -> None:
+    """Refuse commit metadata that cannot be stored as JSON, naming the key that holds the value."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise ConfigurationError(
+            f"commit_transaction(metadata=...) takes a dict of JSON values, got {type(metadata).__name__}"
+        )
+    for key, value in metadata.items():
+        if not isinstance(key, str):
+            raise ConfigurationError(f"commit_transaction metadata keys must be strings, got {key!r}")
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"commit_transaction metadata {key!r} cannot be stored as JSON ({exc}): pass plain values "
+                "(str, int, float, bool, None, lists and dicts of them), e.g. a datetime as its isoformat()"
+            ) from None
