@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from txn_core.clients.routing import split_by_key
 from txn_core.clock import system_clock
+from txn_core.errors import SchemaMismatchError
 from txn_core.format.schema import conform
 from txn_core.partition.staging import StagedRef, write_staged
 from txn_core.storage.base import Storage
@@ -60,37 +62,97 @@ class TopicTarget:
 
 
 def align_timestamps(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """Relabel time-zone-aware timestamps with the topic's zone (``UTC`` for a naive topic column), at any
-    depth: top-level columns and timestamps inside structs, lists and maps.
+    """Relabel time-zone-aware timestamps with the topic's zone, at any depth: top-level columns and
+    timestamps inside structs, lists and maps; and give a naive topic column the wall-clock time Spark's own
+    cast gives.
 
     Spark labels instants with the session time zone (``Etc/UTC``, ``Europe/Paris``...), nested ones
     included (a ``window()`` column is ``struct<start, end>``); the values are UTC instants either way, so
-    this changes metadata only, whatever the units: a topic written by pandas (``timestamp[ns, tz=UTC]``)
+    relabelling changes metadata only, whatever the units: a topic written by pandas (``timestamp[ns, tz=UTC]``)
     or with another label (``Europe/Paris``) takes Spark's microseconds, which conform then casts exactly.
-    Columns whose shape differs from the topic's are left for
-    :func:`txn_core.format.schema.conform` to report.
+
+    Between an instant and a wall-clock time (Spark's ``timestamp`` and ``timestamp_ntz``) Spark converts in
+    the session time zone. An instant written into a naive topic column becomes its wall-clock time in the
+    zone Spark labelled it with (the session's), as ``CAST(t AS TIMESTAMP_NTZ)`` gives. A wall-clock time
+    written into an instant column, or an instant into a naive column nested in a struct, list or map, is
+    refused (:class:`SchemaMismatchError` naming the column and the cast that writes it): the conversion
+    needs the session zone, which a naive value does not carry. Columns whose shape differs from the topic's
+    otherwise are left for :func:`txn_core.format.schema.conform` to report.
     """
-    fixes = {}
+    fixes: dict[int, pa.DataType] = {}
     for i, field in enumerate(batch.schema):
         if field.name not in schema.names:
             continue
-        aligned = _aligned_type(field.type, schema.field(field.name).type)
+        target = schema.field(field.name).type
+        if _is_timestamp(field.type) and _is_timestamp(target) and (field.type.tz is None) != (target.tz is None):
+            if field.type.tz is None:
+                raise _zone_mismatch(field.name, field.type, target)
+            fixes[i] = target  # an instant into a wall-clock column: its local time, below
+            continue
+        _refuse_nested_zone_mismatch(field.name, field.type, target)
+        aligned = _aligned_type(field.type, target)
         if aligned != field.type:
             fixes[i] = aligned
     if not fixes:
         return batch
-    arrays = [batch.column(i).cast(fixes[i]) if i in fixes else batch.column(i) for i in range(batch.num_columns)]
+    arrays = [
+        _aligned_column(batch.column(i), fixes[i]) if i in fixes else batch.column(i) for i in range(batch.num_columns)
+    ]
     fields = [pa.field(f.name, fixes[i], f.nullable) if i in fixes else f for i, f in enumerate(batch.schema)]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _is_timestamp(t: pa.DataType) -> bool:
+    return bool(pa.types.is_timestamp(t))
+
+
+def _aligned_column(column: pa.Array, target: pa.DataType) -> pa.Array:
+    """``column`` as ``target``: an aware column into a naive one as its wall-clock time in its own zone (the
+    unit is left for conform's exact cast); else relabelled by a cast."""
+    if _is_timestamp(column.type) and column.type.tz is not None and _is_timestamp(target) and target.tz is None:
+        return pc.local_timestamp(column)
+    return column.cast(target)
+
+
+def _zone_mismatch(name: str, given: pa.DataType, target: pa.DataType) -> SchemaMismatchError:
+    kinds = {True: "timestamp_ntz (a wall-clock time)", False: "timestamp (an instant)"}
+    cast = "timestamp" if target.tz is not None else "timestamp_ntz"
+    diff = f"column {name!r} is {kinds[given.tz is None]}, the topic's is {kinds[target.tz is None]}"
+    return SchemaMismatchError(
+        f"{diff}: Spark converts between them in the session time zone; cast the column in Spark first, e.g. "
+        f"df.withColumn({name!r}, F.col({name!r}).cast({cast!r})) or CAST({name} AS {cast.upper()}) in SQL",
+        (diff,),
+    )
+
+
+def _refuse_nested_zone_mismatch(name: str, given: pa.DataType, target: pa.DataType) -> None:
+    """Refuse an aware timestamp against a naive one (either way) inside a struct, list or map."""
+    if _is_timestamp(given) and _is_timestamp(target):
+        if (given.tz is None) != (target.tz is None):
+            raise _zone_mismatch(name, given, target)
+        return
+    if pa.types.is_struct(given) and pa.types.is_struct(target):
+        names = {target.field(j).name: target.field(j) for j in range(target.num_fields)}
+        for j in range(given.num_fields):
+            g = given.field(j)
+            t = names.get(g.name)
+            if t is not None:
+                _refuse_nested_zone_mismatch(f"{name}.{g.name}", g.type, t.type)
+    elif pa.types.is_map(given) and pa.types.is_map(target):
+        _refuse_nested_zone_mismatch(f"{name}.key", given.key_type, target.key_type)
+        _refuse_nested_zone_mismatch(f"{name}.value", given.item_type, target.item_type)
+    elif (pa.types.is_list(given) or pa.types.is_large_list(given)) and (
+        pa.types.is_list(target) or pa.types.is_large_list(target) or pa.types.is_fixed_size_list(target)
+    ):
+        _refuse_nested_zone_mismatch(f"{name}.element", given.value_type, target.value_type)
 
 
 def _aligned_type(given: pa.DataType, target: pa.DataType) -> pa.DataType:
     """``given`` with every aware timestamp relabelled to the zone of its counterpart in ``target``."""
     if pa.types.is_timestamp(given):
-        if given.tz is None or not pa.types.is_timestamp(target):
+        if given.tz is None or not pa.types.is_timestamp(target) or target.tz is None:
             return given  # the unit is the cast's (conform): exact, or refused naming the value
-        tz = target.tz or "UTC"
-        return given if tz == given.tz else pa.timestamp(given.unit, tz)
+        return given if target.tz == given.tz else pa.timestamp(given.unit, target.tz)
     if pa.types.is_struct(given) and pa.types.is_struct(target):
         names = {target.field(j).name: target.field(j) for j in range(target.num_fields)}
         children = []

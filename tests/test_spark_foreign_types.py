@@ -9,6 +9,7 @@ Spark appends to such topics under any session time zone, converting exactly; a 
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,35 @@ def test_spark_appends_to_topics_of_any_unit_and_zone_label_under_any_session_zo
     assert back.schema["nested"].dataType.simpleString() == "struct<at:timestamp,days:array<date>>"
     got = back.selectExpr("unix_micros(ns_utc)", "unix_micros(us_etc)", "unix_micros(nested.at)").collect()
     assert [tuple(r) for r in got] == [(MICROS, MICROS, None), (MICROS, MICROS, MICROS)]
+
+
+def test_an_instant_into_a_wall_clock_topic_is_what_spark_s_cast_gives_and_the_reverse_is_refused(
+    spark: Any, session_zone: Any, tmp_path: Path
+) -> None:
+    url = f"file://{tmp_path}/log"
+    session_zone("Europe/Paris")
+    spark.sql("SELECT 1L AS id, timestamp_ntz'2024-01-01 00:00:00' AS t").write.format("txnlog").option(
+        "topic", "ntz"
+    ).option("partitions", "1").mode("append").save(url)
+    # an instant, 2024-01-01 00:00 in Paris: df.write and INSERT INTO a view (Spark's own cast) store the same
+    spark.sql("SELECT 2L AS id, timestamp'2024-01-01 00:00:00' AS t").write.format("txnlog").option(
+        "topic", "ntz"
+    ).mode("append").save(url)
+    spark.sql(
+        "CREATE OR REPLACE TEMPORARY VIEW ntz_view USING txnlog "
+        f"OPTIONS (path '{url}', topic 'ntz', includeMetadata 'false')"
+    )
+    spark.sql("INSERT INTO ntz_view SELECT 3L, timestamp'2024-01-01 00:00:00'")
+    assert stored(url, "ntz").column("t").to_pylist() == [datetime.datetime(2024, 1, 1)] * 3
+
+    spark.sql("SELECT 1L AS id, timestamp'2024-01-01 00:00:00' AS t").write.format("txnlog").option(
+        "topic", "instant"
+    ).option("partitions", "1").mode("append").save(url)
+    wall_clock = spark.sql("SELECT 2L AS id, timestamp_ntz'2024-01-01 00:00:00' AS t")
+    with pytest.raises(Exception, match="column 't' is timestamp_ntz") as refused:
+        wall_clock.write.format("txnlog").option("topic", "instant").mode("append").save(url)
+    assert "cast('timestamp')" in str(refused.value)
+    assert stored(url, "instant").num_rows == 1, "nothing was written"
 
 
 def test_a_value_a_topic_unit_cannot_hold_is_refused_naming_column_and_value(spark: Any, tmp_path: Path) -> None:

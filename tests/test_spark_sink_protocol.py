@@ -6,6 +6,7 @@ what a read_committed reader sees, what stays in storage and what the group's of
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 
@@ -21,6 +22,7 @@ from spark_txn_sink.options import SinkOptions, parse_sink_options
 from spark_txn_sink.stager import ROUTE_ROWS, PartitionStager, TopicTarget, align_timestamps
 from spark_txn_sink.writer import default_transactional_id
 from txn_core.clients.routing import partition_for
+from txn_core.errors import SchemaMismatchError
 from txn_core.partition.staging import StagedRef
 
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
@@ -261,6 +263,36 @@ def test_spark_time_zone_labels_are_aligned_to_the_topic() -> None:
     aligned = align_timestamps(spark_batch, topic)
     assert aligned.schema.field("ts").type == pa.timestamp("us", "UTC")
     assert aligned.column(0).cast(pa.int64()).to_pylist() == [1_000_000]
+
+
+def test_an_instant_into_a_wall_clock_column_takes_its_time_in_the_session_zone() -> None:
+    # 2023-12-31 23:00 UTC is 2024-01-01 00:00 in Paris, what CAST(t AS TIMESTAMP_NTZ) gives under Europe/Paris
+    instant = 1_704_063_600_000_000
+    spark_batch = pa.RecordBatch.from_arrays([pa.array([instant], pa.timestamp("us", "Europe/Paris"))], names=["t"])
+    aligned = align_timestamps(spark_batch, pa.schema([("t", pa.timestamp("us"))]))
+    assert aligned.schema.field("t").type == pa.timestamp("us")
+    assert aligned.column(0).to_pylist() == [datetime.datetime(2024, 1, 1, 0, 0)]
+    utc = pa.RecordBatch.from_arrays([pa.array([instant], pa.timestamp("us", "Etc/UTC"))], names=["t"])
+    assert align_timestamps(utc, pa.schema([("t", pa.timestamp("ns"))])).column(0).to_pylist() == [
+        datetime.datetime(2023, 12, 31, 23, 0)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("given", "topic", "cast"),
+    [
+        (pa.timestamp("us"), pa.timestamp("us", "UTC"), "cast('timestamp')"),
+        (pa.struct([("at", pa.timestamp("us", "Etc/UTC"))]), pa.struct([("at", pa.timestamp("us"))]), "TIMESTAMP_NTZ"),
+        (pa.list_(pa.timestamp("us")), pa.list_(pa.timestamp("ns", "UTC")), "cast('timestamp')"),
+    ],
+)
+def test_a_wall_clock_time_into_an_instant_column_is_refused_naming_the_cast(
+    given: pa.DataType, topic: pa.DataType, cast: str
+) -> None:
+    spark_batch = pa.RecordBatch.from_arrays([pa.array([None], given)], names=["t"])
+    with pytest.raises(SchemaMismatchError, match=r"column 't[.\w]*' is timestamp") as refused:
+        align_timestamps(spark_batch, pa.schema([("t", topic)]))
+    assert cast in str(refused.value)
 
 
 def test_staging_batches_of_two_queries_never_share_a_prefix() -> None:
