@@ -1065,6 +1065,52 @@ ALL_TYPES = pa.schema(
 )
 
 
+NANOS = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("at", pa.timestamp("ns")),
+        ("at_utc", pa.timestamp("ns", tz="UTC")),
+        ("clock", pa.time64("ns")),
+        ("wait", pa.duration("ns")),
+        ("ratio", pa.float64()),
+    ]
+)
+
+
+@pytest.mark.parametrize("ratio", [0.5, float("nan")])  # NaN: dump spells it "NaN", which pyarrow's reader refuses
+def test_a_json_dump_keeps_nanoseconds_through_produce(
+    tmp_path: Path, here: Callable[..., Result], ratio: float
+) -> None:
+    url = tmp_path / "log"
+    log = txn_core.open_log(str(url))
+    log.create_topic("src", 1, NANOS)
+    log.create_topic("dst", 1, NANOS)
+    ints = {
+        "at": [1_767_225_600_123_456_789, -1],  # -1: a nanosecond before the epoch
+        "at_utc": [1_767_225_600_123_456_789, 1],
+        "clock": [1, 86_399_999_999_999],
+        "wait": [123_456_789_012_345_678, 86_400_000_000_001],  # more digits than a float holds; a day and 1 ns
+    }
+    table = pa.table(
+        {
+            "id": [0, 1],
+            **{k: pa.array(v, pa.int64()).cast(NANOS.field(k).type) for k, v in ints.items()},
+            "ratio": [ratio] * 2,
+        }
+    )
+    with log.producer() as producer:
+        producer.send("src", table, partition=0)
+    dumped = tmp_path / "src.jsonl"
+    dumped.write_text(here("dump", url, "src", "--json").out)
+    assert '"clock":"00:00:00.000000001"' in dumped.read_text()
+    here("produce", url, "dst", dumped)
+    c = txn_core.open_log(str(url)).consumer()
+    c.assign([("dst", 0)])
+    got = c.poll()
+    for name, values in ints.items():
+        assert got.column(name).cast(pa.int64()).to_pylist() == values, name
+
+
 def test_a_json_dump_produced_again_holds_the_same_values(tmp_path: Path, here: Callable[..., Result]) -> None:
     """``dump --json`` writes bytes as base64, dates and times as ISO-8601, durations as seconds, decimals as
     strings and maps as pairs; ``produce`` read them back as text (binary columns got the base64 text as

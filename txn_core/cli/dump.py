@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from txn_core.cli.common import Parser, SubParsers, add_verb, get_topic, non_negative_int, open_existing, warn
 from txn_core.cli.output import Progress, json_line, print_table
 from txn_core.errors import ConfigurationError, CorruptDataError, DamagedEntryError
@@ -223,7 +225,7 @@ def _read_partition(
                 break
             rows = [
                 {"_partition": r.pop("_partition"), "_offset": r.pop("_offset"), "_timestamp": r.pop("_timestamp"), **r}
-                for r in table.drop_columns(["_topic"]).to_pylist()
+                for r in _nanosecond_times_as_text(table.drop_columns(["_topic"])).to_pylist()
             ]
             if stop is not None and rows[-1]["_offset"] >= stop:
                 take([r for r in rows if r["_offset"] < stop])
@@ -330,3 +332,12 @@ def _table_row(r: dict[str, Any], columns: list[str], show_control: bool) -> lis
             txn = f"{txn} ({r['_transactional_id']})"
         row += [r.get("_kind"), txn]
     return row + [r.get(c) for c in columns]
+
+
+def _nanosecond_times_as_text(table: pa.Table) -> pa.Table:
+    """``table`` with its ``time64[ns]`` columns as ISO-8601 text (pyarrow hands Python a ``datetime.time``,
+    which keeps microseconds: a dump would drop the rest)."""
+    for i, column in enumerate(table.schema):
+        if pa.types.is_time64(column.type) and column.type.unit == "ns":
+            table = table.set_column(i, column.with_type(pa.string()), table.column(i).cast(pa.string()))
+    return table

@@ -3,7 +3,8 @@
 JSON has no bytes, dates, times, durations, decimals or maps. ``dump --json`` writes them as
 :func:`txn_core.cli.output.to_jsonable` does (bytes as base64, dates and times as ISO-8601, durations as
 seconds, decimals as strings, a map as a list of ``[key, value]`` pairs), and ``produce`` reads them back
-the same way, so a dump produced again holds the same values. A map may also be given as a JSON object.
+the same way, so a dump produced again holds the same values: nanoseconds included (a duration JSON's
+numbers cannot hold exactly is written as a decimal string). A map may also be given as a JSON object.
 
 pyarrow's JSON reader parses most flat types itself (fast); :func:`needs_conversion` says when a topic has a
 column it cannot fill from those spellings, and :func:`read` then converts every value by its column's
@@ -20,6 +21,7 @@ import decimal
 import io
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -91,19 +93,24 @@ def _value(v: Any, t: pa.DataType) -> Any:
     if pa.types.is_date(t):
         return dt.date.fromisoformat(_text(v, "an ISO-8601 date"))
     if pa.types.is_timestamp(t):
-        stamp = dt.datetime.fromisoformat(_text(v, "an ISO-8601 time"))
+        whole, nanos = _split_fraction(_text(v, "an ISO-8601 time"))
+        stamp = dt.datetime.fromisoformat(whole)
         if t.tz is None:
             if stamp.tzinfo is not None:
                 raise ValueError("it has an offset; the column has no time zone")
-            return _within_unit(stamp, t.unit)
-        return _within_unit(stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC), t.unit)
+            since = stamp - _EPOCH
+        else:
+            since = (stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)) - _EPOCH.replace(tzinfo=dt.UTC)
+        return _count(since // dt.timedelta(seconds=1), nanos, t.unit)  # pyarrow takes the unit's count
     if pa.types.is_time(t):
-        clock = dt.time.fromisoformat(_text(v, "an ISO-8601 time"))
+        whole, nanos = _split_fraction(_text(v, "an ISO-8601 time"))
+        clock = dt.time.fromisoformat(whole)
         if clock.tzinfo is not None:
             raise ValueError("a time of day in the column has no offset")
-        return _within_unit(clock, t.unit)
+        return _count(clock.hour * 3600 + clock.minute * 60 + clock.second, nanos, t.unit)
     if pa.types.is_duration(t):
-        count = decimal.Decimal(repr(_number(v, "seconds"))) * _PER_SECOND[t.unit]
+        seconds = decimal.Decimal(v) if isinstance(v, str) else decimal.Decimal(repr(_number(v, "seconds")))
+        count = seconds * _PER_SECOND[t.unit]
         if count != count.to_integral_value():
             raise ValueError(f"finer than the column's unit ({t.unit})")
         return int(count)  # in the column's unit: pyarrow takes integers as they are
@@ -132,11 +139,31 @@ def _value(v: Any, t: pa.DataType) -> Any:
     return v
 
 
-def _within_unit(value: Any, unit: str) -> Any:
-    """``value`` (a time or datetime) when its fraction of a second fits ``unit``, else ValueError."""
-    if value.microsecond % (1_000_000 // min(_PER_SECOND[unit], 1_000_000)):
+#: Where timestamps count from.
+_EPOCH = dt.datetime(1970, 1, 1)
+#: An ISO-8601 time's fraction of a second, and what follows it (an offset, or nothing).
+_FRACTION = re.compile(r"(\d{2}:\d{2}:\d{2})\.(\d+)(.*)$")
+
+
+def _split_fraction(text: str) -> tuple[str, int]:
+    """``text`` without its fraction of a second, and that fraction in nanoseconds (exactly: Python's own
+    parser keeps microseconds and drops the digits after them). More than nine digits are refused."""
+    m = _FRACTION.search(text)
+    if m is None:
+        return text, 0
+    digits = m.group(2)
+    if len(digits) > 9 and int(digits[9:]):
+        raise ValueError("finer than nanoseconds")
+    return text[: m.start()] + m.group(1) + m.group(3), int(digits[:9].ljust(9, "0"))
+
+
+def _count(seconds: int, nanos: int, unit: str) -> int:
+    """``seconds`` and ``nanos`` as a count of ``unit``, or ValueError when the fraction is finer than it."""
+    per = _PER_SECOND[unit]
+    step = 1_000_000_000 // per
+    if nanos % step:
         raise ValueError(f"finer than the column's unit ({unit})")
-    return value
+    return seconds * per + nanos // step
 
 
 def _text(v: Any, what: str) -> str:

@@ -35,11 +35,13 @@ def to_jsonable(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, dt.datetime):
-        return value.isoformat(timespec="milliseconds") if value.tzinfo else value.isoformat()
+        if value.tzinfo and not value.microsecond % 1000 and not getattr(value, "nanosecond", 0):
+            return value.isoformat(timespec="milliseconds")
+        return value.isoformat()  # every digit it has: pandas' Timestamp (nanosecond units) gives nine
     if isinstance(value, dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, dt.timedelta):
-        return value.total_seconds()
+        return _seconds(value)
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, bytes | bytearray | memoryview):
@@ -49,6 +51,19 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple | set):
         return [to_jsonable(v) for v in value]
     return str(value)
+
+
+def _seconds(value: dt.timedelta) -> float | str:
+    """A duration in seconds, exactly: a float when one holds it, else its decimal text (pandas' Timedelta
+    counts nanoseconds, more digits than a float keeps)."""
+    nanos = getattr(value, "value", None)  # pandas' Timedelta
+    exact = (
+        decimal.Decimal(nanos).scaleb(-9)
+        if isinstance(nanos, int)
+        else decimal.Decimal(value // dt.timedelta(microseconds=1)).scaleb(-6)
+    )
+    seconds = float(exact)
+    return seconds if decimal.Decimal(repr(seconds)) == exact else str(exact.normalize())
 
 
 def print_json(value: Any, *, stream: IO[str] | None = None) -> None:
