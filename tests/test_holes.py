@@ -472,3 +472,28 @@ def test_misses_of_neighbouring_slots_in_any_order_are_one_run_of_missing_slots(
     assert missing._probes_at(8) == HOLE_PROBES  # the same run, its minute (0 s here) passed: all of them
     assert missing._probes_at(20) == HOLE_PROBES_CHEAP  # another run
     assert missing._probes_at(20) == HOLE_PROBES
+
+
+@pytest.mark.parametrize("first", [0, 3])
+def test_a_run_of_missing_slots_wider_than_the_probes_is_found_from_the_listing(
+    monkeypatch: pytest.MonkeyPatch, first: int
+) -> None:
+    """Eleven slots deleted with two entries after them: no probe distance past the first missing slot lands
+    on an entry (HOLE_PROBES skip from 8 to 16), but the listing a fresh reader opens with shows them, and
+    the reader reports the run at its first poll, not only at a later look."""
+    monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 5.0)  # the defaults: a listing stays recent
+    monkeypatch.setattr(partition, "TAIL_RECHECK_S", 60.0)
+    width = 11
+    assert width + 1 not in HOLE_PROBES and width + 2 not in HOLE_PROBES
+    storage = MemoryStorage(uuid.uuid4().hex)
+    log = txn_core.Log(storage)
+    log.create_topic("t", 1, SCHEMA)
+    with log.producer() as producer:
+        for n in range(first + width + 2):
+            producer.send("t", pa.table({"x": [2 * n, 2 * n + 1]}, schema=SCHEMA), partition=0)
+            producer.flush()
+    keys = [punch(log, slot) for slot in range(first, first + width)]
+    got, error, _ = consume(txn_core.Log(storage))
+    assert got == list(range(2 * first)), "what precedes the run is delivered"
+    assert isinstance(error, DamagedEntryError) and error.key == keys[0], error
+    assert "missing" in str(error)

@@ -19,7 +19,9 @@ Invariants:
   segment listing) or ``TAIL_RECHECK_S`` (a longer run, all of :data:`HOLE_PROBES`; or a slot the reader
   kept finding absent at the end, below), not a round trip more. Misses of slots within the cheap probes'
   reach of each other are one run, in whatever order they come back (reads issued ahead miss the slots
-  past the one asked for): they do not start the run's clock again.
+  past the one asked for): they do not start the run's clock again. A loose listing younger than
+  ``TAIL_RECHECK_S`` that shows a slot past the missing one (``listed_end``) adds that slot to the probes at
+  once: a run wider than :data:`HOLE_PROBES` reach, with entries after it, is found from it.
 * **A quiet end costs one request per poll.** A slot found absent after a full look (a segment listing and
   a log start at most ``LOG_START_RECHECK_S`` old, nothing after it) and missed again less than
   ``TAIL_RECHECK_S`` later is still the end, with no listing: it was absent then, and had it been created
@@ -94,8 +96,10 @@ class MissingSlots:
         monotonic: Callable[[], float],
         log_start_recheck_s: Callable[[], float],
         tail_recheck_s: Callable[[], float],
+        listed_end: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.entries = entries
+        self.listed_end = listed_end
         self.segments = segments
         self.starts = starts
         self.index = index
@@ -140,10 +144,12 @@ class MissingSlots:
         tail = self.index.tail
         known = tail is not None and slot + 1 < tail[0]
         now = self.monotonic()
-        if not known and self._still_absent(slot):
+        listed = self._listed_past(slot)
+        if not known and not listed and self._still_absent(slot):
             return False  # a quiet end: no listing (module doc)
         stale = not self.segments.listed_within(self.log_start_recheck_s())
-        probes = probe_after(self.entries, slot, self._probes_at(slot), {}) if stale and not known else []
+        distances = [*(self._probes_at(slot) if stale else ()), *listed] if not known else []
+        probes = probe_after(self.entries, slot, distances, {})
         if stale or (tail is not None and slot < tail[0]):
             self.segments.refresh(self.starts.recent_log_start)
         later = known or slot in self._holes or self.segments.starts_after(slot) or any(f.result() for _, f in probes)
@@ -169,6 +175,15 @@ class MissingSlots:
         self._missing_since = (slot, now)
         return HOLE_PROBES
 
+    def _listed_past(self, slot: int) -> list[int]:
+        """The distance from ``slot`` to the last loose slot a recent listing showed, when that lies past it
+        and past every probe of :data:`HOLE_PROBES` (a run of missing slots wider than the probes, with
+        entries after it, is found from the listing, then confirmed by a look at that slot); else none."""
+        end = self.listed_end()
+        if end is None or end - 1 - slot <= HOLE_PROBES_CHEAP[-1] or end - 1 - slot in HOLE_PROBES:
+            return []
+        return [end - 1 - slot]
+
     def recheck(self) -> None:
         """Re-list the segments with a listing started after a miss (a listing shared with a reader whose
         listing began earlier could predate a roll), then re-read the log start, before a miss is called a
@@ -191,7 +206,8 @@ class MissingSlots:
             # since the listing, it published this log start first.
             hole = slot >= self.starts.log_start(refresh=True).slot and not self.entries.exists(slot)
         else:
-            later = any(f.result() for _, f in probe_after(self.entries, slot, HOLE_PROBES, {}))
+            distances = [*HOLE_PROBES, *self._listed_past(slot)]
+            later = any(f.result() for _, f in probe_after(self.entries, slot, distances, {}))
             hole = later and not self.entries.exists(slot)  # asked after a later slot was seen (a racing append)
         if hole:  # a later miss there is damage at once, not the log end until the next look (5 s)
             self._holes.add(slot)

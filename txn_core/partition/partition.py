@@ -98,6 +98,7 @@ class PartitionLog:
             monotonic=self.monotonic,
             log_start_recheck_s=lambda: LOG_START_RECHECK_S,
             tail_recheck_s=lambda: TAIL_RECHECK_S,
+            listed_end=lambda: self._tail.listed_end(),  # noqa: PLW0108 (the tail search is made below)
         )
         self._fetcher = EntryFetcher(
             storage, path, self.entries, self.segments, self._missing, self._index, source=self
