@@ -4,9 +4,11 @@ through adlfs)."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -321,6 +323,26 @@ def test_bad_urls_are_refused_with_a_clear_message() -> None:
         open_storage("")
     with pytest.raises(ConfigurationError, match="no bucket"):
         open_storage("s3:///prefix")
+
+
+def test_storage_options_of_a_local_log_are_refused_unless_a_dict_and_else_warned_of_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job written for an object store keeps its options when pointed at a local path (the README's S3 job
+    runs so in its test): they are ignored, with one warning naming them, so a misspelled one is not silent."""
+    from txn_core.errors import ConfigurationError
+    from txn_core.storage import factory
+
+    with pytest.raises(ConfigurationError, match="must be a dict"):
+        open_storage(str(tmp_path / "log"), "endpoint_url=http://x")  # type: ignore[arg-type]
+    factory._WARNED_LOCAL.clear()
+    with caplog.at_level(logging.WARNING, logger="txnlog.storage"):
+        for _ in range(2):
+            open_storage(str(tmp_path / "log"), {"endpoint_ulr": "http://x", "anon": True})
+            open_storage(f"memory://{uuid.uuid4().hex}", {"endpoint_ulr": "http://x", "anon": True})
+    warned = [r.getMessage() for r in caplog.records if "do not apply" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "'anon', 'endpoint_ulr'" in warned[0] and "ignored" in warned[0]
 
 
 #: An environment whose S3 settings do not work: only the storage options can reach the server.

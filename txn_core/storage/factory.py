@@ -17,6 +17,7 @@ from txn_core.errors import (
     StorageError,
     StoragePermissionError,
 )
+from txn_core.logs import get_logger
 from txn_core.storage import requests_log
 from txn_core.storage.base import Storage, create_resolving
 from txn_core.storage.guarded import WriteCheckedStorage
@@ -49,11 +50,7 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
             f"{storage_options!r}"
         )
     if storage_options and scheme in ("", "file", "local", "memory"):
-        where = "in memory" if scheme == "memory" else "on local disk"
-        raise ConfigurationError(
-            f"storage option(s) {', '.join(repr(str(k)) for k in sorted(storage_options, key=str))} do not apply to "
-            f"a log {where} ({redact_url(url)!r}): they configure object stores (s3://, gs://, abfs://); remove them"
-        )
+        _ignored_for_local(url, scheme, storage_options)
     storage: Storage
     if scheme in ("", "file", "local"):
         path = parts.path if scheme else url
@@ -89,6 +86,30 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None, *, sel
     if self_test:  # before this process's first write, never on open: reading never writes
         storage = WriteCheckedStorage(storage, self_test_storage)
     return storage
+
+
+logger = get_logger("txnlog.storage")
+
+#: Option names warned of as ignored for a local or in-memory log, once per process each.
+_WARNED_LOCAL: set[tuple[str, ...]] = set()
+
+
+def _ignored_for_local(url: str, scheme: str, options: Mapping[str, Any]) -> None:
+    """Warn, once per process for each set of names, that storage options given for a log on local disk or in
+    memory are ignored: a job written for an object store keeps its options when it is pointed at a local
+    path (tests, a laptop), but a misspelled option must not go unsaid."""
+    names = tuple(sorted(str(k) for k in options))
+    if names in _WARNED_LOCAL:
+        return
+    _WARNED_LOCAL.add(names)
+    where = "in memory" if scheme == "memory" else "on local disk"
+    logger.warning(
+        "storage option(s) %s do not apply to a log %s (%s) and are ignored: they configure object stores "
+        "(s3://, gs://, abfs://)",
+        ", ".join(repr(n) for n in names),
+        where,
+        redact_url(url),
+    )
 
 
 #: Values of the ``client`` storage option: which library talks to an object store.
