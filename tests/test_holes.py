@@ -474,17 +474,16 @@ def test_misses_of_neighbouring_slots_in_any_order_are_one_run_of_missing_slots(
     assert missing._probes_at(20) == HOLE_PROBES
 
 
-@pytest.mark.parametrize("first", [0, 3])
-def test_a_run_of_missing_slots_wider_than_the_probes_is_found_from_the_listing(
-    monkeypatch: pytest.MonkeyPatch, first: int
+@pytest.mark.parametrize(("first", "width"), [(0, 11), (3, 11), (0, 4)])
+def test_a_run_of_missing_slots_is_found_at_once_from_the_listing(
+    monkeypatch: pytest.MonkeyPatch, first: int, width: int
 ) -> None:
-    """Eleven slots deleted with two entries after them: no probe distance past the first missing slot lands
-    on an entry (HOLE_PROBES skip from 8 to 16), but the listing a fresh reader opens with shows them, and
-    the reader reports the run at its first poll, not only at a later look."""
+    """Slots deleted with two entries after them. Eleven: no probe distance past the first missing slot lands
+    on an entry (HOLE_PROBES skip from 8 to 16); four: only the full probes (once a minute) would. The
+    listing a fresh reader opens with shows the entries, and the reader reports the run at its first poll."""
     monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 5.0)  # the defaults: a listing stays recent
     monkeypatch.setattr(partition, "TAIL_RECHECK_S", 60.0)
-    width = 11
-    assert width + 1 not in HOLE_PROBES and width + 2 not in HOLE_PROBES
+    assert width + 1 not in HOLE_PROBES_CHEAP
     storage = MemoryStorage(uuid.uuid4().hex)
     log = txn_core.Log(storage)
     log.create_topic("t", 1, SCHEMA)
@@ -497,3 +496,36 @@ def test_a_run_of_missing_slots_wider_than_the_probes_is_found_from_the_listing(
     assert got == list(range(2 * first)), "what precedes the run is delivered"
     assert isinstance(error, DamagedEntryError) and error.key == keys[0], error
     assert "missing" in str(error)
+
+
+def test_a_topic_deleted_by_hand_and_made_again_in_the_same_process_is_written_from_its_first_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process that appended to a topic remembers its partitions' tails; once the topic is deleted by hand and
+    created again (a sink creates a missing topic), its appends start at slot 0, not at the old tail (which
+    left the new partition's first slots missing: an empty topic to every reader)."""
+    monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 5.0)  # the defaults: a cached tail is trusted a minute
+    monkeypatch.setattr(partition, "TAIL_RECHECK_S", 60.0)
+    storage = MemoryStorage(uuid.uuid4().hex)
+    log = txn_core.Log(storage)
+    log.create_topic("t", 1, SCHEMA)
+    producer = log.producer(transactional_id="w")
+    producer.init_transactions()
+    for n in range(3):
+        producer.begin_transaction()
+        producer.send("t", pa.table({"x": [n]}, schema=SCHEMA), partition=0)
+        producer.commit_transaction()
+    producer.wait_for_markers()
+    assert log.describe_topic("t").partitions[0].log_end_offset > 3
+    for sub in ("meta/", "00000/log/", "00000/snapshots/"):
+        for name in storage.list(paths.topic_root("t") + sub):
+            storage.delete(paths.topic_root("t") + sub + name)
+    log.create_topic("t", 1, SCHEMA)
+    producer.begin_transaction()
+    producer.send("t", pa.table({"x": [100]}, schema=SCHEMA), partition=0)
+    producer.commit_transaction()
+    producer.wait_for_markers()
+    producer.close()
+    assert storage.exists(log.partition_log(PATH).entries.key(0))
+    got, error, _ = consume(txn_core.Log(storage))
+    assert error is None and got == [100]

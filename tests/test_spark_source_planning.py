@@ -183,10 +183,13 @@ def test_offsets_removed_by_retention_fail_the_query_unless_accepted(url: str, m
     reader = stream(url)
     start = reader.initialOffset()
     retain_from(url, 0, 2, 4)
-    # Within LOG_START_RECHECK_S of its last look the driver may not know yet: it sees no new data (never
-    # a lost or wrong row). Past that window the planning fails the query.
+    # Within LOG_START_RECHECK_S of its last look the driver may not know yet (it sees no new data, never a
+    # lost or wrong row). Here its listing, made when it opened a moment ago, shows an entry past the removed
+    # ones: it looks at once, plans up to the end, and planning the batch's reads fails the query.
     early = reader.latestOffset(start, ReadAllAvailable())
-    assert positions(early)["t-0"] == 0
+    assert positions(early)["t-0"] == 6
+    with pytest.raises(SourceDataLossError, match=r"t-0: offsets \[0, 4\) were removed.*failOnDataLoss=false"):
+        reader.partitions(start, early)
     monkeypatch.setattr(partition_module, "LOG_START_RECHECK_S", 0.0)
     with pytest.raises(SourceDataLossError, match=r"t-0: offsets \[0, 4\) were removed.*failOnDataLoss=false"):
         reader.latestOffset(start, ReadAllAvailable())

@@ -57,7 +57,7 @@ class LogContext:
             storage=storage,
             clock=clock,
             partitions_of=partitions_of,
-            topics=TopicStore(storage, clock=clock),
+            topics=TopicStore(storage, clock=clock, created=lambda name: states.forget(paths.topic_root(name))),
             partition_logs=logs,
             partition_states=states,
             coordinator=coordinator,

@@ -9,6 +9,7 @@ partition count never shrinks and the schema never changes.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -112,9 +113,10 @@ def normalize_schema(schema: pa.Schema) -> pa.Schema:
 class TopicStore:
     """Create, list and read topic metadata."""
 
-    def __init__(self, storage: Storage, *, clock: Clock) -> None:
+    def __init__(self, storage: Storage, *, clock: Clock, created: Callable[[str], None] = lambda _name: None) -> None:
         self.storage = storage
         self.clock = clock
+        self._created = created  # told of each topic this process creates (see create)
         self._cache: dict[str, TopicMeta] = {}
 
     def _slots(self, name: str) -> SlotLog:
@@ -138,6 +140,10 @@ class TopicStore:
             create_resolving(self.storage, self._slots(name).key(0), [header, payload], header)
         except ObjectExistsError as exc:
             raise TopicExistsError(f"topic {name!r} already exists; pick another name or use it as is") from exc
+        # The topic did not exist a moment ago: what this process remembers of partitions of that name (a
+        # tail, a log start) was of a topic deleted by hand since, and an append there would take the old
+        # slot numbers, leaving the new partition's first slots missing.
+        self._created(name)
         self._cache[name] = meta
         return meta
 

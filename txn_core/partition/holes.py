@@ -144,11 +144,12 @@ class MissingSlots:
         tail = self.index.tail
         known = tail is not None and slot + 1 < tail[0]
         now = self.monotonic()
-        listed = self._listed_past(slot)
+        listed = self._listed_past(slot, ())
         if not known and not listed and self._still_absent(slot):
             return False  # a quiet end: no listing (module doc)
         stale = not self.segments.listed_within(self.log_start_recheck_s())
-        distances = [*(self._probes_at(slot) if stale else ()), *listed] if not known else []
+        distances: Sequence[int] = self._probes_at(slot) if stale else ()
+        distances = [*distances, *self._listed_past(slot, distances)] if not known else []
         probes = probe_after(self.entries, slot, distances, {})
         if stale or (tail is not None and slot < tail[0]):
             self.segments.refresh(self.starts.recent_log_start)
@@ -175,12 +176,13 @@ class MissingSlots:
         self._missing_since = (slot, now)
         return HOLE_PROBES
 
-    def _listed_past(self, slot: int) -> list[int]:
+    def _listed_past(self, slot: int, distances: Sequence[int]) -> list[int]:
         """The distance from ``slot`` to the last loose slot a recent listing showed, when that lies past it
-        and past every probe of :data:`HOLE_PROBES` (a run of missing slots wider than the probes, with
-        entries after it, is found from the listing, then confirmed by a look at that slot); else none."""
+        and is not among ``distances`` (the probes made anyway): a run of missing slots wider than the
+        probes reach, with entries after it, is found from the listing, then confirmed by a look at that
+        slot. Else none."""
         end = self.listed_end()
-        if end is None or end - 1 - slot <= HOLE_PROBES_CHEAP[-1] or end - 1 - slot in HOLE_PROBES:
+        if end is None or end - 1 <= slot or end - 1 - slot in distances:
             return []
         return [end - 1 - slot]
 
@@ -206,7 +208,7 @@ class MissingSlots:
             # since the listing, it published this log start first.
             hole = slot >= self.starts.log_start(refresh=True).slot and not self.entries.exists(slot)
         else:
-            distances = [*HOLE_PROBES, *self._listed_past(slot)]
+            distances = [*HOLE_PROBES, *self._listed_past(slot, HOLE_PROBES)]
             later = any(f.result() for _, f in probe_after(self.entries, slot, distances, {}))
             hole = later and not self.entries.exists(slot)  # asked after a later slot was seen (a racing append)
         if hole:  # a later miss there is damage at once, not the log end until the next look (5 s)

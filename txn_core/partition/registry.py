@@ -26,6 +26,12 @@ class PartitionLogs:
         self._logs: dict[str, PartitionLog] = {}
         self._lock = threading.Lock()
 
+    def forget(self, prefix: str) -> None:
+        """Drop the partition logs under ``prefix`` (a topic made anew): the next use starts from storage."""
+        with self._lock:
+            for path in [p for p in self._logs if p.startswith(prefix)]:
+                del self._logs[path]
+
     def get(self, path: str) -> PartitionLog:
         with self._lock:
             plog = self._logs.get(path)
@@ -52,6 +58,13 @@ class PartitionStates:
         self.decider = decider
         self._states: dict[str, PartitionState] = {}
         self._lock = threading.Lock()
+
+    def forget(self, prefix: str) -> None:
+        """Drop the shared states and partition logs under ``prefix`` (a topic made anew)."""
+        with self._lock:
+            for path in [p for p in self._states if p.startswith(prefix)]:
+                del self._states[path]
+        self.logs.forget(prefix)
 
     def get(self, path: str, *, shared: bool = True) -> PartitionState:
         """The shared state of ``path`` (one per registry), or a fresh one of the caller's own."""
