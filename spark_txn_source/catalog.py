@@ -92,7 +92,8 @@ TABLE_CREATION_REFUSED = (
 )
 #: Why a write that names no log and carries a catalog table's options in its schema is refused.
 TABLE_WRITE_REFUSED = (
-    "this txnlog write names no log, and txnlog tables are read-only to Spark: PySpark's Python data source "
+    "this txnlog write names no log (a write into a catalog table, or a CREATE TABLE ... AS SELECT of rows "
+    "read from one), and txnlog tables are read-only to Spark: PySpark's Python data source "
     "API (4.3) tells a sink writing to a catalog table nothing about the table (no options; the rows' schema "
     "may carry the options of the table they were read from, and INSERT INTO b SELECT * FROM a would append to "
     "a). Nothing was written. Write through a temporary view, which hands the sink its options: CREATE "

@@ -137,11 +137,16 @@ def test_writes_to_a_table_are_refused_as_the_rows_may_carry_another_tables_opti
         "insertInto": lambda: df.write.insertInto(b),
         "writeTo().append()": lambda: df.writeTo(b).append(),
         "saveAsTable(b) in append mode": lambda: df.write.format("txnlog").mode("append").saveAsTable(b),
+        "CREATE TABLE c AS SELECT * FROM a": lambda: spark.sql(
+            f"CREATE TABLE {name()} USING txnlog AS SELECT * FROM {a}"
+        ),
     }
     for what, write in writes.items():
-        with pytest.raises(Exception, match=r"txnlog tables are read-only to Spark|no options at all"):
+        with pytest.raises(Exception, match=r"txnlog tables are read-only to Spark|no options at all") as refused:
             write()
             pytest.fail(what)
+        if what.startswith("CREATE TABLE"):
+            assert "CREATE TABLE ... AS SELECT" in str(refused.value), "the message names what was asked"
 
     copy = (
         spark.readStream.option("startingOffsets", "earliest")
