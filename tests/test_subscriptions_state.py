@@ -132,6 +132,16 @@ def test_cumulative_acks_plain_and_transactional() -> None:
     assert d.state.mark_delete == 8 and not d.state.acked
 
 
+def test_records_acknowledged_above_the_mark_delete_do_not_count_those_of_their_entry_below_it() -> None:
+    d = Driver()
+    assert d.ack([(0, 10, [0, 1, 2, 3])])  # one entry of ten records: its first four, in one record
+    assert d.state.mark_delete == 4 and d.state.acked_above_mark_delete() == 0
+    assert d.ack([(0, 10, [6, 8])])
+    assert d.state.mark_delete == 4 and d.state.acked_above_mark_delete() == 2
+    assert d.ack([(0, 10, [4, 5])])
+    assert d.state.mark_delete == 7 and d.state.acked_above_mark_delete() == 1  # offset 8
+
+
 def test_skips_let_the_mark_delete_pass_offsets_that_are_never_delivered() -> None:
     d = Driver()
     assert d.ack([(0, 2, [0, 1])])

@@ -173,8 +173,13 @@ class SubscriptionState:
         ]
 
     def acked_above_mark_delete(self) -> int:
-        """Records acknowledged individually above the mark-delete position (skips excluded)."""
-        return sum(bin(bitsets.cleared(s, c)).count("1") for c, s in self.acked.values())
+        """Records acknowledged individually at or above the mark-delete position (skips excluded). An entry's
+        ack set may begin below it (the mark-delete moved into the entry): those records are not counted."""
+        total = 0
+        for base, (count, ack_set) in self.acked.items():
+            acked = bitsets.cleared(ack_set, count) >> max(0, self.mark_delete - base)
+            total += bin(acked).count("1")
+        return total
 
     # --- committed bits ---------------------------------------------------------------------------
 
