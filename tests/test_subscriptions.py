@@ -217,7 +217,7 @@ def test_a_negatively_acknowledged_record_is_delivered_again_after_the_delay(env
     assert not c.receive(10).num_rows
     clock.now += 500
     assert _offsets(c.receive(10)) == [1, 2]
-    with pytest.raises(InvalidOffsetError):
+    with pytest.raises(InvalidOffsetError, match=r"negatively acknowledge only records.*Nothing was negatively"):
         c.negative_acknowledge([0])  # already acknowledged
 
 

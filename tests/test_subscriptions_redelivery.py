@@ -132,6 +132,20 @@ def test_dead_letters_go_to_a_named_topic_of_the_same_schema_only(env: Any) -> N
         r"id: int64, body: string",
     ):
         bad.receive(10)
+    # The record the failed move took is not left in flight unseen: it is delivered (and moved) again, and
+    # every receive says why until the topic is fixed.
+    assert bad.unacknowledged() == [1, 2, 3], "the application's records; 0 is not held"
+    with pytest.raises(ConfigurationError, match="dead-letter topic 'other'"):
+        bad.receive(10)
+    bad.close()
+    # Beside records the application gets, the move's failure comes at the next call, after them.
+    both = log.subscribe("in", 0, "u", nack_delay_ms=0, dead_letter_policy=DeadLetterPolicy(0, "other"))
+    assert _offsets(both.receive(2)) == [0, 1]
+    both.negative_acknowledge([0])
+    assert _offsets(both.receive(2)) == [2], "0 went back; 2 is handed out"
+    assert both.unacknowledged() == [1, 2]
+    with pytest.raises(ConfigurationError, match="dead-letter topic 'other'"):
+        both.receive(2)
 
 
 def test_a_dead_letter_whose_acknowledgement_loses_is_never_written(env: Any) -> None:

@@ -70,7 +70,7 @@ from txn_core.clients.subscriptions.store import (
     read_meta,
     validate_ref,
 )
-from txn_core.errors import ConfigurationError, DataLossError, InvalidOffsetError, ProducerClosedError
+from txn_core.errors import ConfigurationError, DataLossError, InvalidOffsetError, ProducerClosedError, TxnLogError
 from txn_core.format import paths
 from txn_core.format.arrays import empty_table
 from txn_core.format.ids import TxnId, is_int, validate_name
@@ -267,6 +267,7 @@ class SubscriptionConsumer:
                 backoff=nack_backoff,
             )
             self._seat = seat_for(self.meta, self.consumer_id, session_timeout_ms, self._dispatch)
+        self._deferred: TxnLogError | None = None  # a dead-letter move that failed beside records handed out
         self._dead = (
             None if dead_letter_policy is None else DeadLetters(ctx, self.ref, self.consumer_id, dead_letter_policy)
         )
@@ -298,6 +299,9 @@ class SubscriptionConsumer:
         while True:
             with self._lock:
                 self._check_open()
+                if self._deferred is not None:  # met by the previous call, after the records it returned
+                    error, self._deferred = self._deferred, None
+                    raise error
                 now = self.ctx.clock()
                 try:
                     table = (
@@ -330,9 +334,20 @@ class SubscriptionConsumer:
         if not any(over):
             return table
         dead = table.filter(pa.array(over))
-        if not dead_letters.move(dead, lambda records, producer: self.acknowledge(records, transaction=producer)):
+        rest = table.filter(pa.array([not x for x in over]))
+        try:
+            moved = dead_letters.move(dead, lambda records, producer: self.acknowledge(records, transaction=producer))
+        except TxnLogError as exc:
+            # Not moved: they go back to be delivered (and moved) again, never left in flight unseen. The
+            # records taken beside them are the application's: handed out now, the error at the next call.
+            self._dispatch.redeliver(dead.column("_offset").to_pylist())
+            if not rest.num_rows:
+                raise
+            self._deferred = exc
+            return rest
+        if not moved:
             self._dispatch.redeliver(dead.column("_offset").to_pylist())  # lost to another acknowledgement
-        return table.filter(pa.array([not x for x in over]))
+        return rest
 
     def _maintain(self, now: int) -> None:
         if self.acklog.snapshot_due(now):
@@ -415,7 +430,7 @@ class SubscriptionConsumer:
         offs = _offsets(offsets)
         with self._lock:
             self._check_open()
-            self._dispatch.nack(self._dispatch.check_delivered(offs), self.ctx.clock())
+            self._dispatch.nack(self._dispatch.check_delivered(offs, "negatively acknowledge"), self.ctx.clock())
 
     def redeliver_unacknowledged(self) -> None:
         """Deliver every record in flight again on the next receive (e.g. after aborting a transaction)."""

@@ -360,8 +360,10 @@ class Dispatcher:
 
     # --- acknowledgement bookkeeping ------------------------------------------------------------
 
-    def check_delivered(self, offsets: Iterable[int]) -> list[int]:
-        """The offsets, sorted and unique, if every one was delivered to this consumer and is unsettled."""
+    def check_delivered(self, offsets: Iterable[int], verb: str = "acknowledge") -> list[int]:
+        """The offsets, sorted and unique, if every one was delivered to this consumer and is unsettled; the
+        error names ``verb`` (what the caller asked: acknowledge, negatively acknowledge)."""
+        done = {"acknowledge": "acknowledged", "negatively acknowledge": "negatively acknowledged"}.get(verb, verb)
         out = sorted(set(offsets))
         missing = [o for o in out if o not in self.inflight]
         if missing:
@@ -369,13 +371,12 @@ class Dispatcher:
             bad = [o for o in missing if o >= end]
             if bad:
                 raise OffsetOutOfRangeError(
-                    f"{self.meta.ref}: offsets {bad[:10]} are beyond the partition's end {end}; nothing was "
-                    "acknowledged"
+                    f"{self.meta.ref}: offsets {bad[:10]} are beyond the partition's end {end}; nothing was {done}"
                 )
             raise InvalidOffsetError(
                 f"{self.meta.ref}: offsets {missing[:10]} were not delivered to consumer {self.owner!r} (or were "
-                "already acknowledged or negatively acknowledged); acknowledge only records receive() returned. "
-                "Nothing was acknowledged."
+                f"already acknowledged or negatively acknowledged); {verb} only records receive() returned. "
+                f"Nothing was {done}."
             )
         return out
 
