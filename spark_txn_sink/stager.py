@@ -84,13 +84,10 @@ def align_timestamps(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch
         if field.name not in schema.names:
             continue
         target = schema.field(field.name).type
-        if _is_timestamp(field.type) and _is_timestamp(target) and (field.type.tz is None) != (target.tz is None):
-            if field.type.tz is None:
-                raise _zone_mismatch(field.name, field.type, target)
-            fixes[i] = target  # an instant into a wall-clock column: its local time, below
+        if _to_wall_clock(field.type, target):
+            fixes[i] = target  # its local time, below
             continue
-        _refuse_nested_zone_mismatch(field.name, field.type, target)
-        aligned = _aligned_type(field.type, target)
+        aligned = _aligned_type(field.type, target, field.name)
         if aligned != field.type:
             fixes[i] = aligned
     if not fixes:
@@ -106,10 +103,15 @@ def _is_timestamp(t: pa.DataType) -> bool:
     return bool(pa.types.is_timestamp(t))
 
 
+def _to_wall_clock(given: pa.DataType, target: pa.DataType) -> bool:
+    """Whether ``given`` is an instant (an aware timestamp) written into a wall-clock (naive) ``target``."""
+    return _is_timestamp(given) and given.tz is not None and _is_timestamp(target) and target.tz is None
+
+
 def _aligned_column(column: pa.Array, target: pa.DataType) -> pa.Array:
     """``column`` as ``target``: an aware column into a naive one as its wall-clock time in its own zone (the
     unit is left for conform's exact cast); else relabelled by a cast."""
-    if _is_timestamp(column.type) and column.type.tz is not None and _is_timestamp(target) and target.tz is None:
+    if _to_wall_clock(column.type, target):
         return pc.local_timestamp(column)
     return column.cast(target)
 
@@ -125,32 +127,16 @@ def _zone_mismatch(name: str, given: pa.DataType, target: pa.DataType) -> Schema
     )
 
 
-def _refuse_nested_zone_mismatch(name: str, given: pa.DataType, target: pa.DataType) -> None:
-    """Refuse an aware timestamp against a naive one (either way) inside a struct, list or map."""
-    if _is_timestamp(given) and _is_timestamp(target):
+def _aligned_type(given: pa.DataType, target: pa.DataType, name: str) -> pa.DataType:
+    """``given`` (the column ``name``, or a part of it) with every aware timestamp relabelled to the zone of
+    its counterpart in ``target``. An aware timestamp against a naive one, either way, is refused here: the
+    top-level column that converts is handled by :func:`align_timestamps` before it comes here."""
+    if pa.types.is_timestamp(given):
+        if not pa.types.is_timestamp(target):
+            return given  # conform reports the type
         if (given.tz is None) != (target.tz is None):
             raise _zone_mismatch(name, given, target)
-        return
-    if pa.types.is_struct(given) and pa.types.is_struct(target):
-        names = {target.field(j).name: target.field(j) for j in range(target.num_fields)}
-        for j in range(given.num_fields):
-            g = given.field(j)
-            t = names.get(g.name)
-            if t is not None:
-                _refuse_nested_zone_mismatch(f"{name}.{g.name}", g.type, t.type)
-    elif pa.types.is_map(given) and pa.types.is_map(target):
-        _refuse_nested_zone_mismatch(f"{name}.key", given.key_type, target.key_type)
-        _refuse_nested_zone_mismatch(f"{name}.value", given.item_type, target.item_type)
-    elif (pa.types.is_list(given) or pa.types.is_large_list(given)) and (
-        pa.types.is_list(target) or pa.types.is_large_list(target) or pa.types.is_fixed_size_list(target)
-    ):
-        _refuse_nested_zone_mismatch(f"{name}.element", given.value_type, target.value_type)
-
-
-def _aligned_type(given: pa.DataType, target: pa.DataType) -> pa.DataType:
-    """``given`` with every aware timestamp relabelled to the zone of its counterpart in ``target``."""
-    if pa.types.is_timestamp(given):
-        if given.tz is None or not pa.types.is_timestamp(target) or target.tz is None:
+        if given.tz is None:
             return given  # the unit is the cast's (conform): exact, or refused naming the value
         return given if target.tz == given.tz else pa.timestamp(given.unit, target.tz)
     if pa.types.is_struct(given) and pa.types.is_struct(target):
@@ -159,17 +145,17 @@ def _aligned_type(given: pa.DataType, target: pa.DataType) -> pa.DataType:
         for j in range(given.num_fields):
             g = given.field(j)
             t = names.get(g.name)
-            children.append(g if t is None else g.with_type(_aligned_type(g.type, t.type)))
+            children.append(g if t is None else g.with_type(_aligned_type(g.type, t.type, f"{name}.{g.name}")))
         return pa.struct(children)
     if pa.types.is_map(given) and pa.types.is_map(target):
-        key = _aligned_type(given.key_type, target.key_type)
-        item = given.item_field.with_type(_aligned_type(given.item_type, target.item_type))
+        key = _aligned_type(given.key_type, target.key_type, f"{name}.key")
+        item = given.item_field.with_type(_aligned_type(given.item_type, target.item_type, f"{name}.value"))
         return pa.map_(key, item, keys_sorted=given.keys_sorted)
     for is_list, make in ((pa.types.is_list, pa.list_), (pa.types.is_large_list, pa.large_list)):
         if is_list(given) and (
             pa.types.is_list(target) or pa.types.is_large_list(target) or pa.types.is_fixed_size_list(target)
         ):
-            value = given.value_field.with_type(_aligned_type(given.value_type, target.value_type))
+            value = given.value_field.with_type(_aligned_type(given.value_type, target.value_type, f"{name}.element"))
             return make(value)
     return given
 

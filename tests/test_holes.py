@@ -42,6 +42,16 @@ def punch(log: txn_core.Log, slot: int) -> str:
     return key
 
 
+#: The intervals as the library sets them, before :func:`_prompt` shortens them for every test here.
+DEFAULT_INTERVALS = {"LOG_START_RECHECK_S": partition.LOG_START_RECHECK_S, "TAIL_RECHECK_S": partition.TAIL_RECHECK_S}
+
+
+def _default_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give back the library's own intervals, for a test of what a reader does before its next look."""
+    for name, value in DEFAULT_INTERVALS.items():
+        monkeypatch.setattr(partition, name, value)
+
+
 @pytest.fixture(autouse=True)
 def _prompt(monkeypatch: pytest.MonkeyPatch) -> None:
     """Readers that know no entry past the slot they miss look again every LOG_START_RECHECK_S (a wide hole:
@@ -481,8 +491,7 @@ def test_a_run_of_missing_slots_is_found_at_once_from_the_listing(
     """Slots deleted with two entries after them. Eleven: no probe distance past the first missing slot lands
     on an entry (HOLE_PROBES skip from 8 to 16); four: only the full probes (once a minute) would. The
     listing a fresh reader opens with shows the entries, and the reader reports the run at its first poll."""
-    monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 5.0)  # the defaults: a listing stays recent
-    monkeypatch.setattr(partition, "TAIL_RECHECK_S", 60.0)
+    _default_intervals(monkeypatch)  # a listing stays recent
     assert width + 1 not in HOLE_PROBES_CHEAP
     storage = MemoryStorage(uuid.uuid4().hex)
     log = txn_core.Log(storage)
@@ -504,8 +513,7 @@ def test_a_topic_deleted_by_hand_and_made_again_in_the_same_process_is_written_f
     """A process that appended to a topic remembers its partitions' tails; once the topic is deleted by hand and
     created again (a sink creates a missing topic), its appends start at slot 0, not at the old tail (which
     left the new partition's first slots missing: an empty topic to every reader)."""
-    monkeypatch.setattr(partition, "LOG_START_RECHECK_S", 5.0)  # the defaults: a cached tail is trusted a minute
-    monkeypatch.setattr(partition, "TAIL_RECHECK_S", 60.0)
+    _default_intervals(monkeypatch)  # a cached tail is trusted a minute
     storage = MemoryStorage(uuid.uuid4().hex)
     log = txn_core.Log(storage)
     log.create_topic("t", 1, SCHEMA)
